@@ -1,0 +1,2 @@
+//! Read benchmark (being written).
+fn main() {}

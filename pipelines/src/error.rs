@@ -1,0 +1,119 @@
+//! Errors of the shard data path, and the policy that says what to do with them.
+
+use std::io;
+
+/// What the data path does when a shard or a sample is bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorPolicy {
+    /// Stop at the first problem and return it.
+    #[default]
+    Fail,
+    /// Skip the bad sample (or the rest of a shard that cannot be read on), count it,
+    /// and go on.
+    Skip,
+}
+
+impl std::str::FromStr for ErrorPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fail" => Ok(Self::Fail),
+            "skip" => Ok(Self::Skip),
+            other => Err(format!("unknown error policy `{other}` (expected `fail` or `skip`)")),
+        }
+    }
+}
+
+/// Everything that can go wrong while opening or reading a shard.
+///
+/// Every variant names the shard (`url`) and, where it applies, the byte offset in the
+/// uncompressed tar stream where the problem was found.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("{url}: cannot open: {source}")]
+    Open {
+        url: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{url}: read failed at byte {offset}: {source}")]
+    Read {
+        url: String,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{url}: not a valid tar stream at byte {offset}: {reason}")]
+    Corrupt {
+        url: String,
+        offset: u64,
+        reason: String,
+    },
+    #[error("{url}: duplicate file name in tar file: `{key}.{extension}` at byte {offset}")]
+    DuplicateField {
+        url: String,
+        key: String,
+        extension: String,
+        offset: u64,
+    },
+    #[error("{url}: member `{name}` at byte {offset} is {size} bytes, over the limit of {limit}")]
+    MemberTooLarge {
+        url: String,
+        name: String,
+        offset: u64,
+        size: u64,
+        limit: u64,
+    },
+    #[error("{url}: command `{command}` failed with {status}{}", stderr_suffix(stderr_tail))]
+    Pipe {
+        url: String,
+        command: String,
+        status: String,
+        stderr_tail: String,
+    },
+    #[error("{url}: HTTP {status}")]
+    HttpStatus { url: String, status: u16 },
+    #[error("{url}: {reason} (after {attempts} attempts)")]
+    Http {
+        url: String,
+        reason: String,
+        attempts: u32,
+    },
+    #[error("{url}: unsupported shard URL: {reason}")]
+    BadUrl { url: String, reason: String },
+}
+
+impl ShardError {
+    /// The shard this error is about.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Open { url, .. }
+            | Self::Read { url, .. }
+            | Self::Corrupt { url, .. }
+            | Self::DuplicateField { url, .. }
+            | Self::MemberTooLarge { url, .. }
+            | Self::Pipe { url, .. }
+            | Self::HttpStatus { url, .. }
+            | Self::Http { url, .. }
+            | Self::BadUrl { url, .. } => url,
+        }
+    }
+
+    /// Whether reading can go on in the same shard after this error (only sample-level
+    /// problems); otherwise the rest of the shard is lost.
+    pub fn is_sample_level(&self) -> bool {
+        matches!(
+            self,
+            Self::DuplicateField { .. } | Self::MemberTooLarge { .. }
+        )
+    }
+}
+
+fn stderr_suffix(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {}", tail.trim())
+    }
+}

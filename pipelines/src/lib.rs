@@ -1,0 +1,36 @@
+//! imgrun's data path: WebDataset shards and where they come from.
+//!
+//! This crate reads and writes WebDataset tar shards exactly as the Python `webdataset`
+//! library does (see `ARCHITECTURE.md` and the format notes in `docs/`), opens shards
+//! from local paths, `http(s)://` URLs, `pipe:` commands and standard input, and holds
+//! the shard toolkit behind `imgrun shards`: converting image folders, generating the
+//! synthetic demo dataset, listing, summarising and verifying shards.
+//!
+//! It knows nothing about QUIC, actors or libtorch; everything here is plain blocking
+//! I/O meant to run on threads of its own.
+
+mod brace;
+mod error;
+mod folder;
+mod http;
+mod inspect;
+mod manifest;
+mod pipe;
+mod reader;
+mod sample;
+mod source;
+mod synth;
+mod writer;
+
+pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
+pub use error::{ErrorPolicy, ShardError};
+pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
+pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};
+pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
+pub use reader::{ReadStats, SampleReader, ShardSamples};
+pub use sample::{Sample, decode_int_field};
+pub use source::{
+    DEFAULT_READ_BUFFER, ShardList, ShardSource, ShardStream, SourceOptions, Sources,
+};
+pub use synth::{SynthOptions, generate_synthetic};
+pub use writer::{ShardWriter, TarWriter, WrittenShard, format_pattern};

@@ -1,0 +1,140 @@
+//! The manifest written beside a set of shards: per shard its samples, bytes and class
+//! counts, plus the class list. Planning (exact epochs) and training (number of classes)
+//! read it back.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::writer::WrittenShard;
+
+/// File name of the manifest in a shard folder.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// Current manifest format version.
+const MANIFEST_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub version: u32,
+    /// Class names; a sample's `cls` is an index into this list.
+    pub classes: Vec<String>,
+    pub shards: Vec<ManifestShard>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestShard {
+    /// File name, relative to the manifest's folder.
+    pub name: String,
+    pub samples: u64,
+    pub bytes: u64,
+    /// Samples per class index (as decimal strings, JSON keys being strings).
+    pub class_counts: BTreeMap<String, u64>,
+}
+
+impl Manifest {
+    pub fn new(classes: Vec<String>, shards: &[WrittenShard]) -> Self {
+        let shards = shards
+            .iter()
+            .map(|s| ManifestShard {
+                name: s
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                samples: s.samples,
+                bytes: s.bytes,
+                class_counts: s
+                    .class_counts
+                    .iter()
+                    .map(|(class, count)| (class.to_string(), *count))
+                    .collect(),
+            })
+            .collect();
+        Self {
+            version: MANIFEST_VERSION,
+            classes,
+            shards,
+        }
+    }
+
+    pub fn total_samples(&self) -> u64 {
+        self.shards.iter().map(|s| s.samples).sum()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Writes `manifest.json` and `classes.txt` into `dir` (atomically: temp + rename).
+    pub fn write_to(&self, dir: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        write_atomic(&dir.join(MANIFEST_FILE), &json)?;
+        let mut classes = self.classes.join("\n");
+        if !classes.is_empty() {
+            classes.push('\n');
+        }
+        write_atomic(&dir.join("classes.txt"), classes.as_bytes())
+    }
+
+    /// Reads `manifest.json` from `dir`.
+    pub fn read_from(dir: &Path) -> io::Result<Self> {
+        let path = dir.join(MANIFEST_FILE);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let manifest: Self = serde_json::from_slice(&bytes).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))
+        })?;
+        if manifest.version != MANIFEST_VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: manifest version {} is not supported (expected {MANIFEST_VERSION})",
+                    path.display(),
+                    manifest.version
+                ),
+            ));
+        }
+        Ok(manifest)
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let temp = path.with_extension("partial");
+    std::fs::write(&temp, bytes)?;
+    std::fs::rename(&temp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_unknown_keys() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let shard = WrittenShard {
+            path: dir.path().join("a-000000.tar"),
+            samples: 3,
+            bytes: 10240,
+            payload_bytes: 30,
+            first_key: "a".into(),
+            last_key: "c".into(),
+            class_counts: [(0, 2), (1, 1)].into_iter().collect(),
+        };
+        let manifest = Manifest::new(vec!["cat".into(), "dog".into()], &[shard]);
+        manifest.write_to(dir.path()).expect("write");
+        assert_eq!(Manifest::read_from(dir.path()).expect("read"), manifest);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("classes.txt")).expect("classes"),
+            "cat\ndog\n"
+        );
+        std::fs::write(dir.path().join(MANIFEST_FILE), br#"{"version":1,"classes":[],"shards":[],"extra":1}"#)
+            .expect("write");
+        let err = Manifest::read_from(dir.path()).expect_err("unknown key").to_string();
+        assert!(err.contains("extra") && err.contains(MANIFEST_FILE), "{err}");
+    }
+}

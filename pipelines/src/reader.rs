@@ -1,0 +1,623 @@
+//! Streaming WebDataset reader: tar members grouped into samples by key.
+//!
+//! The rules are those of Python `webdataset` (see `shared/reference/webdataset-format.md`):
+//! only regular files count; metadata members (`__index__`, `__meta__/...`) and names
+//! without a dot in their last component are skipped; the key ends at the first dot of the
+//! last path component and the extension (lower-cased) is the rest; a sample is a run of
+//! consecutive members with the same key; the same extension twice in one run is an error.
+
+use std::io::{self, Read};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use crate::error::{ErrorPolicy, ShardError};
+use crate::sample::Sample;
+use crate::source::Sources;
+
+/// Largest member accepted by default (a sample field over this is an error).
+pub const DEFAULT_MAX_MEMBER: u64 = 1 << 30;
+
+/// How many problems a [`ReadStats`] keeps word for word; the rest are only counted.
+const KEPT_PROBLEMS: usize = 64;
+
+/// What reading one or more shards produced and skipped.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    pub shards: u64,
+    pub samples: u64,
+    pub payload_bytes: u64,
+    pub skipped_samples: u64,
+    pub skipped_shards: u64,
+    /// The first problems met under [`ErrorPolicy::Skip`], in order.
+    pub problems: Vec<ShardError>,
+}
+
+impl ReadStats {
+    fn record(&mut self, error: ShardError) {
+        if error.is_sample_level() {
+            self.skipped_samples += 1;
+        } else {
+            self.skipped_shards += 1;
+        }
+        tracing::warn!(%error, "skipping bad shard data");
+        if self.problems.len() < KEPT_PROBLEMS {
+            self.problems.push(error);
+        }
+    }
+
+    /// Adds another reader's counts to these.
+    pub fn merge(&mut self, other: ReadStats) {
+        self.shards += other.shards;
+        self.samples += other.samples;
+        self.payload_bytes += other.payload_bytes;
+        self.skipped_samples += other.skipped_samples;
+        self.skipped_shards += other.skipped_shards;
+        let room = KEPT_PROBLEMS.saturating_sub(self.problems.len());
+        self.problems.extend(other.problems.into_iter().take(room));
+    }
+}
+
+/// Reads samples from shards named by URL, opening them through [`Sources`].
+#[derive(Debug, Clone)]
+pub struct SampleReader {
+    sources: Arc<Sources>,
+    policy: ErrorPolicy,
+    max_member: u64,
+}
+
+impl SampleReader {
+    pub fn new(sources: Sources) -> Self {
+        Self {
+            sources: Arc::new(sources),
+            policy: ErrorPolicy::Fail,
+            max_member: DEFAULT_MAX_MEMBER,
+        }
+    }
+
+    pub fn with_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn with_max_member(mut self, bytes: u64) -> Self {
+        self.max_member = bytes;
+        self
+    }
+
+    pub fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// Streams one shard, calling `visit` for each sample. `visit` may stop early with
+    /// `ControlFlow::Break`, which is passed back.
+    pub fn read_shard(
+        &self,
+        url: &str,
+        stats: &mut ReadStats,
+        visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ShardError> {
+        let stream = match self.sources.open(url) {
+            Ok(stream) => stream,
+            Err(error) => return self.handle_shard_error(error, stats),
+        };
+        let shard = ShardSamples::new(url, stream)
+            .with_policy(self.policy)
+            .with_max_member(self.max_member);
+        match shard.for_each(stats, visit) {
+            Ok(flow) => Ok(flow),
+            Err(error) => self.handle_shard_error(error, stats),
+        }
+    }
+
+    /// Streams every shard in order.
+    pub fn read_all<S: AsRef<str>>(
+        &self,
+        urls: &[S],
+        visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
+    ) -> Result<ReadStats, ShardError> {
+        let mut stats = ReadStats::default();
+        for url in urls {
+            if self.read_shard(url.as_ref(), &mut stats, visit)?.is_break() {
+                break;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Reads every shard into memory (for tests and small data).
+    pub fn collect<S: AsRef<str>>(&self, urls: &[S]) -> Result<(Vec<Sample>, ReadStats), ShardError> {
+        let mut samples = Vec::new();
+        let stats = self.read_all(urls, &mut |s| {
+            samples.push(s);
+            ControlFlow::Continue(())
+        })?;
+        Ok((samples, stats))
+    }
+
+    fn handle_shard_error(
+        &self,
+        error: ShardError,
+        stats: &mut ReadStats,
+    ) -> Result<ControlFlow<()>, ShardError> {
+        match self.policy {
+            ErrorPolicy::Fail => Err(error),
+            ErrorPolicy::Skip => {
+                stats.record(error);
+                Ok(ControlFlow::Continue(()))
+            }
+        }
+    }
+}
+
+/// The samples of one already-open tar stream.
+#[derive(Debug)]
+pub struct ShardSamples<R> {
+    url: Arc<str>,
+    stream: R,
+    policy: ErrorPolicy,
+    max_member: u64,
+}
+
+impl<R: Read> ShardSamples<R> {
+    pub fn new(url: &str, stream: R) -> Self {
+        Self {
+            url: Arc::from(url),
+            stream,
+            policy: ErrorPolicy::Fail,
+            max_member: DEFAULT_MAX_MEMBER,
+        }
+    }
+
+    pub fn with_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn with_max_member(mut self, bytes: u64) -> Self {
+        self.max_member = bytes;
+        self
+    }
+
+    /// Calls `visit` for every sample. Sample-level problems (a duplicate extension, an
+    /// oversized member) are skipped and counted under [`ErrorPolicy::Skip`]; a problem
+    /// that makes the rest of the stream unreadable is returned (the caller decides
+    /// whether that skips the shard). After the last member the stream is read to its
+    /// end, so that a `pipe:` command's exit status is always checked.
+    pub fn for_each(
+        self,
+        stats: &mut ReadStats,
+        visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ShardError> {
+        let url = self.url;
+        let mut archive = tar::Archive::new(self.stream);
+        let mut grouper = Grouper::new(url.clone());
+        let mut next_header: u64 = 0;
+        stats.shards += 1;
+        {
+            let entries = archive
+                .entries()
+                .map_err(|e| classify(&url, 0, e))?;
+            for entry in entries {
+                let mut entry = entry.map_err(|e| classify(&url, next_header, e))?;
+                let header_at = entry.raw_header_position();
+                let data_at = entry.raw_file_position();
+                let size = entry.size();
+                next_header = data_at + size.div_ceil(512) * 512;
+                if !entry.header().entry_type().is_file() {
+                    continue;
+                }
+                let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+                let Some((key, extension)) = split_member_name(&name) else {
+                    continue;
+                };
+                if grouper.poisoned(key) {
+                    continue;
+                }
+                if size > self.max_member {
+                    let error = ShardError::MemberTooLarge {
+                        url: url.to_string(),
+                        name: name.clone(),
+                        offset: header_at,
+                        size,
+                        limit: self.max_member,
+                    };
+                    sample_problem(self.policy, error, stats)?;
+                    grouper.poison(key);
+                    continue;
+                }
+                let bytes = read_member(&mut entry, size).map_err(|e| classify(&url, data_at, e))?;
+                if (bytes.len() as u64) < size {
+                    return Err(ShardError::Corrupt {
+                        url: url.to_string(),
+                        offset: data_at + bytes.len() as u64,
+                        reason: format!(
+                            "truncated: member `{name}` declares {size} bytes but only {} follow",
+                            bytes.len()
+                        ),
+                    });
+                }
+                match grouper.push(key, extension, bytes, header_at) {
+                    Ok(Some(done)) => {
+                        stats.samples += 1;
+                        stats.payload_bytes += done.payload_bytes();
+                        if visit(done).is_break() {
+                            return Ok(ControlFlow::Break(()));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(error) => sample_problem(self.policy, error, stats)?,
+                }
+            }
+        }
+        if let Some(done) = grouper.finish() {
+            stats.samples += 1;
+            stats.payload_bytes += done.payload_bytes();
+            if visit(done).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        // Drain trailing padding so that the source sees its end (and a pipe its status).
+        let mut rest = archive.into_inner();
+        io::copy(&mut rest, &mut io::sink()).map_err(|e| classify(&url, next_header, e))?;
+        Ok(ControlFlow::Continue(()))
+    }
+}
+
+/// Splits a member name into key and lower-cased extension, or `None` if the member is
+/// not part of any sample (metadata, or no dot in the last path component).
+///
+/// This mirrors the Python library's `^((?:.*/|)[^.]+)[.]([^/]*)$` together with its
+/// metadata filters: the key ends at the first dot of the last component, and the run of
+/// dot-free characters before that dot must start at the beginning of the name or right
+/// after a `/` (so `dir/.hidden.jpg` has key `dir/`, while `.hidden.jpg` is skipped).
+pub(crate) fn split_member_name(name: &str) -> Option<(&str, String)> {
+    if is_metadata(name) {
+        return None;
+    }
+    let last_start = name.rfind('/').map_or(0, |i| i + 1);
+    let dot = last_start + name[last_start..].find('.')?;
+    let bytes = name.as_bytes();
+    let run_start = bytes[..dot]
+        .iter()
+        .rposition(|&b| b == b'.')
+        .map_or(0, |i| i + 1);
+    let anchored = (run_start..dot).any(|p| p == 0 || bytes[p - 1] == b'/');
+    if !anchored {
+        return None;
+    }
+    Some((&name[..dot], name[dot + 1..].to_lowercase()))
+}
+
+fn is_metadata(name: &str) -> bool {
+    let top_level_dunder = !name.contains('/') && name.starts_with("__") && name.ends_with("__");
+    // `^__[^/]*__($|/)`: the first path component is `__...__`.
+    let first = name.split('/').next().unwrap_or(name);
+    let dunder_dir = first.len() >= 4 && first.starts_with("__") && first.ends_with("__");
+    top_level_dunder || dunder_dir
+}
+
+fn read_member<R: Read>(entry: &mut R, size: u64) -> io::Result<Vec<u8>> {
+    // `size` was checked against the member limit, so the capacity is bounded.
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    entry.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn sample_problem(
+    policy: ErrorPolicy,
+    error: ShardError,
+    stats: &mut ReadStats,
+) -> Result<(), ShardError> {
+    match policy {
+        ErrorPolicy::Fail => Err(error),
+        ErrorPolicy::Skip => {
+            stats.record(error);
+            Ok(())
+        }
+    }
+}
+
+/// Turns an I/O error from the tar layer into a shard error, keeping a source's own
+/// error (a failed pipe command, an HTTP failure) when there is one underneath.
+pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
+    if let Some(source_error) = crate::source::source_failure(&error) {
+        return source_error;
+    }
+    match error.kind() {
+        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof | io::ErrorKind::Other
+        | io::ErrorKind::InvalidInput => ShardError::Corrupt {
+            url: url.to_string(),
+            offset,
+            reason: flatten(&error),
+        },
+        _ => ShardError::Read {
+            url: url.to_string(),
+            offset,
+            source: error,
+        },
+    }
+}
+
+/// The whole chain of an error in one line.
+fn flatten(error: &io::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(inner) = source {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+/// Groups consecutive members by key.
+struct Grouper {
+    url: Arc<str>,
+    current: Option<Sample>,
+    poisoned_key: Option<String>,
+}
+
+impl Grouper {
+    fn new(url: Arc<str>) -> Self {
+        Self {
+            url,
+            current: None,
+            poisoned_key: None,
+        }
+    }
+
+    /// Whether `key` belongs to a run that was dropped; a new key clears the mark.
+    fn poisoned(&mut self, key: &str) -> bool {
+        match &self.poisoned_key {
+            Some(bad) if bad == key => true,
+            Some(_) => {
+                self.poisoned_key = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the sample being built if it has `key`, and ignores the rest of its run.
+    fn poison(&mut self, key: &str) {
+        if self.current.as_ref().is_some_and(|s| s.key == key) {
+            self.current = None;
+        }
+        self.poisoned_key = Some(key.to_string());
+    }
+
+    /// Adds a member; returns the previous sample when this member starts a new one.
+    fn push(
+        &mut self,
+        key: &str,
+        extension: String,
+        bytes: Vec<u8>,
+        offset: u64,
+    ) -> Result<Option<Sample>, ShardError> {
+        let mut finished = None;
+        if self.current.as_ref().is_none_or(|s| s.key != key) {
+            finished = self.current.take();
+            self.current = Some(Sample {
+                key: key.to_string(),
+                url: self.url.clone(),
+                fields: Vec::with_capacity(2),
+            });
+        }
+        // Invariant: `current` was set just above when it was empty.
+        let current = self.current.as_mut().expect("a current sample");
+        if current.fields.iter().any(|(e, _)| *e == extension) {
+            let error = ShardError::DuplicateField {
+                url: self.url.to_string(),
+                key: key.to_string(),
+                extension,
+                offset,
+            };
+            // A duplicate is only possible within the current run, so no finished
+            // sample is pending here.
+            self.poison(key);
+            return Err(error);
+        }
+        current.fields.push((extension, bytes));
+        Ok(finished)
+    }
+
+    fn finish(&mut self) -> Option<Sample> {
+        self.current.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar with the given regular-file members, in order.
+    pub(crate) fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, name, *data)
+                .expect("append to memory");
+        }
+        builder.into_inner().expect("finish in memory")
+    }
+
+    fn read(bytes: &[u8], policy: ErrorPolicy) -> (Result<Vec<Sample>, ShardError>, ReadStats) {
+        let mut stats = ReadStats::default();
+        let mut samples = Vec::new();
+        let result = ShardSamples::new("mem.tar", bytes)
+            .with_policy(policy)
+            .with_max_member(1000)
+            .for_each(&mut stats, &mut |s| {
+                samples.push(s);
+                ControlFlow::Continue(())
+            });
+        (result.map(|_| samples), stats)
+    }
+
+    /// Keys and field names of each sample, for compact comparisons.
+    fn shape(samples: &[Sample]) -> Vec<String> {
+        samples
+            .iter()
+            .map(|s| {
+                let fields: Vec<&str> = s.fields.iter().map(|(e, _)| e.as_str()).collect();
+                format!("{}:{}", s.key, fields.join(","))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn member_names_split_like_the_python_library() {
+        let cases: &[(&str, Option<(&str, &str)>)] = &[
+            ("n01440764_10026.JPEG", Some(("n01440764_10026", "jpeg"))),
+            ("a/b.c/d.e.f", Some(("a/b.c/d", "e.f"))),
+            ("2023-01-01T12:00:00.123.jpg", Some(("2023-01-01T12:00:00", "123.jpg"))),
+            ("dir/.hidden.jpg", Some(("dir/", "hidden.jpg"))),
+            ("a/b/.x.jpg", Some(("a/b/", "x.jpg"))),
+            ("k.Seg.PNG", Some(("k", "seg.png"))),
+            ("a.", Some(("a", ""))),
+            ("noext", None),
+            ("a.b/c", None),
+            (".hidden.jpg", None),
+            ("a.b/.x.jpg", None),
+            ("__index__", None),
+            ("__meta__/x.json", None),
+            ("__meta__.json", Some(("__meta__", "json"))),
+            ("a/__meta__.json", Some(("a/__meta__", "json"))),
+            ("a/__meta__", None),
+        ];
+        for (name, want) in cases {
+            let got = split_member_name(name);
+            let got = got.as_ref().map(|(k, e)| (*k, e.as_str()));
+            assert_eq!(got, *want, "member {name}");
+        }
+    }
+
+    #[test]
+    fn consecutive_members_form_samples() {
+        let cases: &[(&[(&str, &[u8])], &[&str])] = &[
+            (&[("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2")], &["a:jpg,cls", "b:jpg"]),
+            // A key that comes back later starts a new sample.
+            (&[("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")], &["a:jpg", "b:jpg", "a:cls"]),
+            // Metadata and dotless names are skipped without breaking a run.
+            (&[("__index__", b"x"), ("a.jpg", b"1"), ("noext", b"z"), ("a.cls", b"0")], &["a:jpg,cls"]),
+            (&[("d/x.jpg", b"1"), ("d/x.txt", b"t")], &["d/x:jpg,txt"]),
+            (&[], &[]),
+        ];
+        for (members, want) in cases {
+            let (samples, _) = read(&tar_of(members), ErrorPolicy::Fail);
+            let samples = samples.expect("valid tar");
+            assert_eq!(shape(&samples), *want, "members {members:?}");
+            assert!(samples.iter().all(|s| &*s.url == "mem.tar"));
+        }
+    }
+
+    #[test]
+    fn directories_are_not_members() {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut dir = tar::Header::new_gnu();
+        dir.set_entry_type(tar::EntryType::Directory);
+        dir.set_size(0);
+        builder.append_data(&mut dir, "a.d/", &b""[..]).expect("dir");
+        let mut file = tar::Header::new_gnu();
+        file.set_size(1);
+        builder.append_data(&mut file, "a.jpg", &b"1"[..]).expect("file");
+        let bytes = builder.into_inner().expect("finish");
+        let (samples, _) = read(&bytes, ErrorPolicy::Fail);
+        assert_eq!(shape(&samples.expect("valid")), ["a:jpg"]);
+    }
+
+    #[test]
+    fn bad_input_is_reported_with_offsets_or_skipped() {
+        let good = tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2")]);
+        let duplicate = tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2"), ("b.jpg", b"3"), ("c.jpg", b"4")]);
+        let oversized_data = vec![7u8; 2000];
+        let oversized = tar_of(&[("a.jpg", b"1"), ("b.jpg", &oversized_data), ("b.cls", b"1"), ("c.jpg", b"4")]);
+        let mut truncated = tar_of(&[("a.jpg", b"1"), ("b.jpg", &[9u8; 900])]);
+        truncated.truncate(512 * 3 + 100);
+        let garbage: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut bad_checksum = good.clone();
+        bad_checksum[512 * 2 + 10] ^= 0x55; // second header's name
+
+        struct Case<'a> {
+            name: &'a str,
+            bytes: &'a [u8],
+            fail_error: Option<&'a str>,
+            skip_samples: &'a [&'a str],
+            skipped_samples: u64,
+        }
+        let cases = [
+            Case { name: "good", bytes: &good, fail_error: None, skip_samples: &["a:jpg", "b:jpg"], skipped_samples: 0 },
+            Case {
+                name: "duplicate",
+                bytes: &duplicate,
+                fail_error: Some("mem.tar: duplicate file name in tar file: `b.jpg` at byte 2048"),
+                skip_samples: &["a:jpg", "c:jpg"],
+                skipped_samples: 1,
+            },
+            Case {
+                name: "oversized",
+                bytes: &oversized,
+                fail_error: Some("mem.tar: member `b.jpg` at byte 1024 is 2000 bytes, over the limit of 1000"),
+                skip_samples: &["a:jpg", "c:jpg"],
+                skipped_samples: 1,
+            },
+            Case {
+                name: "truncated",
+                bytes: &truncated,
+                fail_error: Some("mem.tar: not a valid tar stream at byte 1636: truncated: member `b.jpg` declares 900 bytes but only 100 follow"),
+                skip_samples: &[],
+                skipped_samples: 0,
+            },
+            Case {
+                name: "garbage",
+                bytes: &garbage,
+                fail_error: Some("mem.tar: not a valid tar stream at byte 0"),
+                skip_samples: &[],
+                skipped_samples: 0,
+            },
+            Case {
+                name: "bad checksum",
+                bytes: &bad_checksum,
+                fail_error: Some("mem.tar: not a valid tar stream at byte 1024"),
+                skip_samples: &[],
+                skipped_samples: 0,
+            },
+        ];
+        for case in cases {
+            let (result, _) = read(case.bytes, ErrorPolicy::Fail);
+            match (result, case.fail_error) {
+                (Ok(_), None) => {}
+                (Err(e), Some(want)) => {
+                    assert!(e.to_string().starts_with(want), "{}: `{e}` does not start with `{want}`", case.name)
+                }
+                (got, want) => panic!("{}: got {got:?}, wanted error {want:?}", case.name),
+            }
+            let (result, stats) = read(case.bytes, ErrorPolicy::Skip);
+            if let Ok(samples) = result {
+                assert_eq!(shape(&samples), case.skip_samples, "{}: samples kept under skip", case.name);
+            }
+            assert_eq!(stats.skipped_samples, case.skipped_samples, "{}: skipped count", case.name);
+        }
+    }
+
+    #[test]
+    fn early_stop_is_passed_back() {
+        let bytes = tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2"), ("c.jpg", b"3")]);
+        let mut seen = 0;
+        let flow = ShardSamples::new("mem.tar", bytes.as_slice())
+            .for_each(&mut ReadStats::default(), &mut |_| {
+                seen += 1;
+                if seen == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            })
+            .expect("valid");
+        assert!(flow.is_break());
+        assert_eq!(seen, 2);
+    }
+}

@@ -1,0 +1,298 @@
+//! `imgrun shards ...`: the shard toolkit.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use pipelines::{
+    CreateOptions, CreateReport, ErrorPolicy, ImageFolder, ShardList, SynthOptions,
+    create_from_folder, generate_synthetic, summarize_names, summarize_shard, verify_shard,
+};
+
+use crate::commands::progress_bar;
+use crate::config::Loaded;
+use crate::units::{human_bytes, parse_size};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ShardsCommand {
+    /// Converts an image folder (SRC/<class>/<image>) into shuffled shards.
+    Create(CreateArgs),
+    /// Generates the synthetic shapes dataset straight into shards.
+    Synth(SynthArgs),
+    /// One line per shard: samples, payload bytes, key range, fields.
+    Ls(SpecArgs),
+    /// Prints every sample: key, field, size and SHA-256 (to diff datasets or sources).
+    Dump(SpecArgs),
+    /// Compresses shard names (arguments, or lines on stdin) into brace notation.
+    Sum {
+        /// Shard names; read from standard input when none are given.
+        names: Vec<String>,
+    },
+    /// Reads every sample, checks that images and labels decode, reports problems.
+    Verify {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Field every sample must have.
+        #[arg(long, default_value = "cls")]
+        label: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// Image folder: one sub-folder per class.
+    src: PathBuf,
+    /// Output folder for the shards, manifest.json and classes.txt.
+    out: PathBuf,
+    /// Shard name prefix: OUT/<prefix>-000000.tar, ...
+    #[arg(long, default_value = "shards")]
+    prefix: String,
+    /// Most samples per shard.
+    #[arg(long, default_value_t = 100_000)]
+    maxcount: u64,
+    /// Most payload bytes per shard (e.g. 1GB, 512MiB).
+    #[arg(long, default_value = "1GB", value_parser = parse_size)]
+    maxsize: u64,
+    /// Seed of the one-time shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Re-encode as JPEG with the shorter side scaled down to this many pixels.
+    #[arg(long)]
+    resize: Option<u32>,
+    /// JPEG quality when re-encoding.
+    #[arg(long, default_value_t = 90)]
+    quality: u8,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SynthArgs {
+    /// Output folder.
+    out: PathBuf,
+    #[arg(long, default_value_t = 10)]
+    classes: u32,
+    #[arg(long, default_value_t = 500)]
+    per_class: u32,
+    /// Image side in pixels.
+    #[arg(long, default_value_t = 64)]
+    size: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value = "synth")]
+    prefix: String,
+    #[arg(long, default_value_t = 1000)]
+    maxcount: u64,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SpecArgs {
+    /// Shards: a brace spec such as `data/train-{000000..000146}.tar`, `::`-joined lists,
+    /// `http(s)://` URLs, `pipe:COMMAND`, or `-` for stdin.
+    spec: String,
+    /// A base each name is put into: `pipe:curl -s http://host:8080/%s`, or a folder/URL
+    /// prefix.
+    #[arg(long)]
+    base: Option<String>,
+    /// What to do with bad shards: fail or skip [default: shards.error_policy].
+    #[arg(long)]
+    on_error: Option<ErrorPolicy>,
+}
+
+impl SpecArgs {
+    fn urls(&self) -> anyhow::Result<Vec<String>> {
+        let list = match &self.base {
+            Some(base) => ShardList::from_base(base, &self.spec),
+            None => ShardList::from_spec(&self.spec),
+        };
+        Ok(list.with_context(|| format!("shard spec `{}`", self.spec))?.urls)
+    }
+}
+
+pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ShardsCommand::Create(args) => create(args),
+        ShardsCommand::Synth(args) => synth(args),
+        ShardsCommand::Ls(spec) => ls(loaded, &spec),
+        ShardsCommand::Dump(spec) => dump(loaded, &spec),
+        ShardsCommand::Sum { names } => sum(names),
+        ShardsCommand::Verify { spec, label } => verify(loaded, &spec, &label),
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
+    let folder = ImageFolder::scan(&args.src)?;
+    eprintln!(
+        "found {} images in {} classes under {}",
+        folder.images.len(),
+        folder.classes.len(),
+        args.src.display()
+    );
+    let options = CreateOptions {
+        prefix: args.prefix,
+        max_count: args.maxcount,
+        max_size: args.maxsize,
+        seed: args.seed,
+        resize: args.resize,
+        threads: args.threads.unwrap_or_else(default_threads),
+        quality: args.quality,
+    };
+    let bar = progress_bar(folder.images.len() as u64, "create");
+    let report = create_from_folder(&folder, &args.out, &options, &|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    print_report(&report);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn synth(args: SynthArgs) -> anyhow::Result<ExitCode> {
+    let options = SynthOptions {
+        classes: args.classes,
+        per_class: args.per_class,
+        size: args.size,
+        seed: args.seed,
+        prefix: args.prefix,
+        max_count: args.maxcount,
+        threads: args.threads.unwrap_or_else(default_threads),
+        ..SynthOptions::default()
+    };
+    let total = u64::from(args.classes) * u64::from(args.per_class);
+    let bar = progress_bar(total, "synth");
+    let report = generate_synthetic(&args.out, &options, &|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    print_report(&report);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The summary printed after writing shards; the last line is the brace spec.
+pub fn print_report(report: &CreateReport) {
+    let manifest = &report.manifest;
+    println!(
+        "wrote {} samples in {} shards ({}), {} classes",
+        manifest.total_samples(),
+        manifest.shards.len(),
+        human_bytes(manifest.total_bytes()),
+        manifest.classes.len()
+    );
+    for shard in &manifest.shards {
+        println!("  {:<28} {:>8} samples {:>12}", shard.name, shard.samples, human_bytes(shard.bytes));
+    }
+    println!("{}", report.spec);
+}
+
+fn ls(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {
+    let reader = loaded.config.shards.reader(Some(ErrorPolicy::Fail));
+    let mut failed = false;
+    let (mut samples, mut bytes) = (0, 0);
+    for url in spec.urls()? {
+        match summarize_shard(&reader, &url) {
+            Ok(s) => {
+                let keys = match (&s.first_key, &s.last_key) {
+                    (Some(a), Some(b)) => format!("{a}..{b}"),
+                    _ => "-".to_string(),
+                };
+                println!(
+                    "{url}\t{} samples\t{} bytes\t{keys}\t{}",
+                    s.samples,
+                    s.payload_bytes,
+                    s.extensions.join(",")
+                );
+                samples += s.samples;
+                bytes += s.payload_bytes;
+            }
+            Err(error) => {
+                failed = true;
+                println!("{url}\tERROR {error}");
+            }
+        }
+    }
+    eprintln!("total: {samples} samples, {}", human_bytes(bytes));
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn sum(names: Vec<String>) -> anyhow::Result<ExitCode> {
+    let names = if names.is_empty() {
+        std::io::stdin()
+            .lock()
+            .lines()
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading shard names from standard input")?
+            .into_iter()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
+    } else {
+        names
+    };
+    anyhow::ensure!(!names.is_empty(), "no shard names given");
+    println!("{}", summarize_names(&names));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(loaded: &Loaded, spec: &SpecArgs, label: &str) -> anyhow::Result<ExitCode> {
+    let reader = loaded.config.shards.reader(spec.on_error);
+    let urls = spec.urls()?;
+    let bar = progress_bar(urls.len() as u64, "verify");
+    let (mut samples, mut images, mut problems) = (0, 0, 0);
+    for url in &urls {
+        let report = verify_shard(&reader, url, Some(label));
+        samples += report.samples;
+        images += report.images;
+        for problem in &report.problems {
+            bar.suspend(|| println!("{problem}"));
+        }
+        problems += report.problems.len();
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "verified {} shards: {samples} samples, {images} images, {problems} problems",
+        urls.len()
+    );
+    Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn dump(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {
+    use sha2::{Digest, Sha256};
+    use std::io::Write;
+    let reader = loaded.config.shards.reader(spec.on_error);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut write_error = None;
+    let stats = reader.read_all(&spec.urls()?, &mut |sample| {
+        let mut fields: Vec<_> = sample.fields.iter().collect();
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        for (extension, bytes) in fields {
+            let digest = Sha256::digest(bytes);
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            if let Err(e) = writeln!(out, "{}\t{extension}\t{}\t{hex}", sample.key, bytes.len()) {
+                write_error = Some(e);
+                return std::ops::ControlFlow::Break(());
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    })?;
+    if let Some(e) = write_error {
+        // A closed pipe (`| head`) is a normal way to stop.
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing to standard output");
+        }
+    }
+    out.flush().ok();
+    eprintln!(
+        "{} samples, {} skipped samples, {} skipped shards",
+        stats.samples, stats.skipped_samples, stats.skipped_shards
+    );
+    for problem in &stats.problems {
+        eprintln!("skipped: {problem}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,160 @@
+//! imgrun's configuration: built-in defaults (the repository's `cluster.toml`, embedded)
+//! ← a `cluster.toml` file ← `IMGRUN_*` environment variables ← command-line flags.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::Deserialize;
+
+/// The defaults, kept in one place: the `cluster.toml` at the root of the repository.
+pub const DEFAULTS: &str = include_str!("../cluster.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub shards: ShardsConfig,
+    pub serve: ServeConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardsConfig {
+    pub read_buffer: usize,
+    pub error_policy: String,
+    pub max_member: u64,
+    pub http_timeout_secs: u64,
+    pub http_attempts: u32,
+    pub http_retry_delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    pub port: u16,
+    pub max_in_flight: usize,
+}
+
+/// Where the configuration came from, for `imgrun doctor`.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub file: Option<PathBuf>,
+}
+
+/// Loads the configuration. `explicit` is `--config`; without it a `cluster.toml` in the
+/// working folder is used when present.
+pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
+    let file = match explicit {
+        Some(path) => {
+            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
+            Some(path.to_path_buf())
+        }
+        None => Some(PathBuf::from("cluster.toml")).filter(|p| p.is_file()),
+    };
+    let mut figment = Figment::from(Toml::string(DEFAULTS));
+    if let Some(path) = &file {
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment = figment.merge(
+        // Only `IMGRUN_SECTION__KEY` variables are configuration; others such as
+        // `IMGRUN_LOG` or `IMGRUN_CACHE` are read elsewhere.
+        Env::prefixed("IMGRUN_")
+            .filter(|key| key.as_str().contains("__"))
+            .split("__"),
+    );
+    let config: Config = figment.extract().map_err(|e| anyhow::anyhow!(describe(e)))?;
+    validate(&config).with_context(|| match &file {
+        Some(path) => format!("in {}", path.display()),
+        None => "in the built-in defaults".to_string(),
+    })?;
+    Ok(Loaded { config, file })
+}
+
+/// One line per figment error, each naming the key and where it was set.
+fn describe(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".");
+            let origin = e
+                .metadata
+                .as_ref()
+                .map(|m| match &m.source {
+                    Some(source) => format!("{} ({source})", m.name),
+                    None => m.name.to_string(),
+                })
+                .unwrap_or_else(|| "configuration".to_string());
+            if key.is_empty() {
+                format!("bad configuration in {origin}: {}", e.kind)
+            } else {
+                format!("bad configuration key `{key}` in {origin}: {}", e.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn validate(config: &Config) -> anyhow::Result<()> {
+    config
+        .shards
+        .error_policy
+        .parse::<pipelines::ErrorPolicy>()
+        .map_err(|e| anyhow::anyhow!("shards.error_policy: {e}"))?;
+    anyhow::ensure!(config.shards.read_buffer > 0, "shards.read_buffer must be positive");
+    anyhow::ensure!(config.shards.http_attempts > 0, "shards.http_attempts must be at least 1");
+    anyhow::ensure!(config.serve.max_in_flight > 0, "serve.max_in_flight must be positive");
+    Ok(())
+}
+
+impl ShardsConfig {
+    pub fn source_options(&self) -> pipelines::SourceOptions {
+        pipelines::SourceOptions {
+            read_buffer: self.read_buffer,
+            http_timeout: Duration::from_secs(self.http_timeout_secs),
+            http_attempts: self.http_attempts,
+            http_retry_delay: Duration::from_millis(self.http_retry_delay_ms),
+        }
+    }
+
+    /// A reader with these settings; `policy` overrides the configured error policy.
+    pub fn reader(&self, policy: Option<pipelines::ErrorPolicy>) -> pipelines::SampleReader {
+        // Invariant: `validate` checked the policy when the config was loaded.
+        let configured = self.error_policy.parse().unwrap_or_default();
+        pipelines::SampleReader::new(pipelines::Sources::new(self.source_options()))
+            .with_policy(policy.unwrap_or(configured))
+            .with_max_member(self.max_member)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let loaded = load(Some(Path::new("cluster.toml"))).expect("the shipped defaults load");
+        assert_eq!(loaded.config.serve.port, 8080);
+    }
+
+    #[test]
+    fn unknown_and_bad_keys_name_key_and_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cases = [
+            ("[shards]\nread_bufer = 10\n", "read_bufer"),
+            ("[shardz]\n", "shardz"),
+            ("[shards]\nread_buffer = \"big\"\n", "shards.read_buffer"),
+            ("[shards]\nerror_policy = \"ignore\"\n", "shards.error_policy"),
+            ("[shards\n", "cluster.toml"),
+        ];
+        for (text, want) in cases {
+            let path = dir.path().join("cluster.toml");
+            std::fs::write(&path, text).expect("write config");
+            let err = format!("{:#}", load(Some(&path)).expect_err(text));
+            assert!(err.contains(want), "{text:?}: `{err}` lacks `{want}`");
+            assert!(err.contains(&path.display().to_string()), "{text:?}: `{err}` lacks the file");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! End-to-end tests of the `imgrun` binary: real processes, real shards, real sockets on
+//! loopback.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+fn imgrun() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
+    command.env_remove("IMGRUN_LOG").stdin(Stdio::null());
+    command
+}
+
+fn run_ok(args: &[&str], cwd: &Path) -> String {
+    let out = imgrun().args(args).current_dir(cwd).output().expect("run imgrun");
+    assert!(out.status.success(), "imgrun {args:?} failed:\n{}", describe(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Generates a small synthetic dataset and returns its folder and brace spec.
+fn small_dataset(dir: &Path) -> (PathBuf, String) {
+    let out = dir.join("shards");
+    let printed = run_ok(
+        &["shards", "synth", out.to_str().expect("utf-8 path"), "--classes", "3", "--per-class", "20",
+          "--size", "32", "--maxcount", "25"],
+        dir,
+    );
+    let spec = printed.lines().last().expect("spec line").to_string();
+    (out, spec)
+}
+
+#[test]
+fn synth_ls_sum_and_verify_agree() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, spec) = small_dataset(dir.path());
+    assert!(spec.contains("{000000..000002}"), "spec: {spec}");
+    assert!(out.join("manifest.json").is_file() && out.join("classes.txt").is_file());
+
+    let listing = run_ok(&["shards", "ls", &spec], dir.path());
+    let counts: Vec<u64> = listing
+        .lines()
+        .map(|l| l.split('\t').nth(1).and_then(|c| c.split(' ').next()).and_then(|c| c.parse().ok()).expect("count"))
+        .collect();
+    assert_eq!(counts, [25, 25, 10], "listing:\n{listing}");
+
+    let names: Vec<String> = (0..3).map(|i| out.join(format!("synth-{i:06}.tar")).display().to_string()).collect();
+    let summed = imgrun()
+        .args(["shards", "sum"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(names.join("\n").as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("run shards sum");
+    assert_eq!(String::from_utf8_lossy(&summed.stdout).trim(), spec);
+
+    let verified = run_ok(&["shards", "verify", &spec], dir.path());
+    assert!(verified.contains("60 samples, 60 images, 0 problems"), "{verified}");
+}
+
+#[test]
+fn verify_reports_corruption_with_shard_and_offset() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, spec) = small_dataset(dir.path());
+    let victim = out.join("synth-000001.tar");
+    let bytes = std::fs::read(&victim).expect("read shard");
+    std::fs::write(&victim, &bytes[..bytes.len() / 2 + 100]).expect("truncate shard");
+
+    let result = imgrun().args(["shards", "verify", &spec]).output().expect("run verify");
+    assert!(!result.status.success(), "verify passed a truncated shard:\n{}", describe(&result));
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(stdout.contains("synth-000001.tar: not a valid tar stream at byte"), "{stdout}");
+
+    // Reading with the default policy fails, naming the shard; `skip` goes on and counts.
+    let failed = imgrun().args(["shards", "dump", &spec]).output().expect("run dump");
+    assert!(!failed.status.success());
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("synth-000001.tar"), "{}", describe(&failed));
+    let skipped = imgrun().args(["shards", "dump", &spec, "--on-error", "skip"]).output().expect("run dump");
+    assert!(skipped.status.success(), "{}", describe(&skipped));
+    assert!(String::from_utf8_lossy(&skipped.stderr).contains("1 skipped shards"), "{}", describe(&skipped));
+}
+
+/// `imgrun serve` running in the background, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Self {
+        let mut child = imgrun()
+            .args(["serve", dir.to_str().expect("utf-8 path"), "--port", "0", "--bind", "127.0.0.1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start imgrun serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the serving line");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in `{line}`"))
+            .trim_end_matches('/')
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn files_http_and_pipes_yield_identical_samples() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, spec) = small_dataset(dir.path());
+    let server = Server::start(&out);
+    let names = "synth-{000000..000002}.tar";
+    let from_file = run_ok(&["shards", "dump", &spec], dir.path());
+    assert_eq!(from_file.lines().count(), 120, "two fields per sample");
+    let http_base = format!("{}/%s", server.url);
+    let variants: Vec<Vec<String>> = vec![
+        vec!["--base".into(), http_base.clone()],
+        vec!["--base".into(), format!("pipe:curl -s -f {http_base}")],
+        vec!["--base".into(), format!("pipe:cat {}/%s", out.display())],
+    ];
+    for extra in variants {
+        let mut args = vec!["shards".to_string(), "dump".to_string(), names.to_string()];
+        args.extend(extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(run_ok(&args, dir.path()), from_file, "imgrun {args:?}");
+    }
+
+    // A missing shard over HTTP is a clear error naming the URL and the status.
+    let missing = format!("{}/nope.tar", server.url);
+    let result = imgrun().args(["shards", "ls", &missing]).output().expect("run ls");
+    assert!(!result.status.success());
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(stdout.contains(&missing) && stdout.contains("404"), "{}", describe(&result));
+}
+
+#[test]
+fn doctor_runs_a_tensor_op() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = run_ok(&["doctor"], dir.path());
+    assert!(report.contains("tensor smoke test: ok"), "{report}");
+    assert!(report.contains("libtorch:         2.11.0"), "{report}");
+    assert!(report.contains("config:           built-in defaults"), "{report}");
+}
+
+#[test]
+fn config_mistakes_name_the_key_and_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("cluster.toml"), "[shards]\nread_bufer = 4096\n").expect("write config");
+    let result = imgrun().arg("doctor").current_dir(dir.path()).output().expect("run doctor");
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("read_bufer") && stderr.contains("cluster.toml"), "{stderr}");
+
+    // The environment overrides files, and is checked the same way.
+    let result = imgrun()
+        .arg("doctor")
+        .env("IMGRUN_SHARDS__ERROR_POLICY", "sometimes")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("run doctor");
+    assert!(!result.status.success());
+    assert!(String::from_utf8_lossy(&result.stderr).contains("error_policy"), "{}", describe(&result));
+}
+
+#[test]
+fn create_from_the_shared_photos() {
+    let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/photos");
+    if !photos.is_dir() {
+        eprintln!("skipped: {} is absent", photos.display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("src");
+    let mut copied = 0;
+    for (i, entry) in std::fs::read_dir(&photos).expect("list photos").flatten().enumerate() {
+        let name = entry.file_name().to_string_lossy().to_lowercase();
+        if !(name.ends_with(".jpg") || name.ends_with(".png")) {
+            continue;
+        }
+        let class = src.join(if i % 2 == 0 { "even" } else { "odd" });
+        std::fs::create_dir_all(&class).expect("class dir");
+        std::fs::copy(entry.path(), class.join(entry.file_name())).expect("copy photo");
+        copied += 1;
+    }
+    let out = dir.path().join("out");
+    let printed = run_ok(
+        &["shards", "create", src.to_str().expect("utf-8"), out.to_str().expect("utf-8"), "--prefix", "photos",
+          "--maxcount", "5", "--resize", "64"],
+        dir.path(),
+    );
+    let spec = printed.lines().last().expect("spec line");
+    let verified = run_ok(&["shards", "verify", spec], dir.path());
+    assert!(verified.contains(&format!("{copied} samples, {copied} images, 0 problems")), "{verified}");
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Checks the crate dependency direction that ARCHITECTURE.md promises:
+#   pipelines and runtime depend neither on each other nor on tch/torch-sys;
+#   actors depends on both; only the binary and actors link libtorch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail=0
+forbid() { # crate, forbidden dependency
+    if cargo tree --offline -p "$1" -e normal,build --prefix none 2>/dev/null \
+        | awk '{print $1}' | grep -qx "$2"; then
+        echo "check-deps: $1 must not depend on $2" >&2
+        fail=1
+    fi
+}
+require() { # crate, required dependency
+    if ! cargo tree --offline -p "$1" -e normal --depth 1 --prefix none 2>/dev/null \
+        | awk '{print $1}' | grep -qx "$2"; then
+        echo "check-deps: $1 should depend on $2" >&2
+        fail=1
+    fi
+}
+
+for lib in pipelines runtime; do
+    for banned in tch torch-sys actors imgrun; do forbid "$lib" "$banned"; done
+done
+forbid pipelines runtime
+forbid runtime pipelines
+require actors pipelines
+require actors runtime
+require actors tch
+
+if [ "$fail" -ne 0 ]; then exit 1; fi
+echo "check-deps: dependency direction ok (pipelines, runtime <- actors <- imgrun; tch only in actors and imgrun)"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Prints the path of a Python that has the `webdataset` library, creating the cached
+# virtual environment on first use. The interop tests and the read benchmark use it to
+# check imgrun against the real Python library.
+#
+#   python=$(tools/pytools.sh)
+#
+# The venv lives in ${IMGRUN_CACHE:-~/.cache/imgrun}/pytools and is built once (a
+# `.complete` file marks a finished one; a half-built venv is rebuilt). Exits 2 with a
+# message starting "PyPI unreachable" when pip cannot download the packages, so that
+# callers can tell "no network" from a real failure; other failures exit 1.
+set -euo pipefail
+
+packages=("webdataset>=1.0,<1.1" "pillow" "numpy")
+
+cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
+venv=$cache/pytools
+python=${PYTHON:-python3}
+
+mkdir -p "$cache"
+# One builder at a time: the interop tests and the benchmark may start together.
+exec 9>"$cache/pytools.lock"
+flock 9
+
+if [ ! -f "$venv/.complete" ]; then
+    echo "tools/pytools.sh: installing ${packages[*]} into $venv (once, about 100 MB)" >&2
+    rm -rf "$venv"
+    if ! "$python" -m venv "$venv" >&2; then
+        echo "tools/pytools.sh: '$python -m venv' failed (is python3-venv installed?)" >&2
+        exit 1
+    fi
+    log=$(mktemp)
+    trap 'rm -f "$log"' EXIT
+    if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 30 --retries 1 \
+        "${packages[@]}" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -rf "$venv"
+        if grep -qiE 'NewConnectionError|Max retries exceeded|Name or service not known|name resolution|Network is unreachable|ConnectTimeout|ReadTimeout|ProxyError|SSLError|Could not fetch URL' "$log"; then
+            echo "PyPI unreachable: tools/pytools.sh could not download ${packages[*]}" >&2
+            exit 2
+        fi
+        echo "tools/pytools.sh: pip install failed (see above)" >&2
+        exit 1
+    fi
+    touch "$venv/.complete"
+fi
+
+echo "$venv/bin/python"
