@@ -49,7 +49,11 @@ pub struct Loaded {
 pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
     let file = match explicit {
         Some(path) => {
-            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
+            anyhow::ensure!(
+                path.is_file(),
+                "config file {} does not exist",
+                path.display()
+            );
             Some(path.to_path_buf())
         }
         None => Some(PathBuf::from("cluster.toml")).filter(|p| p.is_file()),
@@ -65,7 +69,9 @@ pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
             .filter(|key| key.as_str().contains("__"))
             .split("__"),
     );
-    let config: Config = figment.extract().map_err(|e| anyhow::anyhow!(describe(e)))?;
+    let config: Config = figment
+        .extract()
+        .map_err(|e| anyhow::anyhow!(describe(e)))?;
     validate(&config).with_context(|| match &file {
         Some(path) => format!("in {}", path.display()),
         None => "in the built-in defaults".to_string(),
@@ -103,9 +109,18 @@ fn validate(config: &Config) -> anyhow::Result<()> {
         .error_policy
         .parse::<pipelines::ErrorPolicy>()
         .map_err(|e| anyhow::anyhow!("shards.error_policy: {e}"))?;
-    anyhow::ensure!(config.shards.read_buffer > 0, "shards.read_buffer must be positive");
-    anyhow::ensure!(config.shards.http_attempts > 0, "shards.http_attempts must be at least 1");
-    anyhow::ensure!(config.serve.max_in_flight > 0, "serve.max_in_flight must be positive");
+    anyhow::ensure!(
+        config.shards.read_buffer > 0,
+        "shards.read_buffer must be positive"
+    );
+    anyhow::ensure!(
+        config.shards.http_attempts > 0,
+        "shards.http_attempts must be at least 1"
+    );
+    anyhow::ensure!(
+        config.serve.max_in_flight > 0,
+        "serve.max_in_flight must be positive"
+    );
     Ok(())
 }
 
@@ -146,7 +161,10 @@ mod tests {
             ("[shards]\nread_bufer = 10\n", "read_bufer"),
             ("[shardz]\n", "shardz"),
             ("[shards]\nread_buffer = \"big\"\n", "shards.read_buffer"),
-            ("[shards]\nerror_policy = \"ignore\"\n", "shards.error_policy"),
+            (
+                "[shards]\nerror_policy = \"ignore\"\n",
+                "shards.error_policy",
+            ),
             ("[shards\n", "cluster.toml"),
         ];
         for (text, want) in cases {
@@ -154,7 +172,10 @@ mod tests {
             std::fs::write(&path, text).expect("write config");
             let err = format!("{:#}", load(Some(&path)).expect_err(text));
             assert!(err.contains(want), "{text:?}: `{err}` lacks `{want}`");
-            assert!(err.contains(&path.display().to_string()), "{text:?}: `{err}` lacks the file");
+            assert!(
+                err.contains(&path.display().to_string()),
+                "{text:?}: `{err}` lacks the file"
+            );
         }
     }
 }

@@ -31,6 +31,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Reports libtorch, CUDA, cores, memory and the configuration in use.
     Doctor,
+    /// Dry-runs epoch planning: shards, samples and batches per rank and worker.
+    Plan(commands::plan::PlanArgs),
     /// The shard toolkit: create, synth, ls, sum, verify.
     #[command(subcommand)]
     Shards(commands::shards::ShardsCommand),
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
     let result = config::load(cli.config.as_deref()).and_then(|loaded| match cli.command {
         Command::Demo(args) => commands::demo::run(&loaded, args),
         Command::Doctor => commands::doctor::run(&loaded),
+        Command::Plan(args) => commands::plan::run(&loaded, args),
         Command::Shards(command) => commands::shards::run(&loaded, command),
         Command::Serve(args) => commands::serve::run(&loaded, args),
     });

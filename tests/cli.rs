@@ -12,8 +12,16 @@ fn imgrun() -> Command {
 }
 
 fn run_ok(args: &[&str], cwd: &Path) -> String {
-    let out = imgrun().args(args).current_dir(cwd).output().expect("run imgrun");
-    assert!(out.status.success(), "imgrun {args:?} failed:\n{}", describe(&out));
+    let out = imgrun()
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run imgrun");
+    assert!(
+        out.status.success(),
+        "imgrun {args:?} failed:\n{}",
+        describe(&out)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -30,8 +38,19 @@ fn describe(out: &Output) -> String {
 fn small_dataset(dir: &Path) -> (PathBuf, String) {
     let out = dir.join("shards");
     let printed = run_ok(
-        &["shards", "synth", out.to_str().expect("utf-8 path"), "--classes", "3", "--per-class", "20",
-          "--size", "32", "--maxcount", "25"],
+        &[
+            "shards",
+            "synth",
+            out.to_str().expect("utf-8 path"),
+            "--classes",
+            "3",
+            "--per-class",
+            "20",
+            "--size",
+            "32",
+            "--maxcount",
+            "25",
+        ],
         dir,
     );
     let spec = printed.lines().last().expect("spec line").to_string();
@@ -48,11 +67,19 @@ fn synth_ls_sum_and_verify_agree() {
     let listing = run_ok(&["shards", "ls", &spec], dir.path());
     let counts: Vec<u64> = listing
         .lines()
-        .map(|l| l.split('\t').nth(1).and_then(|c| c.split(' ').next()).and_then(|c| c.parse().ok()).expect("count"))
+        .map(|l| {
+            l.split('\t')
+                .nth(1)
+                .and_then(|c| c.split(' ').next())
+                .and_then(|c| c.parse().ok())
+                .expect("count")
+        })
         .collect();
     assert_eq!(counts, [25, 25, 10], "listing:\n{listing}");
 
-    let names: Vec<String> = (0..3).map(|i| out.join(format!("synth-{i:06}.tar")).display().to_string()).collect();
+    let names: Vec<String> = (0..3)
+        .map(|i| out.join(format!("synth-{i:06}.tar")).display().to_string())
+        .collect();
     let summed = imgrun()
         .args(["shards", "sum"])
         .stdin(Stdio::piped())
@@ -60,14 +87,21 @@ fn synth_ls_sum_and_verify_agree() {
         .spawn()
         .and_then(|mut child| {
             use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(names.join("\n").as_bytes())?;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(names.join("\n").as_bytes())?;
             child.wait_with_output()
         })
         .expect("run shards sum");
     assert_eq!(String::from_utf8_lossy(&summed.stdout).trim(), spec);
 
     let verified = run_ok(&["shards", "verify", &spec], dir.path());
-    assert!(verified.contains("60 samples, 60 images, 0 problems"), "{verified}");
+    assert!(
+        verified.contains("60 samples, 60 images, 0 problems"),
+        "{verified}"
+    );
 }
 
 #[test]
@@ -78,18 +112,42 @@ fn verify_reports_corruption_with_shard_and_offset() {
     let bytes = std::fs::read(&victim).expect("read shard");
     std::fs::write(&victim, &bytes[..bytes.len() / 2 + 100]).expect("truncate shard");
 
-    let result = imgrun().args(["shards", "verify", &spec]).output().expect("run verify");
-    assert!(!result.status.success(), "verify passed a truncated shard:\n{}", describe(&result));
+    let result = imgrun()
+        .args(["shards", "verify", &spec])
+        .output()
+        .expect("run verify");
+    assert!(
+        !result.status.success(),
+        "verify passed a truncated shard:\n{}",
+        describe(&result)
+    );
     let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(stdout.contains("synth-000001.tar: not a valid tar stream at byte"), "{stdout}");
+    assert!(
+        stdout.contains("synth-000001.tar: not a valid tar stream at byte"),
+        "{stdout}"
+    );
 
     // Reading with the default policy fails, naming the shard; `skip` goes on and counts.
-    let failed = imgrun().args(["shards", "dump", &spec]).output().expect("run dump");
+    let failed = imgrun()
+        .args(["shards", "dump", &spec])
+        .output()
+        .expect("run dump");
     assert!(!failed.status.success());
-    assert!(String::from_utf8_lossy(&failed.stderr).contains("synth-000001.tar"), "{}", describe(&failed));
-    let skipped = imgrun().args(["shards", "dump", &spec, "--on-error", "skip"]).output().expect("run dump");
+    assert!(
+        String::from_utf8_lossy(&failed.stderr).contains("synth-000001.tar"),
+        "{}",
+        describe(&failed)
+    );
+    let skipped = imgrun()
+        .args(["shards", "dump", &spec, "--on-error", "skip"])
+        .output()
+        .expect("run dump");
     assert!(skipped.status.success(), "{}", describe(&skipped));
-    assert!(String::from_utf8_lossy(&skipped.stderr).contains("1 skipped shards"), "{}", describe(&skipped));
+    assert!(
+        String::from_utf8_lossy(&skipped.stderr).contains("1 skipped shards"),
+        "{}",
+        describe(&skipped)
+    );
 }
 
 /// `imgrun serve` running in the background, killed on drop.
@@ -101,14 +159,23 @@ struct Server {
 impl Server {
     fn start(dir: &Path) -> Self {
         let mut child = imgrun()
-            .args(["serve", dir.to_str().expect("utf-8 path"), "--port", "0", "--bind", "127.0.0.1"])
+            .args([
+                "serve",
+                dir.to_str().expect("utf-8 path"),
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start imgrun serve");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the serving line");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the serving line");
         let url = line
             .split_whitespace()
             .find(|w| w.starts_with("http://"))
@@ -149,10 +216,17 @@ fn files_http_and_pipes_yield_identical_samples() {
 
     // A missing shard over HTTP is a clear error naming the URL and the status.
     let missing = format!("{}/nope.tar", server.url);
-    let result = imgrun().args(["shards", "ls", &missing]).output().expect("run ls");
+    let result = imgrun()
+        .args(["shards", "ls", &missing])
+        .output()
+        .expect("run ls");
     assert!(!result.status.success());
     let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(stdout.contains(&missing) && stdout.contains("404"), "{}", describe(&result));
+    assert!(
+        stdout.contains(&missing) && stdout.contains("404"),
+        "{}",
+        describe(&result)
+    );
 }
 
 #[test]
@@ -161,17 +235,31 @@ fn doctor_runs_a_tensor_op() {
     let report = run_ok(&["doctor"], dir.path());
     assert!(report.contains("tensor smoke test: ok"), "{report}");
     assert!(report.contains("libtorch:         2.11.0"), "{report}");
-    assert!(report.contains("config:           built-in defaults"), "{report}");
+    assert!(
+        report.contains("config:           built-in defaults"),
+        "{report}"
+    );
 }
 
 #[test]
 fn config_mistakes_name_the_key_and_file() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("cluster.toml"), "[shards]\nread_bufer = 4096\n").expect("write config");
-    let result = imgrun().arg("doctor").current_dir(dir.path()).output().expect("run doctor");
+    std::fs::write(
+        dir.path().join("cluster.toml"),
+        "[shards]\nread_bufer = 4096\n",
+    )
+    .expect("write config");
+    let result = imgrun()
+        .arg("doctor")
+        .current_dir(dir.path())
+        .output()
+        .expect("run doctor");
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(stderr.contains("read_bufer") && stderr.contains("cluster.toml"), "{stderr}");
+    assert!(
+        stderr.contains("read_bufer") && stderr.contains("cluster.toml"),
+        "{stderr}"
+    );
 
     // The environment overrides files, and is checked the same way.
     let result = imgrun()
@@ -181,7 +269,11 @@ fn config_mistakes_name_the_key_and_file() {
         .output()
         .expect("run doctor");
     assert!(!result.status.success());
-    assert!(String::from_utf8_lossy(&result.stderr).contains("error_policy"), "{}", describe(&result));
+    assert!(
+        String::from_utf8_lossy(&result.stderr).contains("error_policy"),
+        "{}",
+        describe(&result)
+    );
 }
 
 #[test]
@@ -194,7 +286,11 @@ fn create_from_the_shared_photos() {
     let dir = tempfile::tempdir().expect("temp dir");
     let src = dir.path().join("src");
     let mut copied = 0;
-    for (i, entry) in std::fs::read_dir(&photos).expect("list photos").flatten().enumerate() {
+    for (i, entry) in std::fs::read_dir(&photos)
+        .expect("list photos")
+        .flatten()
+        .enumerate()
+    {
         let name = entry.file_name().to_string_lossy().to_lowercase();
         if !(name.ends_with(".jpg") || name.ends_with(".png")) {
             continue;
@@ -206,11 +302,93 @@ fn create_from_the_shared_photos() {
     }
     let out = dir.path().join("out");
     let printed = run_ok(
-        &["shards", "create", src.to_str().expect("utf-8"), out.to_str().expect("utf-8"), "--prefix", "photos",
-          "--maxcount", "5", "--resize", "64"],
+        &[
+            "shards",
+            "create",
+            src.to_str().expect("utf-8"),
+            out.to_str().expect("utf-8"),
+            "--prefix",
+            "photos",
+            "--maxcount",
+            "5",
+            "--resize",
+            "64",
+        ],
         dir.path(),
     );
     let spec = printed.lines().last().expect("spec line");
     let verified = run_ok(&["shards", "verify", spec], dir.path());
-    assert!(verified.contains(&format!("{copied} samples, {copied} images, 0 problems")), "{verified}");
+    assert!(
+        verified.contains(&format!("{copied} samples, {copied} images, 0 problems")),
+        "{verified}"
+    );
+}
+
+/// The WebDataset `simdist` example: 10 shards over 3 ranks x 3 workers, batch 10, no
+/// partial batches. Without a policy the ranks disagree; `--nbatches 26` and
+/// `--nbatches 32 --dsrepeat 2` make them agree.
+#[test]
+fn plan_reproduces_the_simdist_example() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards: Vec<serde_json::Value> = (0..10)
+        .map(|i| serde_json::json!({"name": format!("s-{i:06}.tar"), "samples": 86 + i, "bytes": 0, "class_counts": {}}))
+        .collect();
+    let manifest = serde_json::json!({"version": 1, "classes": [], "shards": shards});
+    std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).expect("write manifest");
+    let spec = format!("{}/s-{{000000..000009}}.tar", dir.path().display());
+    let base = [
+        "plan",
+        "--shards",
+        &spec,
+        "--nodes",
+        "3",
+        "--workers",
+        "3",
+        "--batch-size",
+        "10",
+        "--mode",
+        "split",
+    ];
+    let cases: &[(&[&str], bool, &str)] = &[
+        (&[], false, "rank 0: 35, rank 1: 26, rank 2: 26"),
+        (&["--nbatches", "26"], true, "every rank runs 26 steps"),
+        (
+            &["--nbatches", "32"],
+            false,
+            "rank 0: 32, rank 1: 26, rank 2: 26",
+        ),
+        (
+            &["--nbatches", "32", "--dsrepeat", "2"],
+            true,
+            "every rank runs 32 steps",
+        ),
+        (&["--policy", "join"], true, "every rank runs 35 steps"),
+    ];
+    for (extra, ok, want) in cases {
+        let out = imgrun().args(base).args(*extra).output().expect("run plan");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.success(), *ok, "{extra:?}:\n{text}");
+        assert!(text.contains(want), "{extra:?}: lacks `{want}`:\n{text}");
+    }
+
+    // A broken user hook is reported with its file, line and column.
+    let hooks = dir.path().join("hooks");
+    std::fs::create_dir(&hooks).expect("hooks dir");
+    std::fs::write(
+        hooks.join("shard_shuffle.rhai"),
+        "fn shard_shuffle(shards, ctx) {\n  shards.reverse(\n}\n",
+    )
+    .expect("write hook");
+    let out = imgrun()
+        .args(base)
+        .args(["--hooks", hooks.to_str().expect("utf-8")])
+        .output()
+        .expect("run plan");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("shard_shuffle.rhai:3:1"), "{stderr}");
 }

@@ -90,6 +90,12 @@ mod tests {
         let report = probe_libtorch();
         assert_eq!(report.smoke_test, Ok(()));
         assert!(report.library_dir.is_some(), "libtorch_cpu.so not mapped");
-        assert!(report.version.as_deref().is_some_and(|v| v.starts_with("2.11.0")), "{report:?}");
+        assert!(
+            report
+                .version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("2.11.0")),
+            "{report:?}"
+        );
     }
 }

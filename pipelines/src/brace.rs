@@ -58,14 +58,12 @@ fn check_balance(spec: &str, chars: &[char]) -> Result<(), BraceError> {
         match chars[i] {
             '\\' => i += 1,
             '{' => open.push(i),
-            '}' => {
-                if open.pop().is_none() {
-                    return Err(BraceError::Unbalanced {
-                        spec: spec.to_string(),
-                        brace: '}',
-                        position: i,
-                    });
-                }
+            '}' if open.pop().is_none() => {
+                return Err(BraceError::Unbalanced {
+                    spec: spec.to_string(),
+                    brace: '}',
+                    position: i,
+                });
             }
             _ => {}
         }
@@ -235,7 +233,11 @@ fn range_items(spec: &str, inner: &[char]) -> Result<Option<Vec<String>>, BraceE
         let padded = [left, right]
             .iter()
             .any(|s| s.starts_with('0') || s.starts_with("-0"));
-        let width = if padded { left.len().max(right.len()) } else { 0 };
+        let width = if padded {
+            left.len().max(right.len())
+        } else {
+            0
+        };
         let items = (0..count)
             .map(|k| {
                 let offset = (k * step) as i64;
@@ -275,7 +277,11 @@ pub fn summarize_names<S: AsRef<str>>(names: &[S]) -> String {
         match last_digit_run(name) {
             Some((start, end)) => match name[start..end].parse::<u64>() {
                 Ok(n) => groups
-                    .entry((name[..start].to_string(), end - start, name[end..].to_string()))
+                    .entry((
+                        name[..start].to_string(),
+                        end - start,
+                        name[end..].to_string(),
+                    ))
                     .or_default()
                     .push(n),
                 Err(_) => singles.push(name.to_string()),
@@ -300,7 +306,9 @@ pub fn summarize_names<S: AsRef<str>>(names: &[S]) -> String {
             if a == b {
                 parts.push(format!("{escaped_prefix}{a:0width$}{escaped_suffix}"));
             } else {
-                parts.push(format!("{escaped_prefix}{{{a:0width$}..{b:0width$}}}{escaped_suffix}"));
+                parts.push(format!(
+                    "{escaped_prefix}{{{a:0width$}..{b:0width$}}}{escaped_suffix}"
+                ));
             }
         }
     }
@@ -343,7 +351,10 @@ mod tests {
     #[test]
     fn ranges_pad_like_the_library() {
         check(&[
-            ("a-{0..3}.tar", &["a-0.tar", "a-1.tar", "a-2.tar", "a-3.tar"]),
+            (
+                "a-{0..3}.tar",
+                &["a-0.tar", "a-1.tar", "a-2.tar", "a-3.tar"],
+            ),
             ("{0..10..5}", &["00", "05", "10"]),
             ("{000..002}", &["000", "001", "002"]),
             ("{8..11}", &["8", "9", "10", "11"]),
@@ -391,7 +402,10 @@ mod tests {
     #[test]
     fn summaries_expand_back_to_the_same_names() {
         let cases: &[(&[&str], &str)] = &[
-            (&["a-000000.tar", "a-000001.tar", "a-000002.tar"], "a-{000000..000002}.tar"),
+            (
+                &["a-000000.tar", "a-000001.tar", "a-000002.tar"],
+                "a-{000000..000002}.tar",
+            ),
             (&["a-0.tar", "a-2.tar", "a-3.tar"], "a-0.tar::a-{2..3}.tar"),
             (&["x.tar", "b-1.tar"], "b-1.tar::x.tar"),
             (&["d/{odd}-1.tar"], "d/\\{odd\\}-1.tar"),

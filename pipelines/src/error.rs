@@ -20,7 +20,9 @@ impl std::str::FromStr for ErrorPolicy {
         match s {
             "fail" => Ok(Self::Fail),
             "skip" => Ok(Self::Skip),
-            other => Err(format!("unknown error policy `{other}` (expected `fail` or `skip`)")),
+            other => Err(format!(
+                "unknown error policy `{other}` (expected `fail` or `skip`)"
+            )),
         }
     }
 }
@@ -65,7 +67,10 @@ pub enum ShardError {
         size: u64,
         limit: u64,
     },
-    #[error("{url}: command `{command}` failed with {status}{}", stderr_suffix(stderr_tail))]
+    #[error(
+        "{url}: command `{command}` failed with {status}{}",
+        stderr_suffix(stderr_tail)
+    )]
     Pipe {
         url: String,
         command: String,

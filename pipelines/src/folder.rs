@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use crate::brace::summarize_names;
 use crate::manifest::Manifest;
 use crate::sample::Sample;
-use crate::writer::{ShardWriter, WrittenShard, format_pattern};
+use crate::writer::{ShardWriter, WrittenShard};
 
 /// File extensions (compared lower-cased) that [`ImageFolder::scan`] takes as images:
 /// the formats this crate's `image` build decodes.
@@ -146,6 +146,8 @@ pub enum CreateError {
     NoClasses { path: PathBuf },
     #[error("no images (.jpg, .jpeg, .png) in class folder {}", path.display())]
     EmptyClass { path: PathBuf },
+    #[error("no images to write from {}", path.display())]
+    NoImages { path: PathBuf },
     #[error("cannot read image {}: {source}", path.display())]
     ReadImage { path: PathBuf, source: io::Error },
     #[error("cannot decode image {}: {reason}", path.display())]
@@ -200,6 +202,11 @@ pub fn create_from_folder(
     }
     if !(1..=100).contains(&options.quality) {
         return Err(bad_option("quality", "must be between 1 and 100"));
+    }
+    if folder.images.is_empty() {
+        return Err(CreateError::NoImages {
+            path: folder.root.clone(),
+        });
     }
     let mut order: Vec<&(PathBuf, u32)> = folder.images.iter().collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(options.seed));
@@ -369,30 +376,25 @@ fn write_batches(
                 source,
             }
         })?;
-    // Mirrors `ShardWriter`'s roll-over rule only to name the shard in an error.
-    let mut cursor = (0u64, 0u64, 0u64); // (shard index, samples, payload bytes)
-    let shard_error = |index: u64, source: io::Error| CreateError::WriteShard {
-        path: PathBuf::from(format_pattern(pattern, index).unwrap_or_else(|_| pattern.to_string())),
+    let shard_error = |path: Option<&Path>, source: io::Error| CreateError::WriteShard {
+        path: path.map_or_else(|| PathBuf::from(pattern), Path::to_path_buf),
         source,
     };
     while let Ok(batch) = receiver.recv() {
         let samples = match batch {
             Batch::Samples(samples) => samples,
             Batch::Done => {
-                let shards = writer.finish().map_err(|e| shard_error(cursor.0, e))?;
+                let last = writer.current_path().map(Path::to_path_buf);
+                let shards = writer
+                    .finish()
+                    .map_err(|e| shard_error(last.as_deref(), e))?;
                 return Ok(Some(shards));
             }
         };
         for sample in &samples {
-            let (index, in_shard, payload) = &mut cursor;
-            if *in_shard > 0 && (*in_shard >= plan.max_count || *payload >= plan.max_size) {
-                *index += 1;
-                *in_shard = 0;
-                *payload = 0;
-            }
-            writer.write(sample).map_err(|e| shard_error(*index, e))?;
-            *in_shard += 1;
-            *payload += sample.payload_bytes();
+            writer
+                .write(sample)
+                .map_err(|e| shard_error(writer.current_path(), e))?;
         }
         progress(samples.len() as u64);
     }

@@ -119,17 +119,23 @@ fn check_sample(sample: &Sample, label: Option<&str>, report: &mut VerifyReport)
         if IMAGE_EXTENSIONS.contains(&handler) {
             report.images += 1;
             if let Err(e) = image::load_from_memory(bytes) {
-                report.problems.push(problem(format!("field `{name}` is not a decodable image: {e}")));
+                report.problems.push(problem(format!(
+                    "field `{name}` is not a decodable image: {e}"
+                )));
             }
         } else if INT_EXTENSIONS.contains(&handler) {
             if let Err(e) = decode_int_field(bytes) {
-                report.problems.push(problem(format!("field `{name}`: {e}")));
+                report
+                    .problems
+                    .push(problem(format!("field `{name}`: {e}")));
             }
         }
     }
     if let Some(label) = label {
         if sample.field(label).is_none() {
-            report.problems.push(problem(format!("has no `{label}` field")));
+            report
+                .problems
+                .push(problem(format!("has no `{label}` field")));
         }
     }
 }

@@ -16,6 +16,7 @@ mod http;
 mod inspect;
 mod manifest;
 mod pipe;
+mod plan;
 mod reader;
 mod sample;
 mod source;
@@ -27,6 +28,11 @@ pub use error::{ErrorPolicy, ShardError};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
 pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
+pub use plan::{
+    BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, Hooks, Plan,
+    PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64, WorkItem,
+    WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
+};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
 pub use source::{

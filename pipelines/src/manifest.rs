@@ -87,7 +87,10 @@ impl Manifest {
         let bytes = std::fs::read(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let manifest: Self = serde_json::from_slice(&bytes).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
         })?;
         if manifest.version != MANIFEST_VERSION {
             return Err(io::Error::new(
@@ -132,9 +135,17 @@ mod tests {
             std::fs::read_to_string(dir.path().join("classes.txt")).expect("classes"),
             "cat\ndog\n"
         );
-        std::fs::write(dir.path().join(MANIFEST_FILE), br#"{"version":1,"classes":[],"shards":[],"extra":1}"#)
-            .expect("write");
-        let err = Manifest::read_from(dir.path()).expect_err("unknown key").to_string();
-        assert!(err.contains("extra") && err.contains(MANIFEST_FILE), "{err}");
+        std::fs::write(
+            dir.path().join(MANIFEST_FILE),
+            br#"{"version":1,"classes":[],"shards":[],"extra":1}"#,
+        )
+        .expect("write");
+        let err = Manifest::read_from(dir.path())
+            .expect_err("unknown key")
+            .to_string();
+        assert!(
+            err.contains("extra") && err.contains(MANIFEST_FILE),
+            "{err}"
+        );
     }
 }

@@ -125,7 +125,10 @@ impl SampleReader {
     }
 
     /// Reads every shard into memory (for tests and small data).
-    pub fn collect<S: AsRef<str>>(&self, urls: &[S]) -> Result<(Vec<Sample>, ReadStats), ShardError> {
+    pub fn collect<S: AsRef<str>>(
+        &self,
+        urls: &[S],
+    ) -> Result<(Vec<Sample>, ReadStats), ShardError> {
         let mut samples = Vec::new();
         let stats = self.read_all(urls, &mut |s| {
             samples.push(s);
@@ -189,27 +192,31 @@ impl<R: Read> ShardSamples<R> {
         visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ShardError> {
         let url = self.url;
-        let mut archive = tar::Archive::new(self.stream);
+        let mut archive = tar::Archive::new(Counted {
+            inner: self.stream,
+            bytes: 0,
+        });
         let mut grouper = Grouper::new(url.clone());
         let mut next_header: u64 = 0;
         stats.shards += 1;
         {
-            let entries = archive
-                .entries()
-                .map_err(|e| classify(&url, 0, e))?;
+            let entries = archive.entries().map_err(|e| classify(&url, 0, e))?;
             for entry in entries {
                 let mut entry = entry.map_err(|e| classify(&url, next_header, e))?;
                 let header_at = entry.raw_header_position();
                 let data_at = entry.raw_file_position();
                 let size = entry.size();
                 next_header = data_at + size.div_ceil(512) * 512;
-                if !entry.header().entry_type().is_file() {
+                // Python's `isreg()`: regular files and contiguous files.
+                let kind = entry.header().entry_type();
+                if !(kind.is_file() || kind.is_contiguous()) {
                     continue;
                 }
-                let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-                let Some((key, extension)) = split_member_name(&name) else {
+                let raw_name = entry.path_bytes().into_owned();
+                let Some((key, extension)) = split_member_name(&raw_name) else {
                     continue;
                 };
+                let name = String::from_utf8_lossy(&raw_name).into_owned();
                 if grouper.poisoned(key) {
                     continue;
                 }
@@ -225,7 +232,8 @@ impl<R: Read> ShardSamples<R> {
                     grouper.poison(key);
                     continue;
                 }
-                let bytes = read_member(&mut entry, size).map_err(|e| classify(&url, data_at, e))?;
+                let bytes =
+                    read_member(&mut entry, size).map_err(|e| classify(&url, data_at, e))?;
                 if (bytes.len() as u64) < size {
                     return Err(ShardError::Corrupt {
                         url: url.to_string(),
@@ -259,6 +267,14 @@ impl<R: Read> ShardSamples<R> {
         // Drain trailing padding so that the source sees its end (and a pipe its status).
         let mut rest = archive.into_inner();
         io::copy(&mut rest, &mut io::sink()).map_err(|e| classify(&url, next_header, e))?;
+        if rest.bytes == 0 {
+            // Python's tarfile refuses these too (`empty file`); an empty tar has 1 KiB.
+            return Err(ShardError::Corrupt {
+                url: url.to_string(),
+                offset: 0,
+                reason: "empty file".to_string(),
+            });
+        }
         Ok(ControlFlow::Continue(()))
     }
 }
@@ -270,30 +286,35 @@ impl<R: Read> ShardSamples<R> {
 /// metadata filters: the key ends at the first dot of the last component, and the run of
 /// dot-free characters before that dot must start at the beginning of the name or right
 /// after a `/` (so `dir/.hidden.jpg` has key `dir/`, while `.hidden.jpg` is skipped).
-pub(crate) fn split_member_name(name: &str) -> Option<(&str, String)> {
+///
+/// It works on the raw bytes of the name: names that are not UTF-8 group by their bytes
+/// (as Python's surrogate escapes do) and are shown with U+FFFD replacements.
+pub(crate) fn split_member_name(name: &[u8]) -> Option<(&[u8], String)> {
     if is_metadata(name) {
         return None;
     }
-    let last_start = name.rfind('/').map_or(0, |i| i + 1);
-    let dot = last_start + name[last_start..].find('.')?;
-    let bytes = name.as_bytes();
-    let run_start = bytes[..dot]
+    let last_start = name.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = last_start + name[last_start..].iter().position(|&b| b == b'.')?;
+    let run_start = name[..dot]
         .iter()
         .rposition(|&b| b == b'.')
         .map_or(0, |i| i + 1);
-    let anchored = (run_start..dot).any(|p| p == 0 || bytes[p - 1] == b'/');
+    let anchored = (run_start..dot).any(|p| p == 0 || name[p - 1] == b'/');
     if !anchored {
         return None;
     }
-    Some((&name[..dot], name[dot + 1..].to_lowercase()))
+    Some((
+        &name[..dot],
+        String::from_utf8_lossy(&name[dot + 1..]).to_lowercase(),
+    ))
 }
 
-fn is_metadata(name: &str) -> bool {
-    let top_level_dunder = !name.contains('/') && name.starts_with("__") && name.ends_with("__");
-    // `^__[^/]*__($|/)`: the first path component is `__...__`.
-    let first = name.split('/').next().unwrap_or(name);
-    let dunder_dir = first.len() >= 4 && first.starts_with("__") && first.ends_with("__");
-    top_level_dunder || dunder_dir
+fn is_metadata(name: &[u8]) -> bool {
+    let dunder = |part: &[u8]| part.len() >= 4 && part.starts_with(b"__") && part.ends_with(b"__");
+    let has_slash = name.contains(&b'/');
+    // A top-level `__...__`, or `^__[^/]*__($|/)`: a first path component `__...__`.
+    let first = name.split(|&b| b == b'/').next().unwrap_or(name);
+    (!has_slash && name.starts_with(b"__") && name.ends_with(b"__")) || dunder(first)
 }
 
 fn read_member<R: Read>(entry: &mut R, size: u64) -> io::Result<Vec<u8>> {
@@ -324,7 +345,9 @@ pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
         return source_error;
     }
     match error.kind() {
-        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof | io::ErrorKind::Other
+        io::ErrorKind::InvalidData
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::Other
         | io::ErrorKind::InvalidInput => ShardError::Corrupt {
             url: url.to_string(),
             offset,
@@ -353,11 +376,27 @@ fn flatten(error: &io::Error) -> String {
     text
 }
 
+/// A reader that counts the bytes it passed on.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
 /// Groups consecutive members by key.
 struct Grouper {
     url: Arc<str>,
     current: Option<Sample>,
-    poisoned_key: Option<String>,
+    /// The raw bytes of the current sample's key (keys compare as bytes).
+    current_key: Vec<u8>,
+    poisoned_key: Option<Vec<u8>>,
 }
 
 impl Grouper {
@@ -365,12 +404,13 @@ impl Grouper {
         Self {
             url,
             current: None,
+            current_key: Vec::new(),
             poisoned_key: None,
         }
     }
 
     /// Whether `key` belongs to a run that was dropped; a new key clears the mark.
-    fn poisoned(&mut self, key: &str) -> bool {
+    fn poisoned(&mut self, key: &[u8]) -> bool {
         match &self.poisoned_key {
             Some(bad) if bad == key => true,
             Some(_) => {
@@ -382,26 +422,28 @@ impl Grouper {
     }
 
     /// Drops the sample being built if it has `key`, and ignores the rest of its run.
-    fn poison(&mut self, key: &str) {
-        if self.current.as_ref().is_some_and(|s| s.key == key) {
+    fn poison(&mut self, key: &[u8]) {
+        if self.current.is_some() && self.current_key == key {
             self.current = None;
         }
-        self.poisoned_key = Some(key.to_string());
+        self.poisoned_key = Some(key.to_vec());
     }
 
     /// Adds a member; returns the previous sample when this member starts a new one.
     fn push(
         &mut self,
-        key: &str,
+        key: &[u8],
         extension: String,
         bytes: Vec<u8>,
         offset: u64,
     ) -> Result<Option<Sample>, ShardError> {
         let mut finished = None;
-        if self.current.as_ref().is_none_or(|s| s.key != key) {
+        if self.current.is_none() || self.current_key != key {
             finished = self.current.take();
+            self.current_key.clear();
+            self.current_key.extend_from_slice(key);
             self.current = Some(Sample {
-                key: key.to_string(),
+                key: String::from_utf8_lossy(key).into_owned(),
                 url: self.url.clone(),
                 fields: Vec::with_capacity(2),
             });
@@ -411,7 +453,7 @@ impl Grouper {
         if current.fields.iter().any(|(e, _)| *e == extension) {
             let error = ShardError::DuplicateField {
                 url: self.url.to_string(),
-                key: key.to_string(),
+                key: current.key.clone(),
                 extension,
                 offset,
             };
@@ -477,7 +519,10 @@ mod tests {
         let cases: &[(&str, Option<(&str, &str)>)] = &[
             ("n01440764_10026.JPEG", Some(("n01440764_10026", "jpeg"))),
             ("a/b.c/d.e.f", Some(("a/b.c/d", "e.f"))),
-            ("2023-01-01T12:00:00.123.jpg", Some(("2023-01-01T12:00:00", "123.jpg"))),
+            (
+                "2023-01-01T12:00:00.123.jpg",
+                Some(("2023-01-01T12:00:00", "123.jpg")),
+            ),
             ("dir/.hidden.jpg", Some(("dir/", "hidden.jpg"))),
             ("a/b/.x.jpg", Some(("a/b/", "x.jpg"))),
             ("k.Seg.PNG", Some(("k", "seg.png"))),
@@ -493,20 +538,37 @@ mod tests {
             ("a/__meta__", None),
         ];
         for (name, want) in cases {
-            let got = split_member_name(name);
-            let got = got.as_ref().map(|(k, e)| (*k, e.as_str()));
+            let got = split_member_name(name.as_bytes());
+            let got = got
+                .as_ref()
+                .map(|(k, e)| (std::str::from_utf8(k).expect("utf-8 key"), e.as_str()));
             assert_eq!(got, *want, "member {name}");
         }
     }
 
     #[test]
     fn consecutive_members_form_samples() {
-        let cases: &[(&[(&str, &[u8])], &[&str])] = &[
-            (&[("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2")], &["a:jpg,cls", "b:jpg"]),
+        type Members<'a> = &'a [(&'a str, &'a [u8])];
+        let cases: &[(Members, &[&str])] = &[
+            (
+                &[("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2")],
+                &["a:jpg,cls", "b:jpg"],
+            ),
             // A key that comes back later starts a new sample.
-            (&[("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")], &["a:jpg", "b:jpg", "a:cls"]),
+            (
+                &[("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")],
+                &["a:jpg", "b:jpg", "a:cls"],
+            ),
             // Metadata and dotless names are skipped without breaking a run.
-            (&[("__index__", b"x"), ("a.jpg", b"1"), ("noext", b"z"), ("a.cls", b"0")], &["a:jpg,cls"]),
+            (
+                &[
+                    ("__index__", b"x"),
+                    ("a.jpg", b"1"),
+                    ("noext", b"z"),
+                    ("a.cls", b"0"),
+                ],
+                &["a:jpg,cls"],
+            ),
             (&[("d/x.jpg", b"1"), ("d/x.txt", b"t")], &["d/x:jpg,txt"]),
             (&[], &[]),
         ];
@@ -524,10 +586,14 @@ mod tests {
         let mut dir = tar::Header::new_gnu();
         dir.set_entry_type(tar::EntryType::Directory);
         dir.set_size(0);
-        builder.append_data(&mut dir, "a.d/", &b""[..]).expect("dir");
+        builder
+            .append_data(&mut dir, "a.d/", &b""[..])
+            .expect("dir");
         let mut file = tar::Header::new_gnu();
         file.set_size(1);
-        builder.append_data(&mut file, "a.jpg", &b"1"[..]).expect("file");
+        builder
+            .append_data(&mut file, "a.jpg", &b"1"[..])
+            .expect("file");
         let bytes = builder.into_inner().expect("finish");
         let (samples, _) = read(&bytes, ErrorPolicy::Fail);
         assert_eq!(shape(&samples.expect("valid")), ["a:jpg"]);
@@ -536,9 +602,19 @@ mod tests {
     #[test]
     fn bad_input_is_reported_with_offsets_or_skipped() {
         let good = tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2")]);
-        let duplicate = tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2"), ("b.jpg", b"3"), ("c.jpg", b"4")]);
+        let duplicate = tar_of(&[
+            ("a.jpg", b"1"),
+            ("b.jpg", b"2"),
+            ("b.jpg", b"3"),
+            ("c.jpg", b"4"),
+        ]);
         let oversized_data = vec![7u8; 2000];
-        let oversized = tar_of(&[("a.jpg", b"1"), ("b.jpg", &oversized_data), ("b.cls", b"1"), ("c.jpg", b"4")]);
+        let oversized = tar_of(&[
+            ("a.jpg", b"1"),
+            ("b.jpg", &oversized_data),
+            ("b.cls", b"1"),
+            ("c.jpg", b"4"),
+        ]);
         let mut truncated = tar_of(&[("a.jpg", b"1"), ("b.jpg", &[9u8; 900])]);
         truncated.truncate(512 * 3 + 100);
         let garbage: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -553,7 +629,13 @@ mod tests {
             skipped_samples: u64,
         }
         let cases = [
-            Case { name: "good", bytes: &good, fail_error: None, skip_samples: &["a:jpg", "b:jpg"], skipped_samples: 0 },
+            Case {
+                name: "good",
+                bytes: &good,
+                fail_error: None,
+                skip_samples: &["a:jpg", "b:jpg"],
+                skipped_samples: 0,
+            },
             Case {
                 name: "duplicate",
                 bytes: &duplicate,
@@ -564,14 +646,18 @@ mod tests {
             Case {
                 name: "oversized",
                 bytes: &oversized,
-                fail_error: Some("mem.tar: member `b.jpg` at byte 1024 is 2000 bytes, over the limit of 1000"),
+                fail_error: Some(
+                    "mem.tar: member `b.jpg` at byte 1024 is 2000 bytes, over the limit of 1000",
+                ),
                 skip_samples: &["a:jpg", "c:jpg"],
                 skipped_samples: 1,
             },
             Case {
                 name: "truncated",
                 bytes: &truncated,
-                fail_error: Some("mem.tar: not a valid tar stream at byte 1636: truncated: member `b.jpg` declares 900 bytes but only 100 follow"),
+                fail_error: Some(
+                    "mem.tar: not a valid tar stream at byte 1636: truncated: member `b.jpg` declares 900 bytes but only 100 follow",
+                ),
                 skip_samples: &[],
                 skipped_samples: 0,
             },
@@ -579,6 +665,13 @@ mod tests {
                 name: "garbage",
                 bytes: &garbage,
                 fail_error: Some("mem.tar: not a valid tar stream at byte 0"),
+                skip_samples: &[],
+                skipped_samples: 0,
+            },
+            Case {
+                name: "zero bytes",
+                bytes: &[],
+                fail_error: Some("mem.tar: not a valid tar stream at byte 0: empty file"),
                 skip_samples: &[],
                 skipped_samples: 0,
             },
@@ -595,15 +688,28 @@ mod tests {
             match (result, case.fail_error) {
                 (Ok(_), None) => {}
                 (Err(e), Some(want)) => {
-                    assert!(e.to_string().starts_with(want), "{}: `{e}` does not start with `{want}`", case.name)
+                    assert!(
+                        e.to_string().starts_with(want),
+                        "{}: `{e}` does not start with `{want}`",
+                        case.name
+                    )
                 }
                 (got, want) => panic!("{}: got {got:?}, wanted error {want:?}", case.name),
             }
             let (result, stats) = read(case.bytes, ErrorPolicy::Skip);
             if let Ok(samples) = result {
-                assert_eq!(shape(&samples), case.skip_samples, "{}: samples kept under skip", case.name);
+                assert_eq!(
+                    shape(&samples),
+                    case.skip_samples,
+                    "{}: samples kept under skip",
+                    case.name
+                );
             }
-            assert_eq!(stats.skipped_samples, case.skipped_samples, "{}: skipped count", case.name);
+            assert_eq!(
+                stats.skipped_samples, case.skipped_samples,
+                "{}: skipped count",
+                case.name
+            );
         }
     }
 
@@ -614,7 +720,11 @@ mod tests {
         let flow = ShardSamples::new("mem.tar", bytes.as_slice())
             .for_each(&mut ReadStats::default(), &mut |_| {
                 seen += 1;
-                if seen == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+                if seen == 2 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
             })
             .expect("valid");
         assert!(flow.is_break());

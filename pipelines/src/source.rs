@@ -131,7 +131,9 @@ impl ShardSource for StdinSource {
 
 /// Compression detected from the first bytes of a stream.
 fn decompress(url: &str, mut stream: BufReader<ShardStream>) -> Result<ShardStream, ShardError> {
-    let head = stream.fill_buf().map_err(|e| crate::reader::classify(url, 0, e))?;
+    let head = stream
+        .fill_buf()
+        .map_err(|e| crate::reader::classify(url, 0, e))?;
     let decoded: ShardStream = if head.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::bufread::MultiGzDecoder::new(stream))
     } else if head.starts_with(b"BZh") {
@@ -147,7 +149,10 @@ fn decompress(url: &str, mut stream: BufReader<ShardStream>) -> Result<ShardStre
 /// A source's own failure carried through `io::Error` by a stream (a pipe command that
 /// exited badly, an HTTP failure mid-stream), recovered as a [`ShardError`].
 pub(crate) fn source_failure(error: &io::Error) -> Option<ShardError> {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    // `io::Error::source` skips the wrapped error itself, so unwrap with `get_ref`.
+    let mut current: Option<&(dyn std::error::Error + 'static)> = error
+        .get_ref()
+        .map(|e| e as &(dyn std::error::Error + 'static));
     while let Some(e) = current {
         if let Some(pipe) = e.downcast_ref::<PipeFailure>() {
             return Some(pipe.to_shard_error());
@@ -155,7 +160,12 @@ pub(crate) fn source_failure(error: &io::Error) -> Option<ShardError> {
         if let Some(http) = e.downcast_ref::<crate::http::HttpFailure>() {
             return Some(http.to_shard_error());
         }
-        current = e.source();
+        current = match e.downcast_ref::<io::Error>() {
+            Some(inner) => inner
+                .get_ref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
@@ -205,7 +215,10 @@ mod tests {
             (
                 "pipe:curl -s http://h:8080/%s",
                 "a-{0..1}.tar",
-                vec!["pipe:curl -s http://h:8080/a-0.tar", "pipe:curl -s http://h:8080/a-1.tar"],
+                vec![
+                    "pipe:curl -s http://h:8080/a-0.tar",
+                    "pipe:curl -s http://h:8080/a-1.tar",
+                ],
             ),
             ("/data", "x.tar", vec!["/data/x.tar"]),
             ("http://h/d/", "x.tar", vec!["http://h/d/x.tar"]),
@@ -236,7 +249,10 @@ mod tests {
                 .find(|s| s.handles(url))
                 .map(|s| format!("{s:?}"));
             let found = found.unwrap_or_default();
-            assert!(found.starts_with(want), "{url}: chose {found}, wanted {want}");
+            assert!(
+                found.starts_with(want),
+                "{url}: chose {found}, wanted {want}"
+            );
         }
     }
 

@@ -58,7 +58,8 @@ impl<W: Write> TarWriter<W> {
             header.set_groupname("bigdata")?;
             header.set_entry_type(tar::EntryType::Regular);
             let name = format!("{}.{}", sample.key, extension);
-            self.builder.append_data(&mut header, name, bytes.as_slice())?;
+            self.builder
+                .append_data(&mut header, name, bytes.as_slice())?;
             payload += bytes.len() as u64;
         }
         Ok(payload)
@@ -74,11 +75,16 @@ fn validate_key(key: &str) -> io::Result<()> {
     let bad = key.is_empty()
         || key.starts_with('/')
         || key.split('/').any(|part| part == "..")
-        || key.rsplit('/').next().is_some_and(|last| last.contains('.'));
+        || key
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains('.'));
     if bad {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("bad sample key `{key}` (empty, absolute, `..`, or a dot in its last component)"),
+            format!(
+                "bad sample key `{key}` (empty, absolute, `..`, or a dot in its last component)"
+            ),
         ));
     }
     Ok(())
@@ -138,10 +144,9 @@ impl ShardWriter {
     }
 
     pub fn write(&mut self, sample: &Sample) -> io::Result<()> {
-        let full = self
-            .current
-            .as_ref()
-            .is_some_and(|c| c.stats.samples >= self.max_count || c.stats.payload_bytes >= self.max_size);
+        let full = self.current.as_ref().is_some_and(|c| {
+            c.stats.samples >= self.max_count || c.stats.payload_bytes >= self.max_size
+        });
         if full {
             self.close_current()?;
         }
@@ -167,7 +172,12 @@ impl ShardWriter {
     /// Closes the last shard and returns all shards written, in order.
     pub fn finish(mut self) -> io::Result<Vec<WrittenShard>> {
         self.close_current()?;
-        Ok(self.finished)
+        Ok(std::mem::take(&mut self.finished))
+    }
+
+    /// The final path of the shard being written, if one is open.
+    pub fn current_path(&self) -> Option<&Path> {
+        self.current.as_ref().map(|c| c.path.as_path())
     }
 
     fn open_next(&mut self) -> io::Result<()> {
@@ -208,6 +218,17 @@ impl ShardWriter {
     }
 }
 
+impl Drop for ShardWriter {
+    /// A writer dropped before `finish` (an error, a cancelled job) leaves no
+    /// half-written shard behind.
+    fn drop(&mut self) {
+        if let Some(shard) = self.current.take() {
+            drop(shard.tar);
+            let _ = std::fs::remove_file(&shard.temp);
+        }
+    }
+}
+
 fn temp_name(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".partial");
@@ -221,7 +242,12 @@ fn with_path(error: io::Error, path: &Path) -> io::Error {
 /// Formats a printf-style pattern with exactly one integer conversion (`%d`, `%6d`,
 /// `%06d`); `%%` is a literal percent sign.
 pub fn format_pattern(pattern: &str, value: u64) -> io::Result<String> {
-    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("shard name pattern `{pattern}`: {why}"));
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("shard name pattern `{pattern}`: {why}"),
+        )
+    };
     let mut out = String::with_capacity(pattern.len() + 8);
     let mut conversions = 0;
     let mut chars = pattern.chars().peekable();
@@ -247,7 +273,11 @@ pub fn format_pattern(pattern: &str, value: u64) -> io::Result<String> {
         if chars.next() != Some('d') {
             return Err(bad("only integer conversions like %06d are supported"));
         }
-        let width: usize = if width.is_empty() { 0 } else { width.parse().map_err(|_| bad("width too large"))? };
+        let width: usize = if width.is_empty() {
+            0
+        } else {
+            width.parse().map_err(|_| bad("width too large"))?
+        };
         if zero {
             out.push_str(&format!("{value:0width$}"));
         } else {
@@ -284,7 +314,10 @@ mod tests {
 
     #[test]
     fn members_are_written_in_sorted_extension_order() {
-        let sample = Sample::new("k").with("txt", b"t".to_vec()).with_class(2).with("jpg", b"j".to_vec());
+        let sample = Sample::new("k")
+            .with("txt", b"t".to_vec())
+            .with_class(2)
+            .with("jpg", b"j".to_vec());
         let mut tar = TarWriter::new(Vec::new());
         tar.write(&sample).expect("write to memory");
         let bytes = tar.finish().expect("finish");
@@ -292,9 +325,42 @@ mod tests {
         let names: Vec<String> = archive
             .entries()
             .expect("entries")
-            .map(|e| e.expect("entry").path().expect("path").display().to_string())
+            .map(|e| {
+                e.expect("entry")
+                    .path()
+                    .expect("path")
+                    .display()
+                    .to_string()
+            })
             .collect();
         assert_eq!(names, ["k.cls", "k.jpg", "k.txt"]);
+    }
+
+    #[test]
+    fn an_unfinished_writer_leaves_no_partial_shard() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pattern = dir.path().join("s-%02d.tar");
+        let mut writer = ShardWriter::new(pattern.to_string_lossy(), 2, 1 << 30).expect("pattern");
+        for i in 0..3 {
+            writer
+                .write(&Sample::new(format!("k{i}")).with_class(i))
+                .expect("write");
+        }
+        assert_eq!(
+            writer.current_path(),
+            Some(dir.path().join("s-01.tar").as_path())
+        );
+        drop(writer);
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["s-00.tar"],
+            "the finished shard stays, the partial one goes"
+        );
     }
 
     #[test]
@@ -304,7 +370,9 @@ mod tests {
             Sample::new("a.b").with("jpg", b"x".to_vec()),
             Sample::new("../x").with("jpg", b"x".to_vec()),
             Sample::new("/abs").with("jpg", b"x".to_vec()),
-            Sample::new("k").with("jpg", b"x".to_vec()).with("jpg", b"y".to_vec()),
+            Sample::new("k")
+                .with("jpg", b"x".to_vec())
+                .with("jpg", b"y".to_vec()),
             Sample::new("k").with("", b"x".to_vec()),
         ];
         for sample in cases {

@@ -76,41 +76,41 @@ fn imgrun_shards_read_in_python() {
     for ((sample, (width, height), class, json), (py, shard)) in
         written.iter().zip(seen.iter().zip(&shard_of))
     {
-        let mut want = fields_of(sample);
+        let mut fields = fields_of(sample);
         // The writer puts members in sorted extension order; Python keeps tar order.
-        want.sort();
+        fields.sort();
+        let txt = String::from_utf8(sample.field("txt").expect("txt").to_vec()).expect("utf-8");
+        let mut decoded = BTreeMap::from([
+            (
+                "jpg".to_string(),
+                serde_json::json!({"type": "image", "size": [width, height], "mode": "RGB"}),
+            ),
+            (
+                "cls".to_string(),
+                serde_json::json!({"type": "int", "value": class}),
+            ),
+            (
+                "json".to_string(),
+                serde_json::json!({"type": "json", "value": json}),
+            ),
+            (
+                "txt".to_string(),
+                serde_json::json!({"type": "str", "value": txt}),
+            ),
+        ]);
+        if sample.field("png").is_some() {
+            let png = serde_json::json!({"type": "image", "size": [height, width], "mode": "RGB"});
+            decoded.insert("png".to_string(), png);
+        }
         let expected = PySample {
             key: sample.key.clone(),
             url: shard.clone(),
-            fields: want,
-            decoded: py.decoded.clone(),
+            fields,
+            decoded,
         };
-        assert_eq!(py, &expected, "sample {} as Python reads it", sample.key);
-        let decoded = &py.decoded;
-        let image = serde_json::json!({"type": "image", "size": [width, height], "mode": "RGB"});
-        assert_eq!(decoded["jpg"], image, "{}: jpg decoded by PIL", sample.key);
-        if sample.field("png").is_some() {
-            let image =
-                serde_json::json!({"type": "image", "size": [height, width], "mode": "RGB"});
-            assert_eq!(decoded["png"], image, "{}: png decoded by PIL", sample.key);
-        }
         assert_eq!(
-            decoded["cls"],
-            serde_json::json!({"type": "int", "value": class}),
-            "{}: cls",
-            sample.key
-        );
-        assert_eq!(
-            decoded["json"],
-            serde_json::json!({"type": "json", "value": json}),
-            "{}: json",
-            sample.key
-        );
-        let txt = String::from_utf8(sample.field("txt").expect("txt").to_vec()).expect("utf-8");
-        assert_eq!(
-            decoded["txt"],
-            serde_json::json!({"type": "str", "value": txt}),
-            "{}: txt",
+            py, &expected,
+            "sample {} as Python reads and decodes it",
             sample.key
         );
     }
@@ -331,18 +331,10 @@ fn tar_cases() -> Vec<TarCase> {
         },
         TarCase {
             damage: Damage::TruncateAt(0),
-            known_mismatch: Some(
-                "a zero-byte shard is an error to Python (`empty file`), an empty shard to imgrun",
-            ),
             ..case("zero-bytes", "gnu", RUNS)
         },
         case("not-utf8", "gnu", NOT_UTF8),
-        TarCase {
-            known_mismatch: Some(
-                "a contiguous-file member (type '7') is a regular file to Python, skipped by imgrun",
-            ),
-            ..case("contiguous", "gnu", CONTIGUOUS)
-        },
+        case("contiguous", "gnu", CONTIGUOUS),
     ]
 }
 
@@ -489,6 +481,10 @@ fn python() -> Option<PathBuf> {
             .expect("run bash tools/pytools.sh");
         let stderr = String::from_utf8_lossy(&out.stderr);
         if out.status.code() == Some(2) && stderr.contains("PyPI unreachable") {
+            // Straight to the process's stderr, once: the harness captures `eprintln!`.
+            let line = "SKIPPED: Python webdataset interop tests: PyPI unreachable, \
+                        tools/pytools.sh could not build its venv\n";
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             return None;
         }
         assert!(
@@ -499,11 +495,6 @@ fn python() -> Option<PathBuf> {
         let path = String::from_utf8(out.stdout).expect("utf-8 path");
         Some(PathBuf::from(path.trim()))
     });
-    if python.is_none() {
-        eprintln!(
-            "SKIPPED: Python webdataset interop: PyPI unreachable, tools/pytools.sh could not build its venv"
-        );
-    }
     python.clone()
 }
 

@@ -9,8 +9,8 @@ use pipelines::{ErrorPolicy, Sample, SampleReader, ShardError, ShardWriter, Sour
 
 /// Writes `n` samples into one shard in `dir` and returns its path and samples.
 fn write_shard(dir: &Path, n: u32) -> (PathBuf, Vec<Sample>) {
-    let mut writer = ShardWriter::new(dir.join("s-%06d.tar").to_string_lossy(), 1000, 1 << 40)
-        .expect("pattern");
+    let mut writer =
+        ShardWriter::new(dir.join("s-%06d.tar").to_string_lossy(), 1000, 1 << 40).expect("pattern");
     let mut samples = Vec::new();
     for i in 0..n {
         let sample = Sample::new(format!("sample-{i:04}"))
@@ -23,12 +23,20 @@ fn write_shard(dir: &Path, n: u32) -> (PathBuf, Vec<Sample>) {
     (shards[0].path.clone(), samples)
 }
 
-fn read_all(urls: &[String], policy: ErrorPolicy) -> Result<(Vec<Sample>, pipelines::ReadStats), ShardError> {
-    SampleReader::new(Sources::default()).with_policy(policy).collect(urls)
+fn read_all(
+    urls: &[String],
+    policy: ErrorPolicy,
+) -> Result<(Vec<Sample>, pipelines::ReadStats), ShardError> {
+    SampleReader::new(Sources::default())
+        .with_policy(policy)
+        .collect(urls)
 }
 
+/// Key and fields of each sample.
+type Normalized = Vec<(String, Vec<(String, Vec<u8>)>)>;
+
 /// Fields sorted by name, as written.
-fn normalized(samples: &[Sample]) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
+fn normalized(samples: &[Sample]) -> Normalized {
     samples
         .iter()
         .map(|s| {
@@ -84,7 +92,10 @@ fn every_local_source_yields_the_same_samples() {
         let (samples, stats) = read_all(std::slice::from_ref(&url), ErrorPolicy::Fail)
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         assert_eq!(normalized(&samples), normalized(&written), "{url}");
-        assert!(samples.iter().all(|s| *s.url == *url), "{url}: __url__ kept");
+        assert!(
+            samples.iter().all(|s| *s.url == *url),
+            "{url}: __url__ kept"
+        );
         assert_eq!(stats.samples, 25);
     }
 }
@@ -95,14 +106,23 @@ fn failing_sources_name_the_shard_and_cause() {
     let (path, _) = write_shard(dir.path(), 3);
     let p = path.display().to_string();
     let cases = [
-        ("pipe:false".to_string(), "command `false` failed with exit status 1"),
+        (
+            "pipe:false".to_string(),
+            "command `false` failed with exit status 1",
+        ),
         (
             "pipe:echo no such bucket >&2; exit 3".to_string(),
             "failed with exit status 3; stderr: no such bucket",
         ),
-        (format!("pipe:cat '{p}'; exit 2"), "failed with exit status 2"),
+        (
+            format!("pipe:cat '{p}'; exit 2"),
+            "failed with exit status 2",
+        ),
         ("pipe:kill -9 $$".to_string(), "failed with signal 9"),
-        (dir.path().join("missing.tar").display().to_string(), "missing.tar: cannot open"),
+        (
+            dir.path().join("missing.tar").display().to_string(),
+            "missing.tar: cannot open",
+        ),
         ("s3://bucket/x.tar".to_string(), "unsupported shard URL"),
     ];
     for (url, want) in cases {
@@ -110,7 +130,10 @@ fn failing_sources_name_the_shard_and_cause() {
             .expect_err(&url)
             .to_string();
         assert!(err.contains(want), "{url}: `{err}` lacks `{want}`");
-        assert!(err.starts_with(&url), "{url}: `{err}` does not start with the shard");
+        assert!(
+            err.starts_with(&url),
+            "{url}: `{err}` does not start with the shard"
+        );
     }
 }
 
@@ -130,7 +153,11 @@ fn skip_policy_counts_bad_shards_and_keeps_good_ones() {
     assert_eq!(normalized(&samples), normalized(&written));
     assert_eq!(stats.skipped_shards, 3);
     assert_eq!(stats.problems.len(), 3);
-    assert!(stats.problems[0].to_string().contains("garbage.tar: not a valid tar stream at byte 0"));
+    assert!(
+        stats.problems[0]
+            .to_string()
+            .contains("garbage.tar: not a valid tar stream at byte 0")
+    );
 }
 
 #[test]
@@ -144,7 +171,11 @@ fn a_reader_that_stops_early_stops_the_pipe() {
     let stats = reader
         .read_all(&[url], &mut |_| {
             seen += 1;
-            if seen == 5 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            if seen == 5 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         })
         .expect("read");
     assert_eq!(seen, 5);

@@ -35,7 +35,10 @@ mod tests {
     #[test]
     fn meminfo_is_parsed() {
         let cases = [
-            ("MemTotal:       24576000 kB\nMemFree: 1 kB\n", Some(24_576_000 * 1024)),
+            (
+                "MemTotal:       24576000 kB\nMemFree: 1 kB\n",
+                Some(24_576_000 * 1024),
+            ),
             ("MemFree: 1 kB\n", None),
             ("MemTotal: lots kB\n", None),
         ];

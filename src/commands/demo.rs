@@ -30,7 +30,12 @@ pub struct DemoArgs {
 }
 
 pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
-    println!("== 1/3 generating {} x {} synthetic images into {}", args.classes, args.per_class, args.out.display());
+    println!(
+        "== 1/3 generating {} x {} synthetic images into {}",
+        args.classes,
+        args.per_class,
+        args.out.display()
+    );
     let options = SynthOptions {
         classes: args.classes,
         per_class: args.per_class,
@@ -45,14 +50,21 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
     print_report(&report);
     println!("   took {:.2} s", started.elapsed().as_secs_f64());
 
-    let urls: Vec<String> = report.shards.iter().map(|s| s.path.display().to_string()).collect();
+    let urls: Vec<String> = report
+        .shards
+        .iter()
+        .map(|s| s.path.display().to_string())
+        .collect();
     println!("== 2/3 reading the shards back");
     let reader = loaded.config.shards.reader(Some(ErrorPolicy::Fail));
     let started = Instant::now();
     let mut per_class = vec![0u64; report.manifest.classes.len()];
     let stats = reader.read_all(&urls, &mut |sample| {
         if let Some(Ok(class)) = sample.int_field("cls") {
-            if let Some(count) = usize::try_from(class).ok().and_then(|c| per_class.get_mut(c)) {
+            if let Some(count) = usize::try_from(class)
+                .ok()
+                .and_then(|c| per_class.get_mut(c))
+            {
                 *count += 1;
             }
         }
@@ -69,7 +81,10 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     let manifest = Manifest::read_from(&args.out)?;
     for (class, name) in manifest.classes.iter().enumerate() {
-        println!("   class {class:>2} {name:<24} {:>6} samples", per_class[class]);
+        println!(
+            "   class {class:>2} {name:<24} {:>6} samples",
+            per_class[class]
+        );
     }
     anyhow::ensure!(
         stats.samples == manifest.total_samples(),
@@ -90,5 +105,9 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     println!("   {images} images decoded, {problems} problems");
     println!("done: shards in {}", args.out.display());
-    Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if problems == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -26,7 +26,11 @@ pub fn run(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     println!(
         "cuda:             {}",
         if torch.cuda_available {
-            format!("available, {} device(s), cudnn {}", torch.cuda_devices, yes_no(torch.cudnn_available))
+            format!(
+                "available, {} device(s), cudnn {}",
+                torch.cuda_devices,
+                yes_no(torch.cudnn_available)
+            )
         } else {
             "not available".to_string()
         }

@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod doctor;
+pub mod plan;
 pub mod serve;
 pub mod shards;
 
@@ -10,11 +11,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// A progress bar on standard error (drawn only when it is a terminal).
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(
-        "{msg:>10} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
     bar.set_style(style);
     bar.set_message(what.to_string());
     bar

@@ -28,7 +28,9 @@ pub fn run(loaded: &Loaded, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let options = ServeOptions {
         dir: args.dir,
         bind: SocketAddr::new(args.bind, args.port.unwrap_or(loaded.config.serve.port)),
-        max_in_flight: args.max_in_flight.unwrap_or(loaded.config.serve.max_in_flight),
+        max_in_flight: args
+            .max_in_flight
+            .unwrap_or(loaded.config.serve.max_in_flight),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

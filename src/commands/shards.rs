@@ -110,7 +110,9 @@ impl SpecArgs {
             Some(base) => ShardList::from_base(base, &self.spec),
             None => ShardList::from_spec(&self.spec),
         };
-        Ok(list.with_context(|| format!("shard spec `{}`", self.spec))?.urls)
+        Ok(list
+            .with_context(|| format!("shard spec `{}`", self.spec))?
+            .urls)
     }
 }
 
@@ -183,7 +185,12 @@ pub fn print_report(report: &CreateReport) {
         manifest.classes.len()
     );
     for shard in &manifest.shards {
-        println!("  {:<28} {:>8} samples {:>12}", shard.name, shard.samples, human_bytes(shard.bytes));
+        println!(
+            "  {:<28} {:>8} samples {:>12}",
+            shard.name,
+            shard.samples,
+            human_bytes(shard.bytes)
+        );
     }
     println!("{}", report.spec);
 }
@@ -215,7 +222,11 @@ fn ls(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {
         }
     }
     eprintln!("total: {samples} samples, {}", human_bytes(bytes));
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn sum(names: Vec<String>) -> anyhow::Result<ExitCode> {
@@ -257,7 +268,11 @@ fn verify(loaded: &Loaded, spec: &SpecArgs, label: &str) -> anyhow::Result<ExitC
         "verified {} shards: {samples} samples, {images} images, {problems} problems",
         urls.len()
     );
-    Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if problems == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn dump(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,196 @@
+//! The planner's inputs: the cluster's shape, the mode, the batch policy and the other
+//! settings, their validation, and the errors a plan can end in.
+
+use super::hooks::HookError;
+use super::policy;
+use super::shards::PlanShard;
+use super::{Rank, WorkerId};
+
+/// How ranks and loader workers are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterShape {
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    /// Loader workers of each rank.
+    pub workers_per_rank: u32,
+}
+
+impl ClusterShape {
+    pub fn new(nodes: u32, ranks_per_node: u32, workers_per_rank: u32) -> Self {
+        Self {
+            nodes,
+            ranks_per_node,
+            workers_per_rank,
+        }
+    }
+
+    /// Ranks in all.
+    pub fn world_size(&self) -> u32 {
+        self.nodes.saturating_mul(self.ranks_per_node)
+    }
+
+    /// The node a rank runs on (ranks are numbered node by node).
+    pub fn node_of(&self, rank: Rank) -> u32 {
+        rank.0 / self.ranks_per_node.max(1)
+    }
+}
+
+/// Where each worker's shards come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PlanMode {
+    /// Each worker draws shards at random with replacement; an epoch is `epoch_size`
+    /// samples (default: the dataset's size), the same number on every rank.
+    #[default]
+    Resampled,
+    /// Exact epochs: shards are split across ranks and then across each rank's workers,
+    /// so every sample is read once per epoch (or per pass, when epochs are chopped).
+    Split,
+}
+
+impl PlanMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanMode::Resampled => "resampled",
+            PlanMode::Split => "split",
+        }
+    }
+}
+
+/// What to do when ranks would run different numbers of batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BatchPolicy {
+    /// Nothing: such a plan is inconsistent and [`Plan::check`] fails.
+    #[default]
+    None,
+    /// Ranks that run out take part with empty batches until the longest is done.
+    Join,
+    /// Every rank stops after `nbatches` (default: the smallest rank's count).
+    Drop { nbatches: Option<u64> },
+    /// Each worker reads its data `dsrepeat` times, then every rank stops after
+    /// `nbatches` (default: the smallest rank's count).
+    Repeat {
+        dsrepeat: u64,
+        nbatches: Option<u64>,
+    },
+}
+
+/// Everything a plan depends on except the epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanConfig {
+    pub shards: Vec<PlanShard>,
+    pub cluster: ClusterShape,
+    pub seed: u64,
+    pub batch_size: u64,
+    /// Drop each worker's last, partial batch (WebDataset's `partial=False`).
+    pub drop_partial: bool,
+    pub mode: PlanMode,
+    pub policy: BatchPolicy,
+    /// Let the default `shard_shuffle` hook shuffle each worker's shards.
+    pub shuffle_shards: bool,
+    /// Samples served per epoch, over all ranks. Resampled mode: the epoch's length
+    /// (default: the dataset's size). Split mode: chops epochs out of an endless stream
+    /// of passes, each epoch starting where the previous one stopped.
+    pub epoch_size: Option<u64>,
+    /// The epoch length reported to schedules and progress (default: `epoch_size`, or
+    /// the dataset's size).
+    pub nominal_size: Option<u64>,
+    /// Count assumed for shards whose count is unknown.
+    pub default_samples_per_shard: Option<u64>,
+}
+
+impl PlanConfig {
+    /// Defaults: seed 0, partial batches dropped, resampled mode, no policy, shard
+    /// shuffling on.
+    pub fn new(shards: Vec<PlanShard>, cluster: ClusterShape, batch_size: u64) -> Self {
+        Self {
+            shards,
+            cluster,
+            seed: 0,
+            batch_size,
+            drop_partial: true,
+            mode: PlanMode::Resampled,
+            policy: BatchPolicy::None,
+            shuffle_shards: true,
+            epoch_size: None,
+            nominal_size: None,
+            default_samples_per_shard: None,
+        }
+    }
+}
+
+/// A plan that cannot be formed, or that fails its check.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("invalid plan setting `{field}`: {problem}")]
+    Config {
+        field: &'static str,
+        problem: String,
+    },
+    #[error(
+        "{what} needs per-shard sample counts, and {missing} shard(s) have none (give a manifest or a default count per shard)"
+    )]
+    NeedsCounts { what: &'static str, missing: usize },
+    #[error("rank {rank} worker {worker} has no samples to read (its hooks left it no data)")]
+    EmptyStream { rank: Rank, worker: WorkerId },
+    #[error(
+        "rank {rank} worker {worker}: pass {pass} holds {found} samples but pass 0 held {expected}; chopped epochs need passes of equal size"
+    )]
+    PassLength {
+        rank: Rank,
+        worker: WorkerId,
+        pass: u64,
+        expected: u64,
+        found: u64,
+    },
+    #[error(transparent)]
+    Hook(#[from] HookError),
+    #[error("ranks run different numbers of batches ({}); choose a policy: join, drop or repeat", policy::list_batches(.batches))]
+    InconsistentBatches { batches: Vec<u64> },
+    #[error(
+        "cannot check batch consistency: {missing} shard(s) have no sample count (give a manifest or a default count per shard, or use the join policy)"
+    )]
+    Unchecked { missing: usize },
+}
+
+pub(crate) fn validate(config: &PlanConfig) -> Result<(), PlanError> {
+    let bad = |field, problem: &str| {
+        Err(PlanError::Config {
+            field,
+            problem: problem.to_string(),
+        })
+    };
+    let cluster = config.cluster;
+    if cluster.nodes == 0 || cluster.ranks_per_node == 0 || cluster.workers_per_rank == 0 {
+        return bad(
+            "cluster",
+            "nodes, ranks per node and workers per rank must be at least 1",
+        );
+    }
+    if cluster.nodes.checked_mul(cluster.ranks_per_node).is_none() {
+        return bad("cluster", "too many ranks");
+    }
+    if config.batch_size == 0 {
+        return bad("batch_size", "must be at least 1");
+    }
+    if config.shards.is_empty() {
+        return bad("shards", "the shard list is empty");
+    }
+    if config
+        .epoch_size
+        .is_some_and(|size| size < u64::from(cluster.world_size()))
+    {
+        return bad("epoch_size", "must give every rank at least one sample");
+    }
+    match config.policy {
+        BatchPolicy::Repeat { dsrepeat: 0, .. } => bad("dsrepeat", "must be at least 1"),
+        BatchPolicy::Repeat { .. }
+            if config.mode == PlanMode::Resampled || config.epoch_size.is_some() =>
+        {
+            bad(
+                "policy",
+                "repeat applies to split mode without an epoch size (other streams already repeat)",
+            )
+        }
+        _ => Ok(()),
+    }
+}

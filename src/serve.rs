@@ -1,0 +1,557 @@
+//! `imgrun serve`: an HTTP server for a folder of shards, in place of the nginx
+//! container of typical training recipes.
+//!
+//! Files are streamed from disk in chunks, never buffered whole, with `Range` (206, and
+//! 416 for a range outside the file) and `HEAD`, by `tower_http`'s `ServeDir`, which also
+//! refuses any path that would leave the folder (`..`, absolute or percent-encoded).
+//! Symbolic links inside the folder are followed, so a folder of links to shards stored
+//! elsewhere works. `GET /` lists the shards (`*.tar*`, `*.tgz`), one name a line.
+//!
+//! At most `max_in_flight` requests are handled at once. A request holds its slot until
+//! its body has been sent or the client has gone, not merely until its headers are out,
+//! so the limit bounds open files and transfers; later requests wait for a slot. Each
+//! request is logged once, at info level, when its body is done.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower_http::services::ServeDir;
+
+/// Bytes read from disk and sent per chunk of a file body.
+const CHUNK: usize = 256 * 1024;
+
+/// What `imgrun serve` serves, where, and how much at once.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The folder of shards; nothing outside it is served.
+    pub dir: PathBuf,
+    /// Address to listen on; port 0 picks a free port.
+    pub bind: SocketAddr,
+    /// Most requests handled at once; the rest wait.
+    pub max_in_flight: usize,
+}
+
+/// Binds, then serves until `shutdown` resolves. `on_ready` is called with the bound
+/// address (port 0 → real port) before serving.
+///
+/// On shutdown, new connections are refused and the requests in flight are finished.
+pub async fn serve(
+    options: ServeOptions,
+    on_ready: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let ServeOptions {
+        dir,
+        bind,
+        max_in_flight,
+    } = options;
+    let shown = dir.display().to_string();
+    let metadata = tokio::fs::metadata(&dir)
+        .await
+        .with_context(|| format!("cannot serve {shown}"))?;
+    anyhow::ensure!(metadata.is_dir(), "cannot serve {shown}: not a folder");
+    anyhow::ensure!(max_in_flight > 0, "max_in_flight must be at least 1");
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("cannot listen on {bind}"))?;
+    let addr = listener
+        .local_addr()
+        .with_context(|| format!("reading the address bound for {bind}"))?;
+    let app = router(dir, max_in_flight);
+    tracing::info!(dir = %shown, %addr, max_in_flight, "serving shards");
+    on_ready(addr);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .with_context(|| format!("serving {shown} on {addr}"))?;
+    tracing::info!(%addr, "server stopped");
+    Ok(())
+}
+
+fn router(dir: PathBuf, max_in_flight: usize) -> Router {
+    let files = ServeDir::new(&dir)
+        .append_index_html_on_directories(false)
+        .with_buf_chunk_size(CHUNK);
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    Router::new()
+        .route("/", get(list_shards))
+        .with_state(Arc::new(dir))
+        .fallback_service(files)
+        .layer(middleware::from_fn_with_state(slots, track))
+}
+
+/// Waits for a slot, runs the request, and hands the slot and the access log line to
+/// the response body, which keeps them until it is done.
+async fn track(State(slots): State<Arc<Semaphore>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0);
+    let Ok(slot) = slots.acquire_owned().await else {
+        // Only a closed semaphore fails, and nothing closes this one.
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let response = next.run(request).await;
+    let status = response.status();
+    response.map(|inner| {
+        Body::new(Tracked {
+            inner,
+            _slot: slot,
+            entry: Entry {
+                method,
+                path,
+                peer,
+                status,
+                started,
+                bytes: 0,
+                complete: false,
+            },
+        })
+    })
+}
+
+/// `GET /`: the shard files in the folder, sorted, one name a line.
+async fn list_shards(State(dir): State<Arc<PathBuf>>) -> Response {
+    match shard_names(&dir).await {
+        Ok(names) => {
+            let text: String = names.iter().map(|name| format!("{name}\n")).collect();
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+        }
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot list the shard folder");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot list the shard folder\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn shard_names(dir: &Path) -> io::Result<Vec<String>> {
+    let mut entries = tokio::fs::read_dir(dir).await?;
+    let mut names = Vec::new();
+    while let Some(entry) = entries.next_entry().await? {
+        // A name that is not UTF-8 cannot be written in a URL as it is.
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let is_shard = name.contains(".tar") || name.ends_with(".tgz");
+        // `metadata` follows links, as serving does.
+        if is_shard
+            && tokio::fs::metadata(entry.path())
+                .await
+                .is_ok_and(|m| m.is_file())
+        {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// One access log line, written when the response body is dropped.
+struct Entry {
+    method: Method,
+    path: String,
+    peer: Option<SocketAddr>,
+    status: StatusCode,
+    started: Instant,
+    bytes: u64,
+    complete: bool,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let peer = self.peer.map(|p| p.to_string()).unwrap_or_default();
+        tracing::info!(
+            method = %self.method,
+            path = %self.path,
+            status = self.status.as_u16(),
+            bytes = self.bytes,
+            ms = self.started.elapsed().as_millis() as u64,
+            complete = self.complete,
+            peer = %peer,
+            "request"
+        );
+    }
+}
+
+/// A response body that holds its request's slot and counts what it sends.
+struct Tracked {
+    inner: Body,
+    _slot: OwnedSemaphorePermit,
+    entry: Entry,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.entry.bytes += frame.data_ref().map_or(0, |data| data.len() as u64);
+            }
+            Poll::Ready(None) => self.entry.complete = true,
+            Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::sync::oneshot;
+    use tokio::task::JoinHandle;
+
+    use super::*;
+
+    /// How long a test waits for the server before calling the test failed.
+    const PATIENCE: Duration = Duration::from_secs(10);
+    const SECRET: &[u8] = b"top secret, outside the shard folder";
+
+    struct Running {
+        addr: SocketAddr,
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<anyhow::Result<()>>,
+    }
+
+    async fn start(dir: &Path, max_in_flight: usize) -> Running {
+        let (ready, bound) = oneshot::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let options = ServeOptions {
+            dir: dir.to_path_buf(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_in_flight,
+        };
+        let task = tokio::spawn(serve(
+            options,
+            move |addr| {
+                let _ = ready.send(addr);
+            },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let addr = bound.await.expect("server reports its address");
+        Running { addr, stop, task }
+    }
+
+    impl Running {
+        async fn stop(self) {
+            let _ = self.stop.send(());
+            let result = tokio::time::timeout(PATIENCE, self.task).await;
+            result
+                .expect("server stops")
+                .expect("server task")
+                .expect("server ran cleanly");
+        }
+    }
+
+    /// A response as it came over the wire.
+    #[derive(Debug)]
+    struct Reply {
+        status: u16,
+        /// The header lines, lower-cased.
+        head: String,
+        body: Vec<u8>,
+    }
+
+    /// Sends one raw request (so `..` reaches the server as written) and reads the reply.
+    async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Reply {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        send(&mut stream, method, path, headers).await;
+        let mut bytes = Vec::new();
+        let read = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut bytes)).await;
+        read.expect("reply in time").expect("read reply");
+        parse(&bytes)
+    }
+
+    async fn send(stream: &mut TcpStream, method: &str, path: &str, headers: &str) {
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{headers}\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("send request");
+    }
+
+    fn parse(bytes: &[u8]) -> Reply {
+        let end = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("complete head");
+        let head = String::from_utf8_lossy(&bytes[..end]).to_lowercase();
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        Reply {
+            status,
+            head,
+            body: bytes[end + 4..].to_vec(),
+        }
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// A shard folder inside a temporary folder that also holds a secret.
+    fn shard_folder(shard: &[u8]) -> (tempfile::TempDir, PathBuf) {
+        let root = tempfile::tempdir().expect("temp dir");
+        let dir = root.path().join("shards");
+        std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
+        std::fs::write(root.path().join("secret.txt"), SECRET).expect("write");
+        std::fs::write(dir.join("a-000000.tar"), shard).expect("write");
+        std::fs::write(dir.join("b-000001.tar.gz"), b"gz").expect("write");
+        std::fs::write(dir.join("notes.txt"), b"not a shard").expect("write");
+        std::fs::write(dir.join("sub/c.tar"), b"nested").expect("write");
+        (root, dir)
+    }
+
+    /// Log lines written while the guard lives, on this thread.
+    fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Case {
+        method: &'static str,
+        path: &'static str,
+        headers: &'static str,
+        status: u16,
+        /// The exact body, when it matters.
+        body: Option<Vec<u8>>,
+        /// Lines the response head must contain (lower case).
+        head: &'static [&'static str],
+    }
+
+    fn case(method: &'static str, path: &'static str, status: u16) -> Case {
+        Case {
+            method,
+            path,
+            headers: "",
+            status,
+            body: None,
+            head: &[],
+        }
+    }
+
+    // The default test runtime has one thread, so the captured log sees the server.
+    #[tokio::test]
+    async fn files_ranges_and_refusals() {
+        let shard = pattern(300_000);
+        let (_root, dir) = shard_folder(&shard);
+        let (logs, _guard) = capture_logs();
+        let server = start(&dir, 4).await;
+        let cases = [
+            Case {
+                body: Some(shard.clone()),
+                head: &["content-length: 300000", "accept-ranges: bytes"],
+                ..case("GET", "/a-000000.tar", 200)
+            },
+            Case {
+                headers: "Range: bytes=10-19\r\n",
+                body: Some(shard[10..20].to_vec()),
+                head: &["content-range: bytes 10-19/300000", "content-length: 10"],
+                ..case("GET", "/a-000000.tar", 206)
+            },
+            Case {
+                headers: "Range: bytes=-5\r\n",
+                body: Some(shard[shard.len() - 5..].to_vec()),
+                head: &["content-range: bytes 299995-299999/300000"],
+                ..case("GET", "/a-000000.tar", 206)
+            },
+            Case {
+                headers: "Range: bytes=300000-\r\n",
+                head: &["content-range: bytes */300000"],
+                ..case("GET", "/a-000000.tar", 416)
+            },
+            Case {
+                body: Some(Vec::new()),
+                head: &["content-length: 300000"],
+                ..case("HEAD", "/a-000000.tar", 200)
+            },
+            Case {
+                body: Some(b"nested".to_vec()),
+                ..case("GET", "/sub/c.tar", 200)
+            },
+            Case {
+                body: Some(b"a-000000.tar\nb-000001.tar.gz\n".to_vec()),
+                head: &["content-type: text/plain; charset=utf-8"],
+                ..case("GET", "/", 200)
+            },
+            case("GET", "/missing.tar", 404),
+            case("GET", "/sub", 404),
+            case("POST", "/a-000000.tar", 405),
+            case("GET", "/../secret.txt", 404),
+            case("GET", "/%2e%2e/secret.txt", 404),
+            case("GET", "/sub/../../secret.txt", 404),
+            case("GET", "/../etc/passwd", 404),
+        ];
+        let requests = cases.len();
+        for case in cases {
+            let reply = fetch(server.addr, case.method, case.path, case.headers).await;
+            let name = format!("{} {} {}", case.method, case.path, case.headers.trim());
+            assert_eq!(reply.status, case.status, "{name}: {}", reply.head);
+            if let Some(body) = case.body {
+                assert!(reply.body == body, "{name}: got {} bytes", reply.body.len());
+            }
+            for line in case.head {
+                assert!(
+                    reply.head.contains(line),
+                    "{name}: no `{line}` in {}",
+                    reply.head
+                );
+            }
+            let leaked = reply.body.windows(SECRET.len()).any(|w| w == SECRET);
+            assert!(!leaked, "{name}: served a file outside the folder");
+        }
+        server.stop().await;
+
+        let logs =
+            String::from_utf8_lossy(&logs.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+        let lines: Vec<&str> = logs.lines().filter(|l| l.contains(" request ")).collect();
+        assert_eq!(
+            lines.len(),
+            requests,
+            "one access line per request:\n{logs}"
+        );
+        let ranged = "method=GET path=/a-000000.tar status=206 bytes=10 ";
+        assert!(
+            lines.iter().any(|l| l.contains(ranged)),
+            "no `{ranged}` in\n{logs}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_holds_its_slot_until_its_body_is_sent() {
+        // Far more than the socket buffers hold, so an unread body stays in flight.
+        let big = vec![7u8; 64 << 20];
+        let (_root, dir) = shard_folder(&big);
+        let server = start(&dir, 1).await;
+
+        let mut stalled = TcpStream::connect(server.addr).await.expect("connect");
+        send(&mut stalled, "GET", "/a-000000.tar", "").await;
+        let mut head = vec![0; 4096];
+        let n = stalled
+            .read(&mut head)
+            .await
+            .expect("headers of the big file");
+        assert!(
+            head[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&head[..n])
+        );
+
+        let mut waiting = TcpStream::connect(server.addr).await.expect("connect");
+        send(&mut waiting, "GET", "/sub/c.tar", "").await;
+        let mut reply = Vec::new();
+        let early =
+            tokio::time::timeout(Duration::from_millis(300), waiting.read_to_end(&mut reply));
+        assert!(
+            early.await.is_err(),
+            "second request answered while the slot was taken"
+        );
+
+        drop(stalled);
+        let read = tokio::time::timeout(PATIENCE, waiting.read_to_end(&mut reply)).await;
+        read.expect("answered once the slot is free")
+            .expect("read reply");
+        let reply = parse(&reply);
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"nested"[..]));
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn bad_folder_or_busy_port_is_named() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let missing = root.path().join("no-such-folder");
+        let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let busy_addr = busy.local_addr().expect("bound");
+        let cases = [
+            (
+                missing.clone(),
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                missing.display().to_string(),
+            ),
+            (root.path().to_path_buf(), busy_addr, busy_addr.to_string()),
+        ];
+        for (dir, bind, named) in cases {
+            let options = ServeOptions {
+                dir,
+                bind,
+                max_in_flight: 4,
+            };
+            let result = serve(options, |_| panic!("must not get ready"), async {}).await;
+            let message = format!("{:#}", result.expect_err("serve must fail"));
+            assert!(
+                message.contains(&named),
+                "`{message}` does not name `{named}`"
+            );
+        }
+    }
+}
