@@ -21,6 +21,7 @@ mod reader;
 mod sample;
 mod source;
 mod synth;
+mod transform;
 mod writer;
 
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
@@ -39,4 +40,8 @@ pub use source::{
     DEFAULT_READ_BUFFER, ShardList, ShardSource, ShardStream, SourceOptions, Sources,
 };
 pub use synth::{SynthOptions, generate_synthetic};
+pub use transform::{
+    CropBox, DecodeLimits, EvalTransform, IMAGENET_MEAN, IMAGENET_STD, ImageFormat, ImageHeader,
+    OutputFormat, TrainTransform, TransformError, decode_rgb, random_resized_crop, read_header,
+};
 pub use writer::{ShardWriter, TarWriter, WrittenShard, format_pattern};

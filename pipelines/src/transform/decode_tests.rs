@@ -1,0 +1,265 @@
+//! Tests of decoding: errors on hostile bytes, PNG exactness, reduced-scale JPEG.
+
+use super::*;
+use crate::transform::resample::resize_box;
+
+/// A smooth RGB test picture: gradients plus a low-frequency pattern.
+pub(crate) fn picture(width: u32, height: u32) -> RgbImage {
+    RgbImage::from_fn(width, height, |x, y| {
+        let fx = x as f32 / width as f32;
+        let fy = y as f32 / height as f32;
+        let wave = ((fx * 9.0).sin() * (fy * 7.0).cos() * 60.0) as i32;
+        image::Rgb([
+            (fx * 200.0) as u8 + 20,
+            (fy * 200.0) as u8 + 20,
+            (128 + wave).clamp(0, 255) as u8,
+        ])
+    })
+}
+
+pub(crate) fn encode(image: &RgbImage, format: image::ImageFormat) -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    image
+        .write_to(&mut out, format)
+        .expect("encoding a test image");
+    out.into_inner()
+}
+
+/// Rewrites the SOF0 frame size of an encoded JPEG.
+fn patch_jpeg_size(mut jpeg: Vec<u8>, width: u16, height: u16) -> Vec<u8> {
+    let sof = jpeg
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("baseline JPEG has SOF0");
+    jpeg[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+    jpeg[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+    jpeg
+}
+
+fn patch_png_size(mut png: Vec<u8>, width: u32, height: u32) -> Vec<u8> {
+    png[16..20].copy_from_slice(&width.to_be_bytes());
+    png[20..24].copy_from_slice(&height.to_be_bytes());
+    png
+}
+
+fn kind(result: Result<RgbImage, TransformError>) -> String {
+    match result {
+        Ok(image) => format!("ok {}x{}", image.width(), image.height()),
+        Err(e) => format!("{e:?}")
+            .split([' ', '{', '('])
+            .next()
+            .unwrap_or("")
+            .into(),
+    }
+}
+
+#[test]
+fn bad_input_comes_back_as_errors() {
+    let jpeg = encode(&picture(64, 48), image::ImageFormat::Jpeg);
+    let png = encode(&picture(64, 48), image::ImageFormat::Png);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", vec![], "Empty"),
+        (
+            "garbage",
+            b"definitely not an image".to_vec(),
+            "UnsupportedFormat",
+        ),
+        ("jpeg magic only", vec![0xFF, 0xD8, 0xFF], "Undecodable"),
+        ("jpeg cut in header", jpeg[..40].to_vec(), "Undecodable"),
+        ("png signature only", png[..8].to_vec(), "Undecodable"),
+        (
+            "png cut in data",
+            png[..png.len() / 2].to_vec(),
+            "Undecodable",
+        ),
+        (
+            "huge jpeg",
+            patch_jpeg_size(jpeg.clone(), 60_000, 60_000),
+            "TooLarge",
+        ),
+        (
+            "huge png",
+            patch_png_size(png.clone(), 1 << 20, 1 << 20),
+            "TooLarge",
+        ),
+        (
+            "zero-width png",
+            patch_png_size(png.clone(), 0, 48),
+            "ZeroSized",
+        ),
+        ("valid jpeg", jpeg.clone(), "ok 64x48"),
+        ("valid png", png.clone(), "ok 64x48"),
+    ];
+    for (name, bytes, want) in cases {
+        let got = kind(decode_rgb(&bytes, None, &DecodeLimits::default()));
+        assert_eq!(got, want, "{name}");
+        let scaled = kind(decode_rgb(&bytes, Some(8), &DecodeLimits::default()));
+        assert!(
+            !scaled.starts_with("ok") || want.starts_with("ok"),
+            "{name}: {scaled}"
+        );
+    }
+}
+
+#[test]
+fn limit_is_configurable() {
+    let png = encode(&picture(64, 48), image::ImageFormat::Png);
+    let limits = DecodeLimits { max_pixels: 1000 };
+    assert_eq!(
+        decode_rgb(&png, None, &limits),
+        Err(TransformError::TooLarge {
+            format: ImageFormat::Png,
+            width: 64,
+            height: 48,
+            max_pixels: 1000
+        })
+    );
+}
+
+#[test]
+fn jpeg_cut_in_scan_never_panics() {
+    let jpeg = encode(&picture(200, 120), image::ImageFormat::Jpeg);
+    for cut in (100..jpeg.len()).step_by(97) {
+        for hint in [None, Some(30)] {
+            if let Ok(image) = decode_rgb(&jpeg[..cut], hint, &DecodeLimits::default()) {
+                assert!(image.width() <= 200 && image.height() <= 120, "cut {cut}");
+            }
+        }
+    }
+}
+
+#[test]
+fn png_decodes_exactly_and_drops_alpha() {
+    let rgb = picture(31, 17);
+    let rgba = DynamicImage::ImageRgb8(rgb.clone()).into_rgba8();
+    let grey = DynamicImage::ImageRgb8(rgb.clone()).into_luma8();
+    let limits = DecodeLimits::default();
+    let decoded = |bytes: Vec<u8>| decode_rgb(&bytes, Some(4), &limits).expect("valid png");
+    assert_eq!(decoded(encode(&rgb, image::ImageFormat::Png)), rgb);
+    assert_eq!(decoded(encode_dynamic(rgba.into())), rgb);
+    let grey_rgb = decoded(encode_dynamic(grey.clone().into()));
+    assert_eq!(grey_rgb.get_pixel(5, 5).0, [grey.get_pixel(5, 5).0[0]; 3]);
+}
+
+fn encode_dynamic(image: DynamicImage) -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    image
+        .write_to(&mut out, image::ImageFormat::Png)
+        .expect("encoding a test image");
+    out.into_inner()
+}
+
+#[test]
+fn denominator_keeps_the_shorter_side() {
+    let header = |width, height| ImageHeader {
+        format: ImageFormat::Jpeg,
+        width,
+        height,
+    };
+    let cases = [
+        ((500, 375), 224, 1),
+        ((500, 375), 180, 1),
+        ((500, 375), 94, 4),
+        ((500, 375), 47, 8),
+        ((500, 375), 1, 8),
+        ((4000, 3000), 256, 8),
+        ((4000, 3000), 400, 4),
+    ];
+    for ((w, h), min_side, want) in cases {
+        assert_eq!(
+            scale_denominator(&header(w, h), min_side),
+            want,
+            "{w}x{h} {min_side}"
+        );
+    }
+    let png = ImageHeader {
+        format: ImageFormat::Png,
+        ..header(4000, 3000)
+    };
+    assert_eq!(scale_denominator(&png, 10), 1);
+}
+
+/// Scaled JPEG decoding then resizing looks like full decoding then resizing.
+#[test]
+fn scaled_decode_matches_full_decode() {
+    let source = picture(803, 601);
+    let jpeg = encode(&source, image::ImageFormat::Jpeg);
+    let limits = DecodeLimits::default();
+    let full = decode_rgb(&jpeg, None, &limits).expect("valid jpeg");
+    let header = read_header(&jpeg, &limits).expect("valid jpeg");
+    let target = 90;
+    let full_small = resize_box(&full, (0.0, 0.0, 803.0, 601.0), target, target);
+    for (denominator, want_width) in [(2, 402), (4, 201), (8, 101)] {
+        let scaled = decode_checked(&jpeg, &header, denominator).expect("valid jpeg");
+        assert_eq!(scaled.width(), want_width, "1/{denominator}");
+        assert_eq!(scaled.height(), 601_u32.div_ceil(denominator));
+        let bounds = (0.0, 0.0, scaled.width() as f64, scaled.height() as f64);
+        let small = resize_box(&scaled, bounds, target, target);
+        let diff = mean_abs_diff(&full_small, &small);
+        assert!(diff < 2.5, "1/{denominator}: mean abs diff {diff}");
+    }
+}
+
+pub(crate) fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let sum: u64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| u64::from(x.abs_diff(y)))
+        .sum();
+    sum as f64 / a.len() as f64
+}
+
+/// Decodes one real photo at reduced scale, if the shared photos are present.
+#[test]
+fn real_photo_decodes_at_scale() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
+    let mut photos: Vec<_> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"))
+        })
+        .collect();
+    photos.sort();
+    let Some(path) = photos.first() else {
+        eprintln!("skipped: no JPEG under {}", dir.display());
+        return;
+    };
+    let bytes = std::fs::read(path).expect("reading a listed photo");
+    let limits = DecodeLimits::default();
+    let header = read_header(&bytes, &limits).expect("photo header");
+    let full = decode_rgb(&bytes, None, &limits).expect("photo decodes");
+    assert_eq!((full.width(), full.height()), (header.width, header.height));
+    let short = header.width.min(header.height);
+    let scaled = decode_rgb(&bytes, Some(short / 8), &limits).expect("photo decodes scaled");
+    assert_eq!(
+        scaled.width(),
+        header.width.div_ceil(8),
+        "{}",
+        path.display()
+    );
+    let target = (short / 8).min(64);
+    let a = resize_box(
+        &full,
+        (0.0, 0.0, f64::from(header.width), f64::from(header.height)),
+        target,
+        target,
+    );
+    let b = resize_box(
+        &scaled,
+        (
+            0.0,
+            0.0,
+            f64::from(scaled.width()),
+            f64::from(scaled.height()),
+        ),
+        target,
+        target,
+    );
+    let diff = mean_abs_diff(&a, &b);
+    assert!(diff < 6.0, "{}: mean abs diff {diff}", path.display());
+}
