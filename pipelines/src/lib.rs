@@ -14,6 +14,7 @@ mod error;
 mod folder;
 mod http;
 mod inspect;
+mod loader;
 mod manifest;
 mod pipe;
 mod plan;
@@ -28,6 +29,10 @@ pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
 pub use error::{ErrorPolicy, ShardError};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
 pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};
+pub use loader::{
+    Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,
+    SampleId, Transform, WorkerCursor,
+};
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
 pub use plan::{
     BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, Hooks, Plan,

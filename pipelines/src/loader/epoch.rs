@@ -1,0 +1,235 @@
+//! A rank's epoch: its workers started, their batches taken in turn, the end padded to
+//! the planned number of steps, the cursor and the counts kept.
+
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use super::batch::Batch;
+use super::cursor::RankCursor;
+use super::worker::{self, WorkerJob, WorkerMsg};
+use super::{LoaderConfig, LoaderError, Transform};
+use crate::plan::{Plan, Rank};
+use crate::reader::{ReadStats, SampleReader};
+
+/// How many problems [`EpochStats`] keeps word for word; the rest are only counted.
+const KEPT_PROBLEMS: usize = 32;
+
+/// What an epoch served and skipped, so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpochStats {
+    /// Samples handed out in batches.
+    pub samples: u64,
+    /// Batches with samples handed out.
+    pub batches: u64,
+    /// Empty batches handed out (the `join` policy, or data short of the plan).
+    pub empty_batches: u64,
+    /// Samples skipped as bad: undecodable image, missing or bad label.
+    pub bad_samples: u64,
+    /// Samples the shard reader skipped (duplicate fields, oversized members).
+    pub skipped_in_shards: u64,
+    /// Shards (or the rest of shards) the reader could not read and skipped.
+    pub skipped_shards: u64,
+    /// The first problems, in the order met.
+    pub problems: Vec<String>,
+}
+
+impl EpochStats {
+    pub(crate) fn note(&mut self, problem: String) {
+        if self.problems.len() < KEPT_PROBLEMS {
+            self.problems.push(problem);
+        }
+    }
+
+    pub(crate) fn add_read(&mut self, read: ReadStats) {
+        self.skipped_in_shards += read.skipped_samples;
+        self.skipped_shards += read.skipped_shards;
+        for problem in read.problems {
+            self.note(problem.to_string());
+        }
+    }
+
+    /// Everything skipped, of every kind.
+    pub fn skipped(&self) -> u64 {
+        self.bad_samples + self.skipped_in_shards + self.skipped_shards
+    }
+}
+
+/// One rank's batches for one epoch, in order. Dropping it stops the workers.
+///
+/// When the plan knows every rank's step count, exactly that many batches come out,
+/// the last ones empty if this rank's data ran short (the `join` policy, or samples
+/// skipped as bad); otherwise batches come until the workers' data ends.
+#[derive(Debug)]
+pub struct EpochBatches {
+    rank: Rank,
+    transform: Transform,
+    workers: Vec<Worker>,
+    planned_steps: Option<u64>,
+    nominal_steps: Option<u64>,
+    cursor: RankCursor,
+    stats: Arc<Mutex<EpochStats>>,
+    finished: bool,
+}
+
+#[derive(Debug)]
+struct Worker {
+    batches: Receiver<WorkerMsg>,
+    done: bool,
+}
+
+impl EpochBatches {
+    pub(crate) fn start(
+        config: Arc<LoaderConfig>,
+        reader: SampleReader,
+        plan: &Plan,
+        rank: Rank,
+        transform: Transform,
+        resume: Option<&RankCursor>,
+    ) -> Result<Self, LoaderError> {
+        let Some(rank_plan) = plan.ranks.get(rank.0 as usize) else {
+            return Err(LoaderError::NoSuchRank {
+                rank,
+                world: plan.cluster.world_size(),
+            });
+        };
+        plan.check()?;
+        let batch_size = usize::try_from(plan.batch_size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| LoaderError::Config {
+                field: "batch_size",
+                problem: format!("{} is not a usable batch size", plan.batch_size),
+            })?;
+        let cursor = match resume {
+            Some(cursor) => {
+                cursor.check(plan, rank_plan)?;
+                cursor.clone()
+            }
+            None => RankCursor::start(plan, rank_plan),
+        };
+        let stats = Arc::new(Mutex::new(EpochStats::default()));
+        let mut workers = Vec::with_capacity(rank_plan.workers.len());
+        for (w, worker_plan) in rank_plan.workers.iter().enumerate() {
+            let (out, batches) = sync_channel(config.queue_batches);
+            worker::spawn(WorkerJob {
+                epoch: plan.epoch,
+                rank,
+                plan: worker_plan.clone(),
+                batch_size,
+                drop_partial: plan.drop_partial,
+                transform,
+                config: config.clone(),
+                reader: reader.clone(),
+                resume: cursor.workers[w],
+                stats: stats.clone(),
+                out,
+            })?;
+            workers.push(Worker {
+                batches,
+                done: false,
+            });
+        }
+        Ok(Self {
+            rank,
+            transform,
+            workers,
+            planned_steps: plan.steps(),
+            nominal_steps: plan.nominal_batches(),
+            cursor,
+            stats,
+            finished: false,
+        })
+    }
+
+    /// Batches (empty ones included) this rank hands out this epoch, when the plan knows.
+    pub fn planned_steps(&self) -> Option<u64> {
+        self.planned_steps
+    }
+
+    /// The epoch's nominal length in batches (for schedules and progress bars).
+    pub fn nominal_steps(&self) -> Option<u64> {
+        self.nominal_steps
+    }
+
+    /// Where the epoch stands: save it with a checkpoint and pass it to
+    /// [`Loader::epoch`](super::Loader::epoch) to continue from here.
+    pub fn cursor(&self) -> &RankCursor {
+        &self.cursor
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> EpochStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn next_batch(&mut self) -> Option<Result<Batch, LoaderError>> {
+        if self.finished {
+            return None;
+        }
+        if self.planned_steps.is_some_and(|s| self.cursor.steps >= s) {
+            return self.finish();
+        }
+        let n = self.workers.len();
+        for _ in 0..n {
+            let w = self.cursor.turn as usize;
+            self.cursor.turn = ((w + 1) % n) as u32;
+            if self.workers[w].done {
+                continue;
+            }
+            match self.workers[w].batches.recv() {
+                Ok(WorkerMsg::Batch(mut batch, position)) => {
+                    self.cursor.workers[w] = position;
+                    batch.step = self.cursor.steps;
+                    self.cursor.steps += 1;
+                    if let Ok(mut stats) = self.stats.lock() {
+                        stats.samples += batch.len() as u64;
+                        stats.batches += 1;
+                    }
+                    return Some(Ok(batch));
+                }
+                Ok(WorkerMsg::Done) => self.workers[w].done = true,
+                Ok(WorkerMsg::Failed(error)) => {
+                    self.finished = true;
+                    return Some(Err(error));
+                }
+                Err(_) => {
+                    self.finished = true;
+                    return Some(Err(LoaderError::WorkerLost {
+                        rank: self.rank,
+                        worker: w as u32,
+                    }));
+                }
+            }
+        }
+        // Every worker is done: pad to the planned steps.
+        if self.planned_steps.is_some_and(|s| self.cursor.steps < s) {
+            let empty = Batch::empty(
+                self.cursor.epoch,
+                self.cursor.steps,
+                self.transform.size(),
+                self.transform.output(),
+            );
+            self.cursor.steps += 1;
+            if let Ok(mut stats) = self.stats.lock() {
+                stats.empty_batches += 1;
+            }
+            return Some(Ok(empty));
+        }
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Option<Result<Batch, LoaderError>> {
+        self.finished = true;
+        // Hang up: workers still reading (data beyond the plan) stop at their next send.
+        self.workers.clear();
+        None
+    }
+}
+
+impl Iterator for EpochBatches {
+    type Item = Result<Batch, LoaderError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch()
+    }
+}

@@ -1,0 +1,428 @@
+//! The loader end to end on real shard files: plans from the planner, worker threads,
+//! shuffle buffers, decoding into batches, the batch policy's padding, bad data, and
+//! resuming an epoch from a cursor.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pipelines::{
+    Batch, BatchPolicy, ClusterShape, EvalTransform, Hooks, Loader, LoaderConfig, LoaderError,
+    OutputFormat, Plan, PlanConfig, PlanMode, PlanShard, Planner, Rank, RankCursor, Sample,
+    SampleId, Sources, TarWriter, TrainTransform, Transform,
+};
+
+/// The label of sample `j` of shard `i`.
+fn label(i: usize, j: usize) -> i64 {
+    ((i * 31 + j) % 7) as i64
+}
+
+fn png(i: usize, j: usize) -> Vec<u8> {
+    let image = image::RgbImage::from_fn(14, 10, |x, y| {
+        image::Rgb([(i * 40) as u8, (j * 3) as u8, (x * 9 + y * 5) as u8])
+    });
+    let mut out = Cursor::new(Vec::new());
+    image
+        .write_to(&mut out, image::ImageFormat::Png)
+        .expect("encode png");
+    out.into_inner()
+}
+
+/// Writes one shard per count (`s{i}-{j}` keys, a PNG and a label each) and returns
+/// them with their counts, as a manifest would give them.
+fn write_shards(dir: &Path, counts: &[u64]) -> Vec<PlanShard> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let path = dir.join(format!("part-{i:06}.tar"));
+            let file = std::fs::File::create(&path).expect("create shard");
+            let mut tar = TarWriter::new(file);
+            for j in 0..n as usize {
+                let sample = Sample::new(format!("s{i}-{j:04}"))
+                    .with("png", png(i, j))
+                    .with("cls", label(i, j).to_string());
+                tar.write(&sample).expect("write sample");
+            }
+            tar.finish().expect("finish shard");
+            PlanShard::new(path.to_string_lossy(), Some(n))
+        })
+        .collect()
+}
+
+fn planned(
+    shards: Vec<PlanShard>,
+    shape: ClusterShape,
+    batch: u64,
+    tune: impl Fn(&mut PlanConfig),
+) -> Planner {
+    let mut config = PlanConfig::new(shards, shape, batch);
+    config.mode = PlanMode::Split;
+    config.policy = BatchPolicy::Join;
+    config.drop_partial = false;
+    config.seed = 11;
+    tune(&mut config);
+    Planner::new(config, Hooks::builtin()).expect("valid plan settings")
+}
+
+fn loader(tune: impl Fn(&mut LoaderConfig)) -> Loader {
+    let mut config = LoaderConfig {
+        shuffle_buffer: 16,
+        shuffle_initial: 4,
+        ..LoaderConfig::default()
+    };
+    tune(&mut config);
+    Loader::new(config, Sources::default()).expect("valid loader settings")
+}
+
+fn eval(size: u32) -> Transform {
+    Transform::Eval(EvalTransform::new(size))
+}
+
+fn train(size: u32) -> Transform {
+    Transform::Train(TrainTransform::new(size))
+}
+
+/// A batch as plain data: (step, ids, labels, pixels).
+type Seen = (u64, Vec<SampleId>, Vec<i64>, Vec<u8>);
+
+fn seen(batch: &Batch) -> Seen {
+    let pixels = batch.pixels_u8().expect("u8 output").to_vec();
+    (batch.step, batch.ids.clone(), batch.labels.clone(), pixels)
+}
+
+fn run_epoch(loader: &Loader, plan: &Plan, rank: u32, transform: Transform) -> Vec<Seen> {
+    loader
+        .epoch(plan, Rank(rank), transform, None)
+        .expect("epoch starts")
+        .map(|b| seen(&b.expect("batch loads")))
+        .collect()
+}
+
+fn key_label(id: &SampleId) -> i64 {
+    let (i, j) = id.key[1..].split_once('-').expect("s<i>-<j> key");
+    label(
+        i.parse().expect("shard index"),
+        j.parse().expect("sample index"),
+    )
+}
+
+#[test]
+fn a_split_epoch_serves_every_sample_once_with_equal_steps_per_rank() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let counts = [23, 17, 30, 9, 21];
+    let shards = write_shards(dir.path(), &counts);
+    let planner = planned(shards, ClusterShape::new(1, 2, 3), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let steps = plan.steps().expect("consistent under join");
+    let loader = loader(|_| {});
+    let mut all = Vec::new();
+    for rank in 0..2 {
+        let batches = run_epoch(&loader, &plan, rank, eval(8));
+        assert_eq!(
+            batches.len() as u64,
+            steps,
+            "rank {rank} runs the planned steps"
+        );
+        for (step, (at, ids, labels, pixels)) in batches.into_iter().enumerate() {
+            assert_eq!(at, step as u64);
+            assert!(ids.len() <= 4);
+            assert_eq!(pixels.len(), ids.len() * 8 * 8 * 3);
+            for (id, label) in ids.iter().zip(&labels) {
+                assert_eq!(*label, key_label(id), "{id}");
+            }
+            all.extend(ids);
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    assert_eq!(all.len() as u64, total);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len() as u64, total, "no sample twice");
+}
+
+#[test]
+fn batches_depend_on_the_plan_only_and_epochs_differ() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[40, 40]);
+    let planner = planned(shards, ClusterShape::new(1, 1, 2), 8, |_| {});
+    let loader = loader(|_| {});
+    let epoch0 = planner.plan(0).expect("plan");
+    let first = run_epoch(&loader, &epoch0, 0, train(8));
+    let again = run_epoch(&loader, &epoch0, 0, train(8));
+    assert_eq!(
+        first, again,
+        "same plan, same batches: order, crops and flips"
+    );
+    let epoch1 = planner.plan(1).expect("plan");
+    let next = run_epoch(&loader, &epoch1, 0, train(8));
+    let ids = |run: &[Seen]| run.iter().flat_map(|s| s.1.clone()).collect::<Vec<_>>();
+    assert_ne!(ids(&first), ids(&next), "another epoch, another order");
+    let mut a = ids(&first);
+    let mut b = ids(&next);
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "the same samples");
+}
+
+#[test]
+fn a_resumed_epoch_continues_exactly_where_it_stopped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[25, 18, 31, 7]);
+    let planner = planned(shards, ClusterShape::new(1, 1, 3), 5, |_| {});
+    let plan = planner.plan(2).expect("plan");
+    let loader = loader(|_| {});
+    let whole = run_epoch(&loader, &plan, 0, train(8));
+    assert!(whole.len() > 6);
+    for cut in [0, 1, 4, whole.len() / 2, whole.len() - 1, whole.len()] {
+        let mut epoch = loader
+            .epoch(&plan, Rank(0), train(8), None)
+            .expect("epoch starts");
+        let mut got: Vec<Seen> = epoch
+            .by_ref()
+            .take(cut)
+            .map(|b| seen(&b.expect("batch")))
+            .collect();
+        // As a checkpoint would store it.
+        let saved = serde_json::to_string(epoch.cursor()).expect("cursor serialises");
+        drop(epoch);
+        let cursor: RankCursor = serde_json::from_str(&saved).expect("cursor parses");
+        assert_eq!(cursor.steps, cut as u64);
+        let resumed = loader
+            .epoch(&plan, Rank(0), train(8), Some(&cursor))
+            .expect("resumed epoch starts");
+        got.extend(resumed.map(|b| seen(&b.expect("batch"))));
+        assert_eq!(got, whole, "interrupted after {cut} batches");
+    }
+}
+
+#[test]
+fn a_cursor_from_another_plan_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[12, 12]);
+    let planner = planned(shards.clone(), ClusterShape::new(1, 1, 2), 4, |_| {});
+    let loader = loader(|_| {});
+    let plan0 = planner.plan(0).expect("plan");
+    let mut epoch = loader.epoch(&plan0, Rank(0), eval(8), None).expect("epoch");
+    epoch.next().expect("a batch").expect("loads");
+    let cursor = epoch.cursor().clone();
+    drop(epoch);
+    let plan1 = planner.plan(1).expect("plan");
+    let reseeded = planned(shards, ClusterShape::new(1, 1, 2), 4, |c| c.seed = 12)
+        .plan(0)
+        .expect("plan");
+    for (plan, what) in [(&plan1, "epoch 0, not 1"), (&reseeded, "different plan")] {
+        match loader.epoch(plan, Rank(0), eval(8), Some(&cursor)) {
+            Err(LoaderError::Cursor { problem }) => assert!(problem.contains(what), "{problem}"),
+            other => panic!("expected a cursor error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_join_policy_pads_short_ranks_with_empty_batches() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Rank 0 gets shards 0 and 2 (30 samples), rank 1 shard 1 (5).
+    let shards = write_shards(dir.path(), &[15, 5, 15]);
+    let planner = planned(shards, ClusterShape::new(1, 2, 1), 5, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|_| {});
+    let long = run_epoch(&loader, &plan, 0, eval(8));
+    let short = run_epoch(&loader, &plan, 1, eval(8));
+    assert_eq!(long.len(), 6);
+    assert_eq!(short.len(), 6);
+    let sizes: Vec<usize> = short.iter().map(|s| s.1.len()).collect();
+    assert_eq!(sizes, [5, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn resampled_epochs_give_every_rank_the_same_batches() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[10, 13, 8]);
+    let planner = planned(shards, ClusterShape::new(2, 1, 2), 4, |c| {
+        c.mode = PlanMode::Resampled;
+        c.policy = BatchPolicy::None;
+        c.drop_partial = true;
+        c.epoch_size = Some(96);
+    });
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|_| {});
+    let steps = plan.steps().expect("resampled plans are consistent");
+    for rank in 0..2 {
+        let batches = run_epoch(&loader, &plan, rank, eval(8));
+        assert_eq!(batches.len() as u64, steps);
+        assert!(batches.iter().all(|b| b.1.len() == 4), "full batches only");
+    }
+}
+
+#[test]
+fn the_image_size_and_output_can_change_per_epoch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[9]);
+    let planner = planned(shards, ClusterShape::new(1, 1, 1), 3, |_| {});
+    let loader = loader(|_| {});
+    for (epoch, size) in [(0, 6), (1, 12)] {
+        let plan = planner.plan(epoch).expect("plan");
+        for batch in loader
+            .epoch(&plan, Rank(0), train(size), None)
+            .expect("epoch")
+        {
+            let batch = batch.expect("loads");
+            assert_eq!(batch.size, size);
+            assert_eq!(
+                batch.pixels_u8().map(<[u8]>::len),
+                Some(3 * (size * size * 3) as usize)
+            );
+        }
+    }
+    let mut normalised = TrainTransform::new(6);
+    normalised.output = OutputFormat::IMAGENET_F32;
+    let plan = planner.plan(2).expect("plan");
+    for batch in loader
+        .epoch(&plan, Rank(0), Transform::Train(normalised), None)
+        .expect("epoch")
+    {
+        let batch = batch.expect("loads");
+        let values = batch.pixels_f32().expect("f32 output");
+        assert_eq!(values.len(), 3 * 3 * 6 * 6);
+        assert!(values.iter().all(|v| v.is_finite() && v.abs() < 3.0));
+    }
+}
+
+/// A shard with good samples and, at `bad`, samples that cannot be used.
+fn shard_with_bad_samples(path: &Path) -> PlanShard {
+    let file = std::fs::File::create(path).expect("create shard");
+    let mut tar = TarWriter::new(file);
+    let good = |j: usize| {
+        Sample::new(format!("s0-{j:04}"))
+            .with("png", png(0, j))
+            .with("cls", label(0, j).to_string())
+    };
+    for j in 0..10 {
+        let sample = match j {
+            3 => Sample::new(format!("s0-{j:04}"))
+                .with("png", b"\x89PNG\r\n\x1a\nnot really".to_vec())
+                .with("cls", "1"),
+            6 => Sample::new(format!("s0-{j:04}")).with("png", png(0, j)),
+            _ => good(j),
+        };
+        tar.write(&sample).expect("write");
+    }
+    tar.finish().expect("finish");
+    PlanShard::new(path.to_string_lossy(), Some(10))
+}
+
+#[test]
+fn bad_samples_are_skipped_and_counted_or_fail_the_epoch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shard = shard_with_bad_samples(&dir.path().join("bad-000000.tar"));
+    let planner = planned(vec![shard], ClusterShape::new(1, 1, 1), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let steps = plan.steps().expect("consistent");
+
+    let skipping = loader(|_| {});
+    let mut epoch = skipping
+        .epoch(&plan, Rank(0), eval(8), None)
+        .expect("epoch");
+    let sizes: Vec<usize> = epoch.by_ref().map(|b| b.expect("skips").len()).collect();
+    assert_eq!(sizes.len() as u64, steps, "still the planned steps");
+    assert_eq!(sizes.iter().sum::<usize>(), 8);
+    let stats = epoch.stats();
+    assert_eq!(stats.bad_samples, 2);
+    assert_eq!(stats.samples, 8);
+    let problems = stats.problems.join("\n");
+    assert!(
+        problems.contains("s0-0003") && problems.contains("png"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("s0-0006") && problems.contains("`cls`"),
+        "{problems}"
+    );
+
+    let failing = loader(|c| c.errors = pipelines::ErrorPolicy::Fail);
+    let error = failing
+        .epoch(&plan, Rank(0), eval(8), None)
+        .expect("epoch")
+        .find_map(Result::err)
+        .expect("the bad sample fails the epoch");
+    let message = error.to_string();
+    assert!(
+        message.contains("bad-000000.tar") && message.contains("sample `s0-000"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_missing_shard_is_skipped_or_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut shards = write_shards(dir.path(), &[8, 8]);
+    let gone = dir.path().join("gone-000000.tar");
+    shards.push(PlanShard::new(gone.to_string_lossy(), Some(8)));
+    let planner = planned(shards, ClusterShape::new(1, 1, 1), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+
+    let mut epoch = loader(|_| {})
+        .epoch(&plan, Rank(0), eval(8), None)
+        .expect("epoch");
+    let served: usize = epoch.by_ref().map(|b| b.expect("skips").len()).sum();
+    assert_eq!(served, 16);
+    assert_eq!(epoch.stats().skipped_shards, 1);
+
+    let error = loader(|c| c.errors = pipelines::ErrorPolicy::Fail)
+        .epoch(&plan, Rank(0), eval(8), None)
+        .expect("epoch")
+        .find_map(Result::err)
+        .expect("fails");
+    assert!(error.to_string().contains("gone-000000.tar"), "{error}");
+}
+
+#[test]
+fn dropping_an_epoch_early_stops_its_workers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[200, 200]);
+    let planner = planned(shards, ClusterShape::new(1, 1, 2), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|c| c.queue_batches = 1);
+    let started = Instant::now();
+    for _ in 0..20 {
+        let mut epoch = loader.epoch(&plan, Rank(0), eval(8), None).expect("epoch");
+        epoch.next().expect("a batch").expect("loads");
+    }
+    // Twenty abandoned epochs over 400 samples each would take far longer if their
+    // workers went on decoding; this only checks nothing blocks on the way out.
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn planned_batches_match_what_the_loader_serves_per_worker() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[13, 22, 9, 17, 30, 4]);
+    let planner = planned(shards, ClusterShape::new(2, 1, 2), 4, |c| {
+        c.policy = BatchPolicy::Drop { nbatches: None };
+        c.drop_partial = true;
+    });
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|_| {});
+    for rank in 0..2u32 {
+        let mut per_worker: BTreeMap<u32, u64> = BTreeMap::new();
+        for batch in loader
+            .epoch(&plan, Rank(rank), eval(8), None)
+            .expect("epoch")
+        {
+            let batch = batch.expect("loads");
+            assert_eq!(batch.len(), 4, "drop_partial: full batches only");
+            *per_worker
+                .entry(batch.worker.expect("data batch").0)
+                .or_default() += 1;
+        }
+        let want: BTreeMap<u32, u64> = plan.ranks[rank as usize]
+            .workers
+            .iter()
+            .map(|w| (w.worker.0, w.batches.expect("known")))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        assert_eq!(per_worker, want, "rank {rank}");
+    }
+}
