@@ -172,29 +172,72 @@ fn a_resumed_epoch_continues_exactly_where_it_stopped() {
     let shards = write_shards(dir.path(), &[25, 18, 31, 7]);
     let planner = planned(shards, ClusterShape::new(1, 1, 3), 5, |_| {});
     let plan = planner.plan(2).expect("plan");
-    let loader = loader(|_| {});
-    let whole = run_epoch(&loader, &plan, 0, train(8));
-    assert!(whole.len() > 6);
-    for cut in [0, 1, 4, whole.len() / 2, whole.len() - 1, whole.len()] {
-        let mut epoch = loader
-            .epoch(&plan, Rank(0), train(8), None)
-            .expect("epoch starts");
-        let mut got: Vec<Seen> = epoch
-            .by_ref()
-            .take(cut)
-            .map(|b| seen(&b.expect("batch")))
-            .collect();
-        // As a checkpoint would store it.
-        let saved = serde_json::to_string(epoch.cursor()).expect("cursor serialises");
-        drop(epoch);
-        let cursor: RankCursor = serde_json::from_str(&saved).expect("cursor parses");
-        assert_eq!(cursor.steps, cut as u64);
-        let resumed = loader
-            .epoch(&plan, Rank(0), train(8), Some(&cursor))
-            .expect("resumed epoch starts");
-        got.extend(resumed.map(|b| seen(&b.expect("batch"))));
-        assert_eq!(got, whole, "interrupted after {cut} batches");
+    for mix in [1, 3] {
+        let loader = loader(|c| c.mix_batches = mix);
+        let whole = run_epoch(&loader, &plan, 0, train(8));
+        assert!(whole.len() > 6);
+        for cut in [0, 1, 4, whole.len() / 2, whole.len() - 1, whole.len()] {
+            let mut epoch = loader
+                .epoch(&plan, Rank(0), train(8), None)
+                .expect("epoch starts");
+            let mut got: Vec<Seen> = epoch
+                .by_ref()
+                .take(cut)
+                .map(|b| seen(&b.expect("batch")))
+                .collect();
+            // As a checkpoint would store it.
+            let saved = serde_json::to_string(epoch.cursor()).expect("cursor serialises");
+            drop(epoch);
+            let cursor: RankCursor = serde_json::from_str(&saved).expect("cursor parses");
+            assert_eq!(cursor.steps, cut as u64);
+            let resumed = loader
+                .epoch(&plan, Rank(0), train(8), Some(&cursor))
+                .expect("resumed epoch starts");
+            got.extend(resumed.map(|b| seen(&b.expect("batch"))));
+            assert_eq!(got, whole, "mixing {mix}, interrupted after {cut} batches");
+        }
     }
+}
+
+#[test]
+fn mixing_shuffles_samples_across_workers_and_keeps_batch_sizes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[21, 19, 22, 18]);
+    let planner = planned(shards, ClusterShape::new(1, 1, 2), 6, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let plain = run_epoch(&loader(|_| {}), &plan, 0, train(8));
+    let mixed = run_epoch(&loader(|c| c.mix_batches = 4), &plan, 0, train(8));
+    let sizes = |run: &[Seen]| run.iter().map(|s| s.1.len()).collect::<Vec<_>>();
+    assert_eq!(sizes(&plain), sizes(&mixed), "every batch keeps its size");
+    // Each sample keeps its pixels and label: only its batch and row change.
+    let rows = |run: &[Seen]| {
+        let mut rows = BTreeMap::new();
+        for (_, ids, labels, pixels) in run {
+            let row = pixels.len() / ids.len().max(1);
+            for (k, id) in ids.iter().enumerate() {
+                rows.insert(
+                    id.clone(),
+                    (labels[k], pixels[k * row..(k + 1) * row].to_vec()),
+                );
+            }
+        }
+        rows
+    };
+    assert_eq!(rows(&plain), rows(&mixed));
+    let shards_in = |ids: &[SampleId]| {
+        let mut urls: Vec<&str> = ids.iter().map(|id| &*id.url).collect();
+        urls.sort_unstable();
+        urls.dedup();
+        urls.len()
+    };
+    // Worker 0 reads shards 0 and 2, worker 1 shards 1 and 3; unmixed, a batch comes
+    // from one worker, mostly one shard; mixed, batches draw from several.
+    assert!(plain.iter().all(|s| shards_in(&s.1) <= 2));
+    assert!(
+        mixed.iter().any(|s| shards_in(&s.1) >= 3),
+        "samples cross workers"
+    );
+    assert_ne!(plain, mixed);
 }
 
 #[test]

@@ -177,6 +177,64 @@ impl Batch {
     pub(crate) fn images_mut(&mut self) -> &mut Images {
         &mut self.images
     }
+
+    fn slot(&self, index: usize) -> std::ops::Range<usize> {
+        let len = self.size as usize * self.size as usize * 3;
+        index * len..(index + 1) * len
+    }
+
+    /// Copies sample `index` (pixels, label, id) into `held`.
+    pub(crate) fn lift(&self, index: usize, held: &mut Held) {
+        let range = self.slot(index);
+        match (&self.images, &mut held.pixels) {
+            (Images::U8(src), Images::U8(dst)) => {
+                dst.clear();
+                dst.extend_from_slice(&src[range]);
+            }
+            (Images::F32(src), Images::F32(dst)) => {
+                dst.clear();
+                dst.extend_from_slice(&src[range]);
+            }
+            (Images::U8(src), dst) => *dst = Images::U8(src[range].to_vec()),
+            (Images::F32(src), dst) => *dst = Images::F32(src[range].to_vec()),
+        }
+        held.label = self.labels[index];
+        held.id.clone_from(&self.ids[index]);
+    }
+
+    /// Writes `held` over sample `index`.
+    pub(crate) fn put(&mut self, index: usize, held: &Held) {
+        let range = self.slot(index);
+        match (&mut self.images, &held.pixels) {
+            (Images::U8(dst), Images::U8(src)) => dst[range].copy_from_slice(src),
+            (Images::F32(dst), Images::F32(src)) => dst[range].copy_from_slice(src),
+            // Batches of one epoch share one output format.
+            _ => return,
+        }
+        self.labels[index] = held.label;
+        self.ids[index].clone_from(&held.id);
+    }
+}
+
+/// One sample lifted out of a batch while samples move between batches.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pixels: Images,
+    label: i64,
+    id: SampleId,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Self {
+            pixels: Images::U8(Vec::new()),
+            label: 0,
+            id: SampleId {
+                url: Arc::from(""),
+                key: String::new(),
+            },
+        }
+    }
 }
 
 impl fmt::Debug for Batch {

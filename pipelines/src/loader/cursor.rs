@@ -15,6 +15,11 @@ use super::LoaderError;
 use crate::plan::{Plan, RankPlan, mix64};
 
 /// One rank's position in one epoch.
+///
+/// With cross-worker mixing, batches are handed out in blocks that are mixed together;
+/// `turn` and `workers` are then the positions at the start of the current block, and
+/// `in_block` the batches of it already handed out (a resume decodes the block again
+/// and passes over those).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankCursor {
     pub epoch: u64,
@@ -23,8 +28,13 @@ pub struct RankCursor {
     pub plan: u64,
     /// Batches handed out, empty ones included.
     pub steps: u64,
-    /// The worker asked for the next batch.
+    /// Batches mixed together per block (1: no mixing).
+    pub mix_batches: u64,
+    /// Batches of the current block handed out.
+    pub in_block: u64,
+    /// The worker asked for the next batch (at the start of the block).
     pub turn: u32,
+    /// Each worker's position (at the start of the block).
     pub workers: Vec<WorkerCursor>,
 }
 
@@ -40,19 +50,26 @@ pub struct WorkerCursor {
 }
 
 impl RankCursor {
-    pub(crate) fn start(plan: &Plan, rank: &RankPlan) -> Self {
+    pub(crate) fn start(plan: &Plan, rank: &RankPlan, mix_batches: u64) -> Self {
         Self {
+            mix_batches,
             epoch: plan.epoch,
             rank: rank.rank.0,
             plan: fingerprint(plan, rank),
             steps: 0,
+            in_block: 0,
             turn: 0,
             workers: vec![WorkerCursor::default(); rank.workers.len()],
         }
     }
 
     /// Checks that this cursor was taken from this plan and rank.
-    pub(crate) fn check(&self, whole: &Plan, plan: &RankPlan) -> Result<(), LoaderError> {
+    pub(crate) fn check(
+        &self,
+        whole: &Plan,
+        plan: &RankPlan,
+        mix_batches: u64,
+    ) -> Result<(), LoaderError> {
         let epoch = whole.epoch;
         let problem = if self.epoch != epoch {
             format!("the cursor is from epoch {}, not {epoch}", self.epoch)
@@ -71,6 +88,16 @@ impl RankCursor {
             "the cursor was taken from a different plan (other shards, seed, cluster \
              shape or batch settings)"
                 .to_string()
+        } else if self.mix_batches != mix_batches {
+            format!(
+                "the cursor mixed batches in blocks of {}, the loader is set to {mix_batches}",
+                self.mix_batches
+            )
+        } else if self.in_block > self.steps || self.in_block >= mix_batches.max(1) {
+            format!(
+                "the cursor's block ({}) is longer than its steps",
+                self.in_block
+            )
         } else if self.turn as usize >= plan.workers.len().max(1) {
             format!("the cursor's turn {} names no worker", self.turn)
         } else {

@@ -104,6 +104,9 @@ pub struct LoaderConfig {
     pub prefetch_samples: usize,
     /// What to do with bad samples and shards.
     pub errors: ErrorPolicy,
+    /// Cross-worker shuffle: batches are taken in blocks of this many and their samples
+    /// shuffled across the block, each batch keeping its size (0 or 1: off).
+    pub mix_batches: usize,
 }
 
 impl Default for LoaderConfig {
@@ -116,6 +119,7 @@ impl Default for LoaderConfig {
             queue_batches: 2,
             prefetch_samples: 256,
             errors: ErrorPolicy::Skip,
+            mix_batches: 1,
         }
     }
 }
