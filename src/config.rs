@@ -89,6 +89,11 @@ fn describe(error: figment::Error) -> String {
                 .metadata
                 .as_ref()
                 .map(|m| match &m.source {
+                    // The whole path: figment's own display shortens it relative to the
+                    // working folder.
+                    Some(figment::Source::File(path)) => {
+                        format!("{} ({})", m.name, path.display())
+                    }
                     Some(source) => format!("{} ({source})", m.name),
                     None => m.name.to_string(),
                 })
