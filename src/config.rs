@@ -28,6 +28,10 @@ pub struct ShardsConfig {
     pub http_timeout_secs: u64,
     pub http_attempts: u32,
     pub http_retry_delay_ms: u64,
+    /// Local cache folder for remote shards; empty for none.
+    pub cache_dir: String,
+    /// Most the cache keeps, as a size (`100GB`).
+    pub cache_max_size: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +126,8 @@ fn validate(config: &Config) -> anyhow::Result<()> {
         config.shards.http_attempts > 0,
         "shards.http_attempts must be at least 1"
     );
+    crate::units::parse_size(&config.shards.cache_max_size)
+        .map_err(|e| anyhow::anyhow!("shards.cache_max_size: {e}"))?;
     anyhow::ensure!(
         config.serve.max_in_flight > 0,
         "serve.max_in_flight must be positive"
@@ -136,6 +142,11 @@ impl ShardsConfig {
             http_timeout: Duration::from_secs(self.http_timeout_secs),
             http_attempts: self.http_attempts,
             http_retry_delay: Duration::from_millis(self.http_retry_delay_ms),
+            cache: (!self.cache_dir.is_empty()).then(|| pipelines::CacheOptions {
+                dir: PathBuf::from(&self.cache_dir),
+                // Invariant: `validate` checked the size when the config was loaded.
+                max_bytes: crate::units::parse_size(&self.cache_max_size).unwrap_or(0),
+            }),
         }
     }
 
@@ -160,6 +171,31 @@ mod tests {
     }
 
     #[test]
+    fn cache_settings_reach_the_sources() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cluster.toml");
+        let cases = [
+            ("", None),
+            (
+                "[shards]\ncache_dir = \"/ssd/shards\"\ncache_max_size = \"2GiB\"\n",
+                Some(pipelines::CacheOptions {
+                    dir: PathBuf::from("/ssd/shards"),
+                    max_bytes: 2 << 30,
+                }),
+            ),
+        ];
+        for (text, want) in cases {
+            std::fs::write(&path, text).expect("write config");
+            let loaded = load(Some(&path)).expect(text);
+            assert_eq!(
+                loaded.config.shards.source_options().cache,
+                want,
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
     fn unknown_and_bad_keys_name_key_and_file() {
         let dir = tempfile::tempdir().expect("temp dir");
         let cases = [
@@ -169,6 +205,10 @@ mod tests {
             (
                 "[shards]\nerror_policy = \"ignore\"\n",
                 "shards.error_policy",
+            ),
+            (
+                "[shards]\ncache_max_size = \"lots\"\n",
+                "shards.cache_max_size",
             ),
             ("[shards\n", "cluster.toml"),
         ];

@@ -53,6 +53,12 @@ impl ShardSource for HttpSource {
     }
 
     fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
+        self.open_sized(url).map(|(stream, _)| stream)
+    }
+
+    /// The declared length is the `Content-Length`; ureq gives none for a body it
+    /// decompresses (`Content-Encoding`), whose length it does not know.
+    fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
         let mut delay = self.retry_delay;
         let mut reason = String::new();
         for attempt in 1..=self.attempts {
@@ -64,13 +70,14 @@ impl ShardSource for HttpSource {
                 Ok(response) => {
                     let body = response.into_body();
                     let expected = body.content_length();
-                    return Ok(Box::new(HttpStream {
+                    let stream = HttpStream {
                         url: url.to_string(),
                         body: body.into_reader(),
                         expected,
                         received: 0,
                         failure: None,
-                    }));
+                    };
+                    return Ok((Box::new(stream), expected));
                 }
                 Err(Failed::Status(status)) => {
                     return Err(ShardError::HttpStatus {

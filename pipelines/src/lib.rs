@@ -10,6 +10,7 @@
 //! I/O meant to run on threads of its own.
 
 mod brace;
+mod cache;
 mod error;
 mod folder;
 mod http;
@@ -26,6 +27,7 @@ mod transform;
 mod writer;
 
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
+pub use cache::{CacheCounts, CacheOptions, CacheStats};
 pub use error::{ErrorPolicy, ShardError};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
 pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};

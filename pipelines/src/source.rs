@@ -3,9 +3,11 @@
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::brace::{BraceError, expand_spec};
+use crate::cache::{self, CacheOptions, CacheStats, ShardCache};
 use crate::error::ShardError;
 use crate::http::HttpSource;
 use crate::pipe::{PipeFailure, PipeSource};
@@ -27,6 +29,9 @@ pub struct SourceOptions {
     pub http_attempts: u32,
     /// Pause before the first retry; doubled after each failure.
     pub http_retry_delay: Duration,
+    /// A local cache for `http(s)://` and `pipe:` shards; `None` reads them remotely
+    /// every time.
+    pub cache: Option<CacheOptions>,
 }
 
 impl Default for SourceOptions {
@@ -36,6 +41,7 @@ impl Default for SourceOptions {
             http_timeout: Duration::from_secs(30),
             http_attempts: 5,
             http_retry_delay: Duration::from_millis(200),
+            cache: None,
         }
     }
 }
@@ -46,6 +52,12 @@ pub trait ShardSource: Send + Sync + fmt::Debug {
     fn handles(&self, url: &str) -> bool;
     /// Opens `url` for streaming. The bytes are returned as stored (maybe compressed).
     fn open(&self, url: &str) -> Result<ShardStream, ShardError>;
+    /// Opens `url` as [`open`](Self::open) does, with the length the stream will have
+    /// when the source declares it up front (an HTTP `Content-Length`). The cache keeps
+    /// a copy only when the bytes read match it.
+    fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
+        Ok((self.open(url)?, None))
+    }
 }
 
 /// All sources, chosen by the form of the URL.
@@ -53,6 +65,8 @@ pub trait ShardSource: Send + Sync + fmt::Debug {
 pub struct Sources {
     options: SourceOptions,
     sources: Vec<Box<dyn ShardSource>>,
+    cache: Option<Arc<ShardCache>>,
+    cache_stats: Arc<CacheStats>,
 }
 
 impl Default for Sources {
@@ -63,6 +77,8 @@ impl Default for Sources {
 
 impl Sources {
     /// The built-in sources: `pipe:`, `http(s)://`, `-` (stdin), `file:` and paths.
+    /// With a cache configured, its folder is created and stale partial files from dead
+    /// fills are removed here.
     pub fn new(options: SourceOptions) -> Self {
         let sources: Vec<Box<dyn ShardSource>> = vec![
             Box::new(PipeSource),
@@ -70,15 +86,33 @@ impl Sources {
             Box::new(StdinSource),
             Box::new(FileSource),
         ];
-        Self { options, sources }
+        let cache_stats = Arc::new(CacheStats::default());
+        let cache = options
+            .cache
+            .as_ref()
+            .map(|cache| Arc::new(ShardCache::new(cache, Arc::clone(&cache_stats))));
+        Self {
+            options,
+            sources,
+            cache,
+            cache_stats,
+        }
     }
 
     pub fn options(&self) -> &SourceOptions {
         &self.options
     }
 
+    /// The cache's counters (all zero without a cache), shared with every stream opened
+    /// here: a loader may keep a clone and report them.
+    pub fn cache_stats(&self) -> Arc<CacheStats> {
+        Arc::clone(&self.cache_stats)
+    }
+
     /// Opens a shard and returns its tar bytes: buffered, and decompressed when the
-    /// stream starts with a gzip, bzip2 or xz signature.
+    /// stream starts with a gzip, bzip2 or xz signature. With a cache, a remote shard
+    /// comes from its cached copy when there is one, and is copied into the cache as it
+    /// is read otherwise.
     pub fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
         let source = self
             .sources
@@ -88,7 +122,12 @@ impl Sources {
                 url: url.to_string(),
                 reason: "no source handles this URL".to_string(),
             })?;
-        let raw = source.open(url)?;
+        let raw = match &self.cache {
+            Some(cache) if cache::is_cacheable(url) => {
+                cache.open(url, || source.open_sized(url))?
+            }
+            _ => source.open(url)?,
+        };
         decompress(url, BufReader::with_capacity(self.options.read_buffer, raw))
     }
 }
