@@ -12,5 +12,10 @@ test:
 doctor:
 	eval "$$(bash tools/libtorch.sh)" && cargo run --locked --release -- doctor
 
+# Benchmarks print figures and ratios: raw shard reading against cat and Python
+# webdataset; decoding and the train transform against PIL, torchvision and DataLoader.
+# The torch venv is made first (once): torchvision for the Python side runs on it.
 bench:
+	bash tools/libtorch.sh > /dev/null
 	cargo bench --locked -p pipelines --bench read
+	cargo bench --locked -p pipelines --bench loader

@@ -15,12 +15,15 @@
 //!
 //!     perf record -g target/release/deps/read-<hash> --only-imgrun --runs 20
 
+mod common;
+
 use std::io::Read;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{data_dir, machine_line, ratio_line, repo_root, warm};
 use pipelines::{
     ReadStats, Sample, SampleReader, ShardSamples, ShardWriter, SourceOptions, Sources,
 };
@@ -61,9 +64,8 @@ fn main() {
         .max(1);
     let only_imgrun = args.iter().any(|a| a == "--only-imgrun");
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let root = root.canonicalize().unwrap_or(root);
-    let dir = data_dir(&root);
+    let root = repo_root();
+    let dir = data_dir(&root, DATA_VERSION);
     let shards = ensure_shards(&dir).unwrap_or_else(|error| {
         fail(&format!(
             "cannot generate shards in {}: {error}",
@@ -114,9 +116,6 @@ fn main() {
     let cat = cat_best.map(rate);
     let python = read_with_python(&root, &urls, runs);
 
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "read benchmark: {} shards, {} samples, {:.1} MB of tar ({:.1} KB payload a sample); \
          hot page cache, one thread, best of {runs}",
@@ -126,7 +125,7 @@ fn main() {
         counts.payload as f64 / counts.samples.max(1) as f64 / 1e3,
     );
     println!("data: {}", dir.display());
-    println!("machine: {cores} cores, load average {}", load.join(" "));
+    println!("machine: {}", machine_line());
     println!();
     println!(
         "{:<36} {:>10} {:>8} {:>8} {:>8}",
@@ -172,9 +171,9 @@ fn main() {
     println!("{:<36} {:>10} {:>8}", "ratio", "measured", "goal");
     // Same data in every row, so a ratio of times is a ratio of samples/s and of MB/s.
     let vs_python = python.map(|p| p.seconds / imgrun.seconds);
-    ratio_line("imgrun / python samples/s", vs_python, GOAL_VS_PYTHON);
+    ratio_line("imgrun / python samples/s", vs_python, Some(GOAL_VS_PYTHON));
     let vs_cat = cat.map(|c| c.seconds / imgrun.seconds);
-    ratio_line("imgrun / cat MB/s", vs_cat, GOAL_VS_CAT);
+    ratio_line("imgrun / cat MB/s", vs_cat, Some(GOAL_VS_CAT));
 
     println!();
     println!("variants of the imgrun reader (where the time goes):");
@@ -229,34 +228,14 @@ impl Rates {
     }
 }
 
-fn ratio_line(name: &str, value: Option<f64>, goal: f64) {
-    let goal_text = format!(">= {goal}x");
-    match value {
-        Some(value) => {
-            let verdict = if value >= goal { "met" } else { "BELOW GOAL" };
-            println!("{name:<36} {:>9.2}x {goal_text:>8}  {verdict}", value);
-        }
-        None => println!("{name:<36} {:>10} {goal_text:>8}", "-"),
-    }
-}
-
 fn fail(message: &str) -> ! {
-    eprintln!("read bench: {message}");
-    std::process::exit(1);
+    common::fail("read", message)
 }
 
 fn buffer_of(bytes: usize) -> SourceOptions {
     SourceOptions {
         read_buffer: bytes,
         ..SourceOptions::default()
-    }
-}
-
-/// Where the generated shards live.
-fn data_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("IMGRUN_CACHE") {
-        Some(cache) => PathBuf::from(cache).join("bench-data").join(DATA_VERSION),
-        None => root.join("target/bench-data").join(DATA_VERSION),
     }
 }
 
@@ -304,14 +283,6 @@ fn ensure_shards(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         format!("{SAMPLES} samples, {PER_SHARD} a shard\n"),
     )?;
     Ok(paths)
-}
-
-/// Reads a file to its end, so that it is in the page cache.
-fn warm(path: &Path) {
-    let mut buffer = vec![0u8; 1 << 20];
-    if let Ok(mut file) = std::fs::File::open(path) {
-        while matches!(file.read(&mut buffer), Ok(n) if n > 0) {}
-    }
 }
 
 /// The fastest of `runs` timed calls, or the first failure.
@@ -440,33 +411,14 @@ struct PythonRun {
 /// Python `webdataset` iterating the same shards (`wds_iterate.py` times itself, so
 /// interpreter start-up is not counted).
 fn read_with_python(root: &Path, urls: &[String], runs: usize) -> Result<PythonRun, String> {
-    let last_line = |bytes: &[u8]| {
-        let text = String::from_utf8_lossy(bytes);
-        text.lines().last().unwrap_or("no message").to_string()
-    };
-    let out = Command::new("bash")
-        .arg("tools/pytools.sh")
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("cannot run tools/pytools.sh: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tools/pytools.sh failed: {}",
-            last_line(&out.stderr)
-        ));
-    }
-    let python = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let out = Command::new(&python)
-        .arg(root.join("pipelines/tests/python/wds_iterate.py"))
-        .arg(runs.to_string())
-        .args(urls)
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("wds_iterate.py failed: {}", last_line(&out.stderr)));
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("bad output from wds_iterate.py: {e}"))?;
+    let python = common::tool_python(root, "tools/pytools.sh")?;
+    let mut args = vec![runs.to_string()];
+    args.extend_from_slice(urls);
+    let report = common::python_json(
+        &python,
+        &root.join("pipelines/tests/python/wds_iterate.py"),
+        &args,
+    )?;
     let best = report["runs"]
         .as_array()
         .and_then(|runs| {

@@ -336,29 +336,38 @@ fn render_at(
     let image = decode_checked(bytes, header, denominator)?;
     let area = scaled_box(&crop.area, header, &image);
     let size = size as usize;
-    let mirror = |row: &[u8], x: usize| {
-        let from = if flip { size - 1 - x } else { x };
-        [row[from * 3], row[from * 3 + 1], row[from * 3 + 2]]
-    };
     match &mut slot {
         Slot::U8(out, _) => resample_rows(&image, area, size as u32, size as u32, |y, row| {
             let dst = &mut out[y * size * 3..(y + 1) * size * 3];
             if flip {
-                for (x, px) in dst.chunks_exact_mut(3).enumerate() {
-                    px.copy_from_slice(&mirror(row, x));
+                for (d, s) in dst.chunks_exact_mut(3).zip(row.chunks_exact(3).rev()) {
+                    d.copy_from_slice(s);
                 }
             } else {
                 dst.copy_from_slice(row);
             }
         }),
         Slot::F32(out, OutputFormat::Float32Chw { mean, std }) => {
-            let gain: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * std[c]));
-            let bias: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+            // Every possible value per channel, computed once: `v / 255` normalised.
+            let table: [[f32; 256]; 3] = std::array::from_fn(|c| {
+                let gain = 1.0 / (255.0 * std[c]);
+                let bias = -mean[c] / std[c];
+                std::array::from_fn(|v| v as f32 * gain + bias)
+            });
             let plane = size * size;
             resample_rows(&image, area, size as u32, size as u32, |y, row| {
-                for x in 0..size {
-                    for (c, v) in mirror(row, x).into_iter().enumerate() {
-                        out[c * plane + y * size + x] = f32::from(v) * gain[c] + bias[c];
+                for (c, table) in table.iter().enumerate() {
+                    let start = c * plane + y * size;
+                    let dst = &mut out[start..start + size];
+                    let pixels = row.chunks_exact(3);
+                    if flip {
+                        for (d, px) in dst.iter_mut().zip(pixels.rev()) {
+                            *d = table[usize::from(px[c])];
+                        }
+                    } else {
+                        for (d, px) in dst.iter_mut().zip(pixels) {
+                            *d = table[usize::from(px[c])];
+                        }
                     }
                 }
             });
