@@ -4,6 +4,20 @@
 //! the cluster (head, nodes, QUIC transport, membership and actors) grows here next.
 //! It knows nothing about tch or shards.
 
+mod gpu;
+mod membership;
+mod placement;
 mod resources;
+mod state;
 
-pub use resources::{HostResources, discover_host};
+pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
+pub use membership::{
+    Joined, Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId,
+    NodeState, SessionId,
+};
+pub use placement::{
+    ClusterTotals, NodeCapacity, NodeUsage, PlacementError, Reservation, ReservationId,
+    ResourceTable, Resources, Strategy,
+};
+pub use resources::{DiscoverOptions, HostResources, NodeResources, discover, discover_host};
+pub use state::{DaemonRecord, DaemonRole, HeadRecord, StateDir, StateError};

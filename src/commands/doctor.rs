@@ -6,14 +6,30 @@ use crate::config::Loaded;
 use crate::units::human_bytes;
 
 pub fn run(loaded: &Loaded) -> anyhow::Result<ExitCode> {
-    let host = runtime::discover_host();
+    let node = runtime::discover(&runtime::DiscoverOptions::default());
     let torch = actors::probe_libtorch();
     println!("imgrun {}", env!("CARGO_PKG_VERSION"));
-    println!("cores:            {}", host.cpus);
+    println!(
+        "host:             {}",
+        node.hostname.as_deref().unwrap_or("unknown")
+    );
+    println!("cores:            {}", node.cpus);
     println!(
         "memory:           {}",
-        host.memory_bytes.map_or("unknown".to_string(), human_bytes)
+        node.memory_bytes.map_or("unknown".to_string(), human_bytes)
     );
+    println!("gpus:             {}", node.gpus.len());
+    for gpu in &node.gpus {
+        let label = format!("  gpu {}:", gpu.index);
+        println!(
+            "{label:<18}{}, {}, {} (from {})",
+            gpu.name,
+            gpu.memory_bytes
+                .map_or("memory unknown".to_string(), human_bytes),
+            gpu.uuid,
+            gpu.source
+        );
+    }
     println!(
         "libtorch:         {} ({})",
         torch.version.as_deref().unwrap_or("unknown version"),
