@@ -9,6 +9,9 @@ mod membership;
 mod placement;
 mod resources;
 mod state;
+mod tls;
+mod transport;
+pub mod wire;
 
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
 pub use membership::{
@@ -21,3 +24,10 @@ pub use placement::{
 };
 pub use resources::{DiscoverOptions, HostResources, NodeResources, discover, discover_host};
 pub use state::{DaemonRecord, DaemonRole, HeadRecord, StateDir, StateError};
+pub use tls::{
+    ALPN, CaCertificate, CaHash, ClientTls, ClusterCa, JoinToken, NodeCredentials, SERVER_NAME,
+    ServerTls, SubjectAltName, TlsError, certificate_name,
+};
+pub use transport::{
+    Client, Connection, Handler, Peer, PeerIdentity, Server, TransportError, TransportOptions,
+};

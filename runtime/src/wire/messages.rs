@@ -1,0 +1,228 @@
+//! The messages daemons and clients exchange, as they are archived on the wire.
+//!
+//! These are plain data (strings, integers, vectors) on purpose: the daemons convert them
+//! to and from their domain types (`NodeId`, resources, actor ids) at the boundary, so
+//! the domain types never derive the archive traits and a change of wire layout is a
+//! change of this file and of [`WIRE_VERSION`] only. Integers have fixed widths (`usize`
+//! would archive differently across targets).
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// The version every frame carries; a frame of another version is refused unread.
+/// Bump it with any change to the types in this file.
+pub const WIRE_VERSION: u16 = 1;
+
+/// One request or response. A stream carries one request frame and one response frame.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum Message {
+    /// A node without a certificate asks to join, proving it knows the join token.
+    /// The only request the head answers on an unauthenticated connection.
+    JoinRequest {
+        /// The join token the head printed, compared in constant time.
+        token: String,
+        /// What the joining node is and offers.
+        node: NodeDescription,
+    },
+    /// The head admits a node and hands it its credentials, signed by the cluster CA.
+    JoinAccepted {
+        /// The id the head gave the node.
+        node_id: u64,
+        /// The head's session (changes when the head restarts).
+        session: u64,
+        /// The cluster CA certificate (PEM): the root the node verifies peers against.
+        ca_cert_pem: String,
+        /// The node's certificate (PEM), its common name being the node's name.
+        cert_pem: String,
+        /// The node's private key (PKCS#8 PEM).
+        key_pem: String,
+        /// How often the node sends a heartbeat.
+        heartbeat_ms: u32,
+        /// After how long without a heartbeat the head declares the node dead.
+        dead_after_ms: u32,
+    },
+    /// A request was refused (bad token, unauthenticated peer, unknown node...).
+    Refused {
+        /// Why, for a person to read.
+        reason: String,
+    },
+    /// A node's first message on an authenticated connection after it (or the head)
+    /// restarted: "I am this node, from that session".
+    Hello {
+        /// The node's id.
+        node_id: u64,
+        /// The head session the node last joined.
+        session: u64,
+    },
+    /// A node is alive.
+    Heartbeat {
+        /// The node's id.
+        node_id: u64,
+        /// The head session the node belongs to.
+        session: u64,
+        /// Increases by one per heartbeat of this node.
+        seq: u64,
+    },
+    /// The head received the heartbeat `seq`.
+    HeartbeatAck {
+        /// The heartbeat's `seq`.
+        seq: u64,
+    },
+    /// A client asks the head for the state of the cluster.
+    StatusRequest,
+    /// The state of the cluster.
+    StatusReply {
+        /// Nodes and reservations.
+        status: ClusterStatusWire,
+    },
+    /// A client asks the head to stop (itself only, or every node too).
+    StopRequest {
+        /// Stop every node as well as the head.
+        all: bool,
+    },
+    /// Done; nothing to report.
+    Ack,
+    /// The request could not be served.
+    Error {
+        /// Why, for a person to read.
+        message: String,
+    },
+    /// Start an actor somewhere in the cluster.
+    ActorSpawn {
+        /// The registered kind of actor.
+        kind: String,
+        /// The actor's constructor arguments, encoded by the caller.
+        args: Vec<u8>,
+        /// Resources the actor reserves: (name, amount), e.g. `("gpu", 1)`.
+        resources: Vec<(String, u64)>,
+        /// The placement rule, e.g. `any`, `node:3`, `spread`.
+        placement: String,
+    },
+    /// The actor started.
+    ActorSpawned {
+        /// The new actor's id.
+        actor_id: u64,
+        /// The node it runs on.
+        node_id: u64,
+    },
+    /// Call a method of an actor and wait for its reply.
+    ActorCall {
+        /// The actor.
+        actor_id: u64,
+        /// Chosen by the caller, echoed in the reply.
+        call_id: u64,
+        /// The method's name.
+        method: String,
+        /// The arguments, encoded by the caller.
+        payload: Vec<u8>,
+        /// How long the caller waits.
+        timeout_ms: u32,
+    },
+    /// The outcome of an [`Message::ActorCall`].
+    ActorReply {
+        /// The call's `call_id`.
+        call_id: u64,
+        /// The encoded return value, or why the method failed.
+        result: Result<Vec<u8>, String>,
+    },
+    /// Send an actor a message without waiting for a reply.
+    ActorTell {
+        /// The actor.
+        actor_id: u64,
+        /// The method's name.
+        method: String,
+        /// The arguments, encoded by the caller.
+        payload: Vec<u8>,
+    },
+    /// An actor stopped with an error (or its node was lost).
+    ActorFailed {
+        /// The actor.
+        actor_id: u64,
+        /// Why, for a person to read.
+        reason: String,
+    },
+}
+
+/// What a joining node tells the head about itself.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct NodeDescription {
+    /// The machine's host name.
+    pub hostname: String,
+    /// Where the node accepts connections (`ip:port`).
+    pub address: String,
+    /// The node's `imgrun` version, to spot mixed clusters.
+    pub version: String,
+    /// What the node offers.
+    pub resources: ResourcesWire,
+}
+
+/// The resources a node offers.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ResourcesWire {
+    /// Logical CPUs.
+    pub cpus: u32,
+    /// Memory, when known.
+    pub memory_bytes: Option<u64>,
+    /// The GPUs.
+    pub gpus: Vec<GpuWire>,
+}
+
+/// One GPU of a node.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct GpuWire {
+    /// The physical index on its node.
+    pub index: u32,
+    /// The model, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Total memory, when the driver says.
+    pub memory_bytes: Option<u64>,
+    /// `GPU-xxxxxxxx-...`, or `claimed-<i>` for a claimed GPU.
+    pub uuid: String,
+}
+
+/// The state of the cluster as the head sees it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct ClusterStatusWire {
+    /// The head's session.
+    pub session: u64,
+    /// Every node the head knows, dead ones included.
+    pub nodes: Vec<NodeStatusWire>,
+    /// The reservations in use.
+    pub reservations: Vec<ReservationWire>,
+}
+
+/// One node in a [`ClusterStatusWire`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct NodeStatusWire {
+    /// The node's id.
+    pub node_id: u64,
+    /// Where the node accepts connections (`ip:port`).
+    pub address: String,
+    /// The machine's host name.
+    pub hostname: String,
+    /// The membership state, e.g. `alive`, `suspect`, `dead`.
+    pub state: String,
+    /// Time since the node joined.
+    pub uptime_ms: u64,
+    /// Time since the head last heard from the node.
+    pub last_heartbeat_ms_ago: u64,
+    /// What the node offers.
+    pub resources: ResourcesWire,
+}
+
+/// Resources reserved on a node, and by whom.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ReservationWire {
+    /// The node the resources are on.
+    pub node_id: u64,
+    /// Who holds them, e.g. `actor:12`.
+    pub owner: String,
+    /// (name, amount) pairs, e.g. `("gpu", 1)`.
+    pub resources: Vec<(String, u64)>,
+}

@@ -1,0 +1,18 @@
+//! The only types that cross the network, and their framing.
+//!
+//! Everything a daemon sends or receives is a [`Message`] in a frame: a length, the
+//! [`WIRE_VERSION`] and an rkyv archive that is validated before use. Daemons convert
+//! these plain types to their domain types at the boundary; nothing outside this module
+//! derives the archive traits.
+
+mod frame;
+mod messages;
+
+pub use frame::{
+    DEFAULT_MAX_FRAME, HEADER_LEN, WireError, decode, decode_with_limit, encode, read_frame,
+    write_frame,
+};
+pub use messages::{
+    ClusterStatusWire, GpuWire, Message, NodeDescription, NodeStatusWire, ReservationWire,
+    ResourcesWire, WIRE_VERSION,
+};

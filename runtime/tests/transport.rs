@@ -1,0 +1,380 @@
+//! The secure transport on loopback: who gets through which configuration, and that bad
+//! peers (wrong CA, garbage datagrams, garbage frames) close their own stream or
+//! connection and never the server.
+
+use std::future::Future;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use runtime::wire::{Message, WIRE_VERSION, encode};
+use runtime::{
+    CaHash, Client, ClientTls, ClusterCa, Connection, NodeCredentials, Peer, PeerIdentity, Server,
+    ServerTls, TransportError,
+};
+
+/// Every test finishes well within this, or fails.
+const LIMIT: Duration = Duration::from_secs(60);
+/// How long a single request may take.
+const REQUEST: Duration = Duration::from_secs(10);
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(LIMIT, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: not done within {LIMIT:?}"),
+    }
+}
+
+/// A CA with credentials for a head and a node.
+struct Cluster {
+    ca: ClusterCa,
+    head: NodeCredentials,
+    node: NodeCredentials,
+}
+
+fn cluster() -> Cluster {
+    let ca = ClusterCa::generate().expect("ca");
+    let head = ca.issue("head", &[]).expect("head credentials");
+    let node = ca.issue("gpu-01", &[]).expect("node credentials");
+    Cluster { ca, head, node }
+}
+
+impl Cluster {
+    fn head_tls(&self) -> ServerTls {
+        ServerTls::head(self.ca.certificate(), &self.head).expect("head tls")
+    }
+
+    fn node_tls(&self) -> ServerTls {
+        ServerTls::node(self.ca.certificate(), &self.node).expect("node tls")
+    }
+
+    fn member(&self, name: &str) -> ClientTls {
+        let creds = self.ca.issue(name, &[]).expect("credentials");
+        ClientTls::mutual(self.ca.certificate(), &creds).expect("client tls")
+    }
+}
+
+/// Answers a heartbeat with its ack, never answers a stop request, and answers anything
+/// else with who the peer is.
+async fn handler(peer: Peer, request: Message) -> Message {
+    match request {
+        Message::Heartbeat { seq, .. } => Message::HeartbeatAck { seq },
+        Message::StopRequest { .. } => std::future::pending().await,
+        _ => Message::Error {
+            message: match peer.identity {
+                PeerIdentity::Authenticated { name } => format!("authenticated:{name}"),
+                PeerIdentity::Unauthenticated => "unauthenticated".to_owned(),
+            },
+        },
+    }
+}
+
+/// A server on a free loopback port, serving [`handler`].
+fn serve(tls: &ServerTls) -> (Server, SocketAddr) {
+    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), tls).expect("bind");
+    let address = server.local_addr().expect("local address");
+    let serving = server.clone();
+    tokio::spawn(async move { serving.accept_loop(handler).await });
+    (server, address)
+}
+
+/// Who the server says we are.
+async fn identity(connection: &Connection) -> String {
+    match connection.request(&Message::StatusRequest, REQUEST).await {
+        Ok(Message::Error { message }) => message,
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+async fn heartbeat(connection: &Connection, seq: u64) -> Result<Message, TransportError> {
+    let beat = Message::Heartbeat {
+        node_id: 1,
+        session: 1,
+        seq,
+    };
+    connection.request(&beat, REQUEST).await
+}
+
+/// Fails if `result` (a connection, or a first request on it) got past the handshake.
+fn assert_refused<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, TransportError>,
+    peer: SocketAddr,
+) {
+    match result {
+        Err(error @ TransportError::Handshake { .. }) => {
+            assert!(
+                error.to_string().contains(&peer.to_string()),
+                "{what}: {error}"
+            );
+        }
+        other => panic!("{what}: expected a failed handshake, got {other:?}"),
+    }
+}
+
+/// Connects and makes one request: a certificate the server refuses may only show once
+/// the client sends something, since in TLS 1.3 the client finishes first.
+async fn connect_and_ask(peer: SocketAddr, tls: &ClientTls) -> Result<Message, TransportError> {
+    let connection = Client::connect(peer, tls).await?;
+    connection.request(&Message::StatusRequest, REQUEST).await
+}
+
+#[tokio::test]
+async fn a_joining_node_with_the_right_ca_hash_gets_in_unauthenticated() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.head_tls());
+    let join = ClientTls::join(cluster.ca.ca_hash()).expect("join tls");
+    let connection = within("connect", Client::connect(address, &join))
+        .await
+        .expect("connect");
+    assert_eq!(
+        within("ask", identity(&connection)).await,
+        "unauthenticated"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_ca_hash_fails_the_handshake() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.head_tls());
+    let other = ClusterCa::generate().expect("other ca");
+    let zeros: CaHash = format!("sha256:{}", "0".repeat(64)).parse().expect("hash");
+    for pinned in [other.ca_hash(), zeros] {
+        let join = ClientTls::join(pinned).expect("join tls");
+        let result = within("connect", Client::connect(address, &join)).await;
+        let error = match result {
+            Err(error @ TransportError::Handshake { .. }) => error,
+            other => panic!("expected a failed handshake, got {other:?}"),
+        };
+        let message = error.to_string();
+        assert!(message.contains(&address.to_string()), "{message}");
+        assert!(message.contains("pinned CA hash"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn members_are_authenticated_by_name_on_head_and_node() {
+    let cluster = cluster();
+    let (_head, head_address) = serve(&cluster.head_tls());
+    let (_node, node_address) = serve(&cluster.node_tls());
+    let member = cluster.member("gpu-02");
+    for address in [head_address, node_address] {
+        let connection = within("connect", Client::connect(address, &member))
+            .await
+            .expect("connect");
+        assert_eq!(
+            within("ask", identity(&connection)).await,
+            "authenticated:gpu-02"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_server_can_connect_from_its_own_port() {
+    let cluster = cluster();
+    let (_head, head_address) = serve(&cluster.head_tls());
+    let (node, node_address) = serve(&cluster.node_tls());
+    let member = ClientTls::mutual(cluster.ca.certificate(), &cluster.node).expect("client tls");
+    let connection = within("connect", node.connect(head_address, &member))
+        .await
+        .expect("connect");
+    assert_eq!(
+        within("ask", identity(&connection)).await,
+        "authenticated:gpu-01"
+    );
+    assert_ne!(node_address, head_address);
+}
+
+#[tokio::test]
+async fn certificates_of_another_ca_are_refused() {
+    let cluster = cluster();
+    let (_head, head_address) = serve(&cluster.head_tls());
+    let (_node, node_address) = serve(&cluster.node_tls());
+    let other = ClusterCa::generate().expect("other ca");
+    let intruder = other.issue("intruder", &[]).expect("intruder credentials");
+    // The intruder trusts our CA for the server, but shows a certificate of its own CA.
+    let intruder_tls =
+        ClientTls::mutual(cluster.ca.certificate(), &intruder).expect("intruder tls");
+    for (what, address) in [("node", node_address), ("head", head_address)] {
+        let result = within(what, connect_and_ask(address, &intruder_tls)).await;
+        assert_refused(what, result, address);
+    }
+    // A node server lets nobody in without a certificate.
+    let join = ClientTls::join(cluster.ca.ca_hash()).expect("join tls");
+    let result = within("join to node", connect_and_ask(node_address, &join)).await;
+    assert_refused("join to node", result, node_address);
+    // And a member does not trust a server of another CA.
+    let impostor = ServerTls::node(other.certificate(), &intruder).expect("impostor tls");
+    let (_impostor, impostor_address) = serve(&impostor);
+    let result = within(
+        "impostor",
+        Client::connect(impostor_address, &cluster.member("gpu-02")),
+    )
+    .await;
+    assert_refused("impostor", result, impostor_address);
+}
+
+#[tokio::test]
+async fn garbage_datagrams_do_not_disturb_the_server() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.node_tls());
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
+    let mut rng = StdRng::seed_from_u64(7);
+    for round in 0..200 {
+        let len = if round % 2 == 0 {
+            1200
+        } else {
+            rng.random_range(1..1500)
+        };
+        let mut datagram = vec![0u8; len];
+        rng.fill(datagram.as_mut_slice());
+        if round % 4 == 0 {
+            // A long header with QUIC v1: the server parses it as an Initial packet.
+            datagram[0] = 0xC0 | (datagram[0] & 0x0F);
+            datagram[1..5].copy_from_slice(&1u32.to_be_bytes());
+        }
+        socket.send_to(&datagram, address).expect("send garbage");
+    }
+    let member = cluster.member("gpu-02");
+    let connection = within("connect", Client::connect(address, &member))
+        .await
+        .expect("connect");
+    let ack = within("heartbeat", heartbeat(&connection, 1))
+        .await
+        .expect("heartbeat");
+    assert_eq!(ack, Message::HeartbeatAck { seq: 1 });
+}
+
+#[tokio::test]
+async fn a_bad_frame_closes_its_stream_only() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.node_tls());
+    let connection = within(
+        "connect",
+        Client::connect(address, &cluster.member("gpu-02")),
+    )
+    .await
+    .expect("connect");
+    let good = encode(&Message::Ack).expect("encode");
+    let payload_len = (good.len() - 6) as u32;
+    let frame = |len: u32, version: u16, payload: &[u8]| {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&version.to_le_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    };
+    let cases: [(&str, Vec<u8>); 6] = [
+        ("text", b"hello, server".to_vec()),
+        (
+            "future version",
+            frame(payload_len, WIRE_VERSION + 1, &good[6..]),
+        ),
+        ("truncated", frame(100, WIRE_VERSION, &[0; 10])),
+        ("oversized", frame(u32::MAX, WIRE_VERSION, &[])),
+        ("invalid archive", frame(32, WIRE_VERSION, &[0xAB; 32])),
+        ("half a header", vec![1, 2, 3]),
+    ];
+    for (seq, (case, bytes)) in (0u64..).zip(cases) {
+        let result = within(case, connection.request_encoded(&bytes, REQUEST)).await;
+        match result {
+            Err(TransportError::StreamReset { code: 1, .. }) => {}
+            other => panic!("{case}: expected the stream closed, got {other:?}"),
+        }
+        let ack = within(case, heartbeat(&connection, seq)).await;
+        assert_eq!(
+            ack.expect("the next request works"),
+            Message::HeartbeatAck { seq },
+            "{case}"
+        );
+    }
+    // A stream that ends before any frame is no request; it gets no answer.
+    let result = within("empty", connection.request_encoded(&[], REQUEST)).await;
+    assert!(
+        matches!(result, Err(TransportError::NoResponse { .. })),
+        "{result:?}"
+    );
+    // The frame a client would have sent is accepted as such.
+    let ack = within("pre-encoded", connection.request_encoded(&good, REQUEST)).await;
+    assert!(matches!(ack, Ok(Message::Error { .. })), "{ack:?}");
+}
+
+#[tokio::test]
+async fn many_concurrent_requests_on_one_connection_all_complete() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.node_tls());
+    let connection = within(
+        "connect",
+        Client::connect(address, &cluster.member("gpu-02")),
+    )
+    .await
+    .expect("connect");
+    let mut requests = tokio::task::JoinSet::new();
+    for seq in 0..1000u64 {
+        let connection = connection.clone();
+        requests.spawn(async move { (seq, heartbeat(&connection, seq).await) });
+    }
+    let mut answered = 0;
+    while let Some(done) = within("requests", requests.join_next()).await {
+        let (seq, ack) = done.expect("request task");
+        assert_eq!(ack.expect("answer"), Message::HeartbeatAck { seq });
+        answered += 1;
+    }
+    assert_eq!(answered, 1000);
+}
+
+#[tokio::test]
+async fn a_slow_answer_times_out_and_the_connection_goes_on() {
+    let cluster = cluster();
+    let (_server, address) = serve(&cluster.node_tls());
+    let connection = within(
+        "connect",
+        Client::connect(address, &cluster.member("gpu-02")),
+    )
+    .await
+    .expect("connect");
+    let after = Duration::from_millis(200);
+    let result = within(
+        "stop",
+        connection.request(&Message::StopRequest { all: false }, after),
+    )
+    .await;
+    match result {
+        Err(error @ TransportError::Timeout { .. }) => {
+            assert!(error.to_string().contains(&address.to_string()), "{error}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let ack = within("heartbeat", heartbeat(&connection, 9))
+        .await
+        .expect("heartbeat");
+    assert_eq!(ack, Message::HeartbeatAck { seq: 9 });
+}
+
+#[tokio::test]
+async fn closing_ends_the_accept_loop_and_its_connections() {
+    let cluster = cluster();
+    let server =
+        Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), &cluster.node_tls()).expect("bind");
+    let address = server.local_addr().expect("local address");
+    let serving = server.clone();
+    let accept_loop = tokio::spawn(async move { serving.accept_loop(handler).await });
+    let connection = within(
+        "connect",
+        Client::connect(address, &cluster.member("gpu-02")),
+    )
+    .await
+    .expect("connect");
+    within("heartbeat", heartbeat(&connection, 1))
+        .await
+        .expect("heartbeat");
+    server.close();
+    within("accept loop", accept_loop)
+        .await
+        .expect("accept loop ends");
+    let result = within("after close", heartbeat(&connection, 2)).await;
+    assert!(
+        matches!(result, Err(TransportError::Closed { .. })),
+        "{result:?}"
+    );
+}
