@@ -269,10 +269,45 @@ mod tests {
                 args: vec![0, 1, 2, 255],
                 resources: vec![("gpu".into(), 1)],
                 placement: "spread".into(),
+                process_group: "rank0".into(),
+                max_restarts: 3,
+                restart_backoff_ms: 500,
             },
             Message::ActorSpawned {
                 actor_id: 1,
                 node_id: 7,
+                address: "10.0.0.7:7070".into(),
+            },
+            Message::ActorStart {
+                actor_id: 1,
+                kind: "trainer".into(),
+                args: vec![4; 10],
+                process_group: String::new(),
+                gpus: vec![0, 3],
+            },
+            Message::ActorStop {
+                actor_id: 1,
+                kill: true,
+            },
+            Message::ActorLocate { actor_id: 1 },
+            Message::ActorLocation {
+                actor_id: 1,
+                node_id: 7,
+                address: "[::1]:7071".into(),
+                state: "running".into(),
+            },
+            Message::ActorEvents {
+                after_seq: 10,
+                wait_ms: 1000,
+            },
+            Message::ActorEventList {
+                events: vec![crate::wire::ActorEventWire {
+                    seq: 11,
+                    actor_id: 1,
+                    node_id: 7,
+                    kind: "restarting".into(),
+                    reason: "worker killed by signal 9 (SIGKILL)".into(),
+                }],
             },
             Message::ActorCall {
                 actor_id: 1,
@@ -513,7 +548,10 @@ mod tests {
             "frame of 4294967295 bytes exceeds the limit of 16777216"
         );
         let error = decode(&frame(0, 9, &[])).expect_err("version");
-        assert_eq!(error.to_string(), "wire version 9, expected 1");
+        assert_eq!(
+            error.to_string(),
+            format!("wire version 9, expected {WIRE_VERSION}")
+        );
     }
 
     #[test]

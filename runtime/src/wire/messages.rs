@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -87,23 +87,83 @@ pub enum Message {
         /// Why, for a person to read.
         message: String,
     },
-    /// Start an actor somewhere in the cluster.
+    /// Start an actor somewhere in the cluster (client to head).
     ActorSpawn {
         /// The registered kind of actor.
         kind: String,
         /// The actor's constructor arguments, encoded by the caller.
         args: Vec<u8>,
-        /// Resources the actor reserves: (name, amount), e.g. `("gpu", 1)`.
+        /// Resources the actor reserves: (name, amount), e.g. `("gpu", 1)`; `cpu` is in
+        /// thousandths of a CPU.
         resources: Vec<(String, u64)>,
-        /// The placement rule, e.g. `any`, `node:3`, `spread`.
+        /// The placement rule: `pack`, `spread` or `node:<id>`.
         placement: String,
+        /// Run in a worker process of its own (for native code such as libtorch) rather
+        /// than inside the node daemon. Actors with the same non-empty group share one.
+        process_group: String,
+        /// How many times the head restarts the actor after a failure (0: never).
+        max_restarts: u32,
+        /// The pause before the first restart, doubled after each further one.
+        restart_backoff_ms: u32,
     },
-    /// The actor started.
+    /// The actor started (head to client).
     ActorSpawned {
         /// The new actor's id.
         actor_id: u64,
         /// The node it runs on.
         node_id: u64,
+        /// Where that node accepts calls (`ip:port`).
+        address: String,
+    },
+    /// Start an actor here (head to node, and node to its worker process).
+    ActorStart {
+        /// The id the head gave the actor.
+        actor_id: u64,
+        /// The registered kind of actor.
+        kind: String,
+        /// The actor's constructor arguments.
+        args: Vec<u8>,
+        /// The worker process group, empty for the node daemon itself.
+        process_group: String,
+        /// The physical GPU indices reserved for it (`CUDA_VISIBLE_DEVICES`).
+        gpus: Vec<u32>,
+    },
+    /// Stop an actor (client to head, head to node, node to worker): `kill` ends it now,
+    /// otherwise it finishes the messages already queued first.
+    ActorStop {
+        /// The actor.
+        actor_id: u64,
+        /// Stop now, dropping queued messages.
+        kill: bool,
+    },
+    /// Where does an actor run now (client to head)? Asked again after a restart.
+    ActorLocate {
+        /// The actor.
+        actor_id: u64,
+    },
+    /// The answer to [`Message::ActorLocate`].
+    ActorLocation {
+        /// The actor.
+        actor_id: u64,
+        /// Its node.
+        node_id: u64,
+        /// Where that node accepts calls (`ip:port`).
+        address: String,
+        /// `starting`, `running`, `restarting`, `failed` or `stopped`.
+        state: String,
+    },
+    /// The events of actors this client owns after `after_seq` (client to head); the
+    /// head answers at once when there are some, otherwise within `wait_ms`.
+    ActorEvents {
+        /// The last event already seen (0 for all).
+        after_seq: u64,
+        /// How long the head may hold the request waiting for an event.
+        wait_ms: u32,
+    },
+    /// The answer to [`Message::ActorEvents`], oldest first.
+    ActorEventList {
+        /// The events.
+        events: Vec<ActorEventWire>,
     },
     /// Call a method of an actor and wait for its reply.
     ActorCall {
@@ -134,11 +194,12 @@ pub enum Message {
         /// The arguments, encoded by the caller.
         payload: Vec<u8>,
     },
-    /// An actor stopped with an error (or its node was lost).
+    /// An actor stopped with an error, or its worker process exited (node to head).
     ActorFailed {
         /// The actor.
         actor_id: u64,
-        /// Why, for a person to read.
+        /// Why, for a person to read: the error, or the worker's exit code or signal and
+        /// the last lines of its stderr.
         reason: String,
     },
 }
@@ -225,4 +286,20 @@ pub struct ReservationWire {
     pub owner: String,
     /// (name, amount) pairs, e.g. `("gpu", 1)`.
     pub resources: Vec<(String, u64)>,
+}
+
+/// Something that happened to an actor, for its owner.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ActorEventWire {
+    /// Increases by one per event of the cluster; the owner asks for those after it.
+    pub seq: u64,
+    /// The actor.
+    pub actor_id: u64,
+    /// The node it ran on.
+    pub node_id: u64,
+    /// `failed` (for good), `restarting`, `restarted` or `stopped`.
+    pub kind: String,
+    /// Why, for a person to read.
+    pub reason: String,
 }
