@@ -17,6 +17,7 @@ pub const DEFAULTS: &str = include_str!("../cluster.toml");
 pub struct Config {
     pub shards: ShardsConfig,
     pub serve: ServeConfig,
+    pub cluster: ClusterConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -39,6 +40,21 @@ pub struct ShardsConfig {
 pub struct ServeConfig {
     pub port: u16,
     pub max_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub port: u16,
+    pub bind: String,
+    pub node_port: u16,
+    /// `ip` or `ip:port` others use to reach this daemon; empty for automatic.
+    pub advertise: String,
+    pub heartbeat_ms: u64,
+    pub dead_after_ms: u64,
+    /// Empty for the per-user default.
+    pub state_dir: String,
+    pub start_timeout_secs: u64,
 }
 
 /// Where the configuration came from, for `imgrun doctor`.
@@ -132,6 +148,21 @@ fn validate(config: &Config) -> anyhow::Result<()> {
         config.serve.max_in_flight > 0,
         "serve.max_in_flight must be positive"
     );
+    let cluster = &config.cluster;
+    cluster
+        .bind
+        .parse::<std::net::IpAddr>()
+        .map_err(|e| anyhow::anyhow!("cluster.bind `{}`: {e}", cluster.bind))?;
+    runtime::MembershipConfig {
+        heartbeat_interval_ms: cluster.heartbeat_ms,
+        dead_after_ms: cluster.dead_after_ms,
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("cluster.heartbeat_ms / cluster.dead_after_ms: {e}"))?;
+    anyhow::ensure!(
+        cluster.start_timeout_secs > 0,
+        "cluster.start_timeout_secs must be positive"
+    );
     Ok(())
 }
 
@@ -211,6 +242,12 @@ mod tests {
                 "shards.cache_max_size",
             ),
             ("[shards\n", "cluster.toml"),
+            ("[cluster]\nbind = \"everywhere\"\n", "cluster.bind"),
+            (
+                "[cluster]\nheartbeat_ms = 5000\ndead_after_ms = 1000\n",
+                "cluster.dead_after_ms",
+            ),
+            ("[cluster]\nhead = \"x\"\n", "head"),
         ];
         for (text, want) in cases {
             let path = dir.path().join("cluster.toml");

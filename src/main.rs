@@ -18,9 +18,10 @@ struct Cli {
     /// Configuration file (default: ./cluster.toml when present, else built-in defaults).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Log filter, e.g. `info` or `pipelines=debug` (also IMGRUN_LOG).
-    #[arg(long, global = true, env = "IMGRUN_LOG", default_value = "warn")]
-    log: String,
+    /// Log filter, e.g. `info` or `pipelines=debug` (also IMGRUN_LOG) [default: `info`
+    /// for daemons, `warn` otherwise].
+    #[arg(long, global = true, env = "IMGRUN_LOG")]
+    log: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,17 +39,33 @@ enum Command {
     Shards(commands::shards::ShardsCommand),
     /// Serves a folder of shards over HTTP (with Range support).
     Serve(commands::serve::ServeArgs),
+    /// Starts the head of a cluster (`--head`), in the background unless `--block`.
+    Start(commands::cluster::StartArgs),
+    /// Adds this machine to a cluster: starts a node daemon that joins the head.
+    Join(commands::cluster::JoinArgs),
+    /// Shows the cluster: nodes, their resources, what is in use and by whom.
+    Status(commands::cluster::StatusArgs),
+    /// Stops the daemons started on this machine (`--all`: the whole cluster).
+    Stop(commands::cluster::StopArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    install_logging(&cli.log);
+    let default_log = match cli.command {
+        Command::Start(_) | Command::Join(_) => commands::cluster::DAEMON_LOG,
+        _ => "warn",
+    };
+    install_logging(cli.log.as_deref().unwrap_or(default_log));
     let result = config::load(cli.config.as_deref()).and_then(|loaded| match cli.command {
         Command::Demo(args) => commands::demo::run(&loaded, args),
         Command::Doctor => commands::doctor::run(&loaded),
         Command::Plan(args) => commands::plan::run(&loaded, args),
         Command::Shards(command) => commands::shards::run(&loaded, command),
         Command::Serve(args) => commands::serve::run(&loaded, args),
+        Command::Start(args) => commands::cluster::start(&loaded, args),
+        Command::Join(args) => commands::cluster::join(&loaded, args),
+        Command::Status(args) => commands::cluster::status(&loaded, args),
+        Command::Stop(args) => commands::cluster::stop(&loaded, args),
     });
     match result {
         Ok(code) => code,
@@ -67,5 +84,7 @@ fn install_logging(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a daemon's standard error is its log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -1,11 +1,20 @@
 //! imgrun's control plane.
 //!
-//! Today this crate discovers the resources of the machine it runs on (cores, memory);
-//! the cluster (head, nodes, QUIC transport, membership and actors) grows here next.
-//! It knows nothing about tch or shards.
+//! The head and node daemons ([`Head`], [`Node`]) and the client of a cluster
+//! ([`ClusterClient`]), talking request/response over authenticated QUIC ([`transport`
+//! types](Server), [`wire`] frames, [`tls`](ClusterCa) credentials); resource discovery
+//! ([`discover`]), membership and failure detection ([`Membership`]) and placement
+//! ([`ResourceTable`]) as pure state machines the daemons drive; and actors hosted in a
+//! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]). It knows nothing
+//! about tch or shards.
 
+mod actor;
+mod client;
+mod daemon;
 mod gpu;
+mod head;
 mod membership;
+mod node;
 mod placement;
 mod resources;
 mod state;
@@ -13,11 +22,22 @@ mod tls;
 mod transport;
 pub mod wire;
 
+pub use actor::{
+    Actor, ActorContext, ActorError, ActorExit, ActorFactory, ActorId, ActorRegistry, ActorSpec,
+    DEFAULT_MAILBOX_CAPACITY, ExitReason, LocalActors, LocalOptions, MethodError, PoolOptions,
+    WorkerCommand, WorkerPool, worker_main,
+};
+pub use client::{
+    ClusterClient, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
+};
+pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
+pub use head::{ClusterEvent, Head, HeadConfig, LossReason};
 pub use membership::{
     Joined, Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId,
     NodeState, SessionId,
 };
+pub use node::{Node, NodeConfig};
 pub use placement::{
     ClusterTotals, NodeCapacity, NodeUsage, PlacementError, Reservation, ReservationId,
     ResourceTable, Resources, Strategy,

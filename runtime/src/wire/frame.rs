@@ -239,6 +239,10 @@ mod tests {
                 seq: 99,
             },
             Message::HeartbeatAck { seq: 99 },
+            Message::Leave {
+                node_id: 7,
+                session: 3,
+            },
             Message::StatusRequest,
             Message::StatusReply {
                 status: ClusterStatusWire {

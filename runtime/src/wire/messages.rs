@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -19,7 +19,8 @@ pub enum Message {
     /// A node without a certificate asks to join, proving it knows the join token.
     /// The only request the head answers on an unauthenticated connection.
     JoinRequest {
-        /// The join token the head printed, compared in constant time.
+        /// The join token the head printed, compared in constant time. Empty for a node
+        /// that joins again on a connection with its cluster certificate.
         token: String,
         /// What the joining node is and offers.
         node: NodeDescription,
@@ -28,7 +29,8 @@ pub enum Message {
     JoinAccepted {
         /// The id the head gave the node.
         node_id: u64,
-        /// The head's session (changes when the head restarts).
+        /// The node's membership session, new at every join and never repeated by a
+        /// restarted head; its heartbeats carry it.
         session: u64,
         /// The cluster CA certificate (PEM): the root the node verifies peers against.
         ca_cert_pem: String,
@@ -67,6 +69,14 @@ pub enum Message {
     HeartbeatAck {
         /// The heartbeat's `seq`.
         seq: u64,
+    },
+    /// A node stops gracefully: the head ends its session now rather than waiting for
+    /// its heartbeats to stop. Answered with [`Message::Ack`].
+    Leave {
+        /// The node's id.
+        node_id: u64,
+        /// The session it leaves.
+        session: u64,
     },
     /// A client asks the head for the state of the cluster.
     StatusRequest,

@@ -1,0 +1,53 @@
+//! Actors: user code registered by kind name, hosted by the node daemon or by one of its
+//! worker processes, reached by messages.
+//!
+//! - `registry.rs`: [`Actor`] (what user code implements), [`MethodError`],
+//!   [`ActorContext`], and [`ActorRegistry`], constructors by kind name.
+//! - `local.rs` + `host.rs`: [`LocalActors`] hosts actors in this process, each on an
+//!   actix arbiter (a thread of its own, so blocking code blocks only its actor) with a
+//!   bounded mailbox; an actix system on a thread of its own makes it usable from tokio.
+//! - `pool.rs` + `process.rs`: [`WorkerPool`] hosts actors in worker processes, one per
+//!   process group, started by re-executing a [`WorkerCommand`] with the group's
+//!   `CUDA_VISIBLE_DEVICES`, talking `wire` frames over a socket that is the worker's
+//!   stdin. A worker's death fails each of its actors with its exit code or signal and
+//!   the last lines of its output. `worker.rs`: [`worker_main`], the worker's side.
+//! - Both report every actor that started and then ended, once, as an [`ActorExit`] on a
+//!   channel the daemon gives them.
+//! - `directory.rs` is the head's side: where every actor of the cluster runs, restarts.
+//!
+//! Semantics callers may rely on (see [`LocalActors`], [`WorkerPool`]):
+//! - the messages one task sends to one actor, awaiting each, run in the order sent;
+//! - a mailbox holds at most `mailbox_capacity` waiting messages; senders wait beyond
+//!   that (back-pressure), within their timeout for calls;
+//! - a graceful stop runs what is queued (callers get their replies), then
+//!   [`Actor::stopping`]; a kill drops what is queued and its callers get "actor N was
+//!   killed" at once; a method already running on a thread is never interrupted, except
+//!   by killing its worker process;
+//! - a fatal [`MethodError`] or a panic in actor code fails that actor only, with the
+//!   message as the reason; never the process that hosts it;
+//! - an error does not mean the method did not run (a timed-out call that had started
+//!   completes; one that had not is skipped).
+
+// The head daemon drives it; until it does, most of it is unused.
+#[allow(dead_code)]
+mod directory;
+mod error;
+mod host;
+mod local;
+mod pool;
+mod process;
+mod registry;
+mod worker;
+
+pub use directory::ActorId;
+// The head's side of actors: the head daemon drives it next; nothing uses it until then.
+#[allow(unused_imports)]
+pub(crate) use directory::{
+    ActorAction, ActorDirectory, ActorEvent, ActorEventKind, ActorLocation, ActorRecord,
+    ActorState, DirectoryConfig, DirectoryError, EventPage, RestartPolicy, SpawnRequest,
+};
+pub use error::{ActorError, ActorExit, ExitReason};
+pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
+pub use pool::{PoolOptions, WorkerCommand, WorkerPool};
+pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, MethodError};
+pub use worker::worker_main;

@@ -1,0 +1,434 @@
+//! One worker process seen from the node: spawning it, its output, its end.
+//!
+//! The node and the worker talk over a Unix socket pair that is the worker's stdin, in
+//! both directions, so that the worker's stdout stays free for whatever actor code prints
+//! (libtorch does): stdout and stderr go to one other socket, whose lines are logged at
+//! debug level and the last [`PoolOptions::stderr_lines`] kept for the failure reason.
+//!
+//! [`PoolOptions::stderr_lines`]: super::PoolOptions::stderr_lines
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::pool::{PoolOptions, WorkerCommand};
+
+/// The environment variable a worker finds its group in (for its own logs).
+pub(crate) const GROUP_VARIABLE: &str = "IMGRUN_WORKER_GROUP";
+
+/// The environment variable a worker finds the pool's frame limit in.
+pub(crate) const MAX_FRAME_VARIABLE: &str = "IMGRUN_WORKER_MAX_FRAME";
+
+/// Longest line of worker output kept; the rest of a longer line is dropped.
+const MAX_LINE: usize = 1000;
+
+/// How long, once the worker has exited, its last frames and output may take to arrive
+/// (longer only if something it started still holds its sockets).
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// A worker process just started.
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    pub(crate) pid: u32,
+    /// The node's end of the worker's stdin socket.
+    pub(crate) channel: UnixStream,
+    /// Collects the worker's stdout and stderr.
+    pub(crate) output: JoinHandle<()>,
+    pub(crate) lines: Arc<LineRing>,
+}
+
+/// Starts `command` for `group`, with `CUDA_VISIBLE_DEVICES` set to `gpus`, physical
+/// indices (an empty string for none: such a worker sees no GPU), and
+/// `CUDA_DEVICE_ORDER=PCI_BUS_ID` so that CUDA reads them in NVML's order, not its own
+/// fastest-first one.
+pub(crate) fn spawn(
+    command: &WorkerCommand,
+    group: &str,
+    gpus: &str,
+    options: &PoolOptions,
+) -> io::Result<Spawned> {
+    let (channel, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let (output, output_theirs) = std::os::unix::net::UnixStream::pair()?;
+    let stderr = output_theirs.try_clone()?;
+    let mut process = Command::new(&command.program);
+    process
+        .args(&command.args)
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .env(GROUP_VARIABLE, group)
+        .env(MAX_FRAME_VARIABLE, options.max_frame.to_string())
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::from(OwnedFd::from(output_theirs)))
+        .stderr(Stdio::from(OwnedFd::from(stderr)))
+        .kill_on_drop(true);
+    let child = process.spawn()?;
+    // Our copies of the worker's ends close here, so that its exit ends both streams.
+    drop(process);
+    let pid = child.id().unwrap_or_default();
+    channel.set_nonblocking(true)?;
+    output.set_nonblocking(true)?;
+    let channel = UnixStream::from_std(channel)?;
+    let output = UnixStream::from_std(output)?;
+    let lines = Arc::new(LineRing::new(options.stderr_lines));
+    let span = info_span!("worker", group, pid);
+    let output = tokio::spawn(collect_output(output, Arc::clone(&lines)).instrument(span));
+    Ok(Spawned {
+        child,
+        pid,
+        channel,
+        output,
+        lines,
+    })
+}
+
+/// What the pool asks of a worker's supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// It has no actor left and its input is closing: kill it if it has not exited within
+    /// the grace period.
+    Retire,
+    /// SIGKILL it now.
+    Kill,
+}
+
+/// How the reading of a worker's frames ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadEnd {
+    /// The worker closed its end (it exited, normally).
+    Closed,
+    /// The worker sent something that is not a frame.
+    Bad(String),
+}
+
+/// Waits for the worker to exit and says how it ended (and the bad frame, if it sent
+/// one). Kills it when asked (or when the pool is gone), when its frames go bad, and when
+/// it closed its channel or was retired but has not exited `grace` later.
+pub(crate) async fn supervise(
+    mut child: Child,
+    mut reader: JoinHandle<ReadEnd>,
+    output: JoinHandle<()>,
+    mut control: mpsc::UnboundedReceiver<Control>,
+    grace: Duration,
+) -> (io::Result<ExitStatus>, Option<String>) {
+    let mut read_end = None;
+    let mut control_open = true;
+    let mut kill_at: Option<Instant> = None;
+    let far = || Instant::now() + Duration::from_secs(86_400);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            command = control.recv(), if control_open => match command {
+                Some(Control::Retire) => {
+                    kill_at.get_or_insert_with(|| Instant::now() + grace);
+                }
+                Some(Control::Kill) => kill(&mut child, "asked to"),
+                None => {
+                    control_open = false;
+                    kill(&mut child, "its pool is gone");
+                }
+            },
+            end = &mut reader, if read_end.is_none() => {
+                let end = end.unwrap_or_else(|error| ReadEnd::Bad(error.to_string()));
+                match &end {
+                    ReadEnd::Bad(_) => kill(&mut child, "bad frame"),
+                    ReadEnd::Closed => {
+                        kill_at.get_or_insert_with(|| Instant::now() + grace);
+                    }
+                }
+                read_end = Some(end);
+            },
+            () = tokio::time::sleep_until(kill_at.unwrap_or_else(far)), if kill_at.is_some() => {
+                kill_at = None;
+                kill(&mut child, "did not exit");
+            },
+        }
+    };
+    // What the worker wrote before it exited still counts: replies, and the last lines.
+    if read_end.is_none() {
+        match tokio::time::timeout(DRAIN, &mut reader).await {
+            Ok(end) => read_end = Some(end.unwrap_or_else(|e| ReadEnd::Bad(e.to_string()))),
+            Err(_) => reader.abort(),
+        }
+    }
+    let output_abort = output.abort_handle();
+    if tokio::time::timeout(DRAIN, output).await.is_err() {
+        output_abort.abort();
+    }
+    let bad = match read_end {
+        Some(ReadEnd::Bad(error)) => Some(error),
+        _ => None,
+    };
+    (status, bad)
+}
+
+fn kill(child: &mut Child, why: &str) {
+    debug!(why, "killing worker process");
+    if let Err(error) = child.start_kill() {
+        // It exited already: `wait` reports it.
+        debug!(%error, "cannot kill worker process");
+    }
+}
+
+/// Why a worker's actors failed: how it ended and the last lines it wrote.
+pub(crate) fn describe_end(
+    group: &str,
+    pid: u32,
+    status: &io::Result<ExitStatus>,
+    bad_frame: Option<&str>,
+    lines: &[String],
+) -> String {
+    let mut reason = format!("worker process for group '{group}' (pid {pid}) ");
+    if let Some(error) = bad_frame {
+        reason.push_str(&format!("sent a bad frame ({error}); "));
+    }
+    match status {
+        Ok(status) => reason.push_str(&describe_status(*status)),
+        Err(error) => reason.push_str(&format!("could not be waited for: {error}")),
+    }
+    if lines.is_empty() {
+        reason.push_str("; no stderr output");
+    } else {
+        reason.push_str("; last stderr:\n");
+        reason.push_str(&lines.join("\n"));
+    }
+    reason
+}
+
+/// `exited with code 3`, `killed by signal 9 (SIGKILL)`.
+pub(crate) fn describe_status(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with code {code}");
+    }
+    match status.signal() {
+        Some(signal) => {
+            let core = if status.core_dumped() {
+                ", core dumped"
+            } else {
+                ""
+            };
+            format!("killed by signal {signal} ({}{core})", signal_name(signal))
+        }
+        None => format!("ended with status {status}"),
+    }
+}
+
+/// The name of a Linux signal number.
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => "unknown signal",
+    }
+}
+
+/// The last lines a worker wrote.
+#[derive(Debug)]
+pub(crate) struct LineRing {
+    capacity: usize,
+    lines: Mutex<VecDeque<String>>,
+}
+
+impl LineRing {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            lines: Mutex::new(VecDeque::with_capacity(capacity)),
+        }
+    }
+
+    fn push(&self, line: String) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.len() == self.capacity {
+            lines.pop_front();
+        }
+        if self.capacity > 0 {
+            lines.push_back(line);
+        }
+    }
+
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines.iter().cloned().collect()
+    }
+}
+
+/// Reads the worker's output to its end, line by line.
+async fn collect_output(mut output: UnixStream, ring: Arc<LineRing>) {
+    let mut splitter = LineSplitter::default();
+    let mut buffer = vec![0u8; 8192];
+    loop {
+        match output.read(&mut buffer).await {
+            Ok(0) => break,
+            Ok(n) => {
+                for line in splitter.push(&buffer[..n]) {
+                    debug!(line, "worker output");
+                    ring.push(line);
+                }
+            }
+            Err(error) => {
+                warn!(%error, "cannot read worker output");
+                break;
+            }
+        }
+    }
+    if let Some(line) = splitter.finish() {
+        debug!(line, "worker output");
+        ring.push(line);
+    }
+}
+
+/// Splits bytes into lines (lossy UTF-8, `\r` trimmed), keeping at most [`MAX_LINE`]
+/// bytes of each and marking the cut with `…`.
+#[derive(Debug, Default)]
+pub(crate) struct LineSplitter {
+    partial: Vec<u8>,
+    cut: bool,
+}
+
+impl LineSplitter {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        let mut lines = Vec::new();
+        for piece in bytes.split_inclusive(|b| *b == b'\n') {
+            let (body, ended) = match piece.strip_suffix(b"\n") {
+                Some(body) => (body, true),
+                None => (piece, false),
+            };
+            let room = MAX_LINE.saturating_sub(self.partial.len());
+            if body.len() > room {
+                self.cut = true;
+            }
+            self.partial
+                .extend_from_slice(&body[..body.len().min(room)]);
+            if ended {
+                lines.push(self.take());
+            }
+        }
+        lines
+    }
+
+    /// The last line, if the output did not end with a newline.
+    pub(crate) fn finish(&mut self) -> Option<String> {
+        (!self.partial.is_empty() || self.cut).then(|| self.take())
+    }
+
+    fn take(&mut self) -> String {
+        let bytes = std::mem::take(&mut self.partial);
+        let mut line = String::from_utf8_lossy(&bytes)
+            .trim_end_matches('\r')
+            .to_string();
+        if std::mem::take(&mut self.cut) {
+            line.push('…');
+        }
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_split_into_bounded_lines() {
+        let long = "x".repeat(MAX_LINE + 10);
+        let cases: [(&[&str], &[&str]); 5] = [
+            (&["one\ntwo\n"], &["one", "two"]),
+            (&["par", "tial\nrest"], &["partial", "rest"]),
+            (&["crlf\r\n", "\n"], &["crlf", ""]),
+            (
+                &[&long, "\nnext\n"],
+                &[&format!("{}…", &long[..MAX_LINE]), "next"],
+            ),
+            (&["bad \u{fffd}\n"], &["bad \u{fffd}"]),
+        ];
+        for (chunks, want) in cases {
+            let mut splitter = LineSplitter::default();
+            let mut got: Vec<String> = chunks
+                .iter()
+                .flat_map(|c| splitter.push(c.as_bytes()))
+                .collect();
+            got.extend(splitter.finish());
+            assert_eq!(got, want, "{chunks:?}");
+        }
+    }
+
+    #[test]
+    fn the_ring_keeps_the_last_lines() {
+        let ring = LineRing::new(3);
+        for i in 0..5 {
+            ring.push(i.to_string());
+        }
+        assert_eq!(ring.lines(), ["2", "3", "4"]);
+        let empty = LineRing::new(0);
+        empty.push("x".into());
+        assert!(empty.lines().is_empty());
+    }
+
+    #[test]
+    fn ends_are_described_with_the_last_lines() {
+        let exited = ExitStatus::from_raw(3 << 8);
+        let killed = ExitStatus::from_raw(9);
+        let aborted = ExitStatus::from_raw(6 | 0x80);
+        let lines = ["loading".to_string(), "oops".to_string()];
+        let cases = [
+            (
+                Ok(exited),
+                None,
+                &lines[..],
+                "worker process for group 'rank0' (pid 42) exited with code 3; \
+                 last stderr:\nloading\noops",
+            ),
+            (
+                Ok(killed),
+                None,
+                &[],
+                "worker process for group 'rank0' (pid 42) killed by signal 9 (SIGKILL); \
+                 no stderr output",
+            ),
+            (
+                Ok(aborted),
+                None,
+                &[],
+                "worker process for group 'rank0' (pid 42) killed by signal 6 (SIGABRT, core \
+                 dumped); no stderr output",
+            ),
+            (
+                Ok(killed),
+                Some("wire version 7, expected 2"),
+                &[],
+                "worker process for group 'rank0' (pid 42) sent a bad frame (wire version 7, \
+                 expected 2); killed by signal 9 (SIGKILL); no stderr output",
+            ),
+        ];
+        for (status, bad, lines, want) in cases {
+            assert_eq!(describe_end("rank0", 42, &status, bad, lines), want);
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The head daemon: the cluster's CA, its membership and its resource table, served over
+//! QUIC on one UDP port.
+//!
+//! [`Head::start`] loads the CA and the join token from the state folder (or creates them
+//! on first start, so a restarted head is the same cluster and its nodes come back), binds,
+//! registers the head itself as a node with its resources, and spawns two tasks: the
+//! server ([`handler`] answers every request, deciding first who may ask what) and the
+//! ticker, which sleeps until membership's next deadline and ends the sessions of silent
+//! nodes there. Membership and placement stay pure; [`members::Members`] is the thin
+//! driver that passes them the time and keeps the table in step with the sessions.
+//!
+//! The actor layer plugs in through [`Head::subscribe`] (node events, with the
+//! reservations a lost node held), [`Head::resource_table`], [`Head::connect_node`] and
+//! [`Head::set_actor_handler`].
+
+mod credentials;
+mod handler;
+mod members;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{broadcast, watch};
+use tokio::task::AbortHandle;
+use tracing::{Instrument, info, info_span, warn};
+
+pub(crate) use credentials::CLIENT_DIR;
+pub use members::{ClusterEvent, LossReason};
+
+use crate::client::ClusterStatus;
+use crate::daemon::{
+    ActorHandler, CONNECT_TIMEOUT, DaemonError, PUBLIC_PROBE, STOP_LINGER, advertised_address,
+    resolve, resources_wire,
+};
+use crate::membership::{MembershipConfig, NodeId, SessionId};
+use crate::placement::ResourceTable;
+use crate::resources::NodeResources;
+use crate::state::{HeadRecord, StateDir};
+use crate::tls::{CaHash, ClientTls, ClusterCa, JoinToken, ServerTls};
+use crate::transport::{Connection, Server, TransportError, TransportOptions};
+use crate::wire::NodeDescription;
+use members::Members;
+
+/// The head's record in the state folder, present while it runs.
+pub(crate) const HEAD_RECORD: &str = "head/head.json";
+
+/// How long the head tries to bind a port that is still held: a head restarted in the same
+/// process finds its previous socket closing for a moment.
+const BIND_RETRY: Duration = Duration::from_secs(3);
+
+/// How to start a head.
+#[derive(Debug, Clone)]
+pub struct HeadConfig {
+    /// Where to listen, e.g. `0.0.0.0:7070` (port 0: any free port).
+    pub bind: SocketAddr,
+    /// The address nodes use to reach the head (`ip`, `ip:port`, `host[:port]`); by
+    /// default the bound address when it is specific, else this machine's address on its
+    /// default route, else 127.0.0.1.
+    pub advertise: Option<String>,
+    pub state: StateDir,
+    /// What the head offers as a node of its own (as in Ray, the head also runs work).
+    pub resources: NodeResources,
+    pub membership: MembershipConfig,
+    pub transport: TransportOptions,
+}
+
+/// A running head. Dropping it without [`Head::stop`] is like killing the process: its
+/// port closes, its record stays in the state folder.
+#[derive(Debug)]
+pub struct Head {
+    shared: Arc<Shared>,
+}
+
+/// What the head's tasks share.
+pub(crate) struct Shared {
+    members: Members,
+    ca: ClusterCa,
+    token: JoinToken,
+    /// The head's own certificate as a client, to reach nodes.
+    own_tls: ClientTls,
+    server: Server,
+    local_addr: SocketAddr,
+    join_address: String,
+    state: StateDir,
+    /// Set on the first stop request: later requests are refused.
+    stopping: AtomicBool,
+    /// Set once the port is closed.
+    closed: AtomicBool,
+    stopped: watch::Sender<bool>,
+    actor_handler: RwLock<Option<Arc<dyn ActorHandler>>>,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Head {
+    /// Loads or creates the cluster's credentials in `config.state` (`head/`), binds,
+    /// writes the head record (`head/head.json`), registers the head as a node and starts
+    /// serving. Also (re)issues the certificate that commands on this machine use
+    /// (`client/`, common name `client`).
+    pub async fn start(config: HeadConfig) -> Result<Head, DaemonError> {
+        config.membership.validate()?;
+        let credentials = credentials::load_or_create(&config.state)?;
+        let server_tls = ServerTls::head(credentials.ca.certificate(), &credentials.head)?;
+        let own_tls = ClientTls::mutual(credentials.ca.certificate(), &credentials.head)?;
+        let server = bind(config.bind, &server_tls, &config.transport).await?;
+        let local_addr = server.local_addr().map_err(|source| DaemonError::Listen {
+            address: config.bind,
+            source: Box::new(source),
+        })?;
+        let join_address =
+            advertised_address(local_addr, config.advertise.as_deref(), PUBLIC_PROBE)?;
+        let own = NodeDescription {
+            hostname: config
+                .resources
+                .hostname
+                .clone()
+                .unwrap_or_else(|| "unknown".to_owned()),
+            address: join_address.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            resources: resources_wire(&config.resources),
+        };
+        let members = Members::new(config.membership, own, first_session());
+        let record = HeadRecord {
+            address: join_address.clone(),
+            ca_hash: credentials.ca.ca_hash().to_string(),
+            pid: std::process::id(),
+            started: unix_seconds(),
+        };
+        config.state.write_record(HEAD_RECORD, &record)?;
+        let shared = Arc::new(Shared {
+            members,
+            ca: credentials.ca,
+            token: credentials.token,
+            own_tls,
+            server,
+            local_addr,
+            join_address,
+            state: config.state,
+            stopping: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            stopped: watch::Sender::new(false),
+            actor_handler: RwLock::new(None),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let span = info_span!("head", address = %shared.join_address);
+        let serving = {
+            let shared = shared.clone();
+            let handler_shared = shared.clone();
+            tokio::spawn(
+                async move {
+                    let handler =
+                        move |peer, request| handler::handle(handler_shared.clone(), peer, request);
+                    shared.server.accept_loop(handler).await;
+                }
+                .instrument(span.clone()),
+            )
+        };
+        let ticking = tokio::spawn(run_ticker(shared.clone()).instrument(span));
+        shared
+            .lock_tasks()
+            .extend([serving.abort_handle(), ticking.abort_handle()]);
+        info!(
+            address = %shared.join_address,
+            bound = %shared.local_addr,
+            ca_hash = %shared.ca.ca_hash(),
+            node = %shared.members.own_id(),
+            "head started"
+        );
+        Ok(Head { shared })
+    }
+
+    /// The address the head listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// The address nodes join (`ip:port`), as advertised.
+    pub fn join_address(&self) -> String {
+        self.shared.join_address.clone()
+    }
+
+    pub fn token(&self) -> &JoinToken {
+        &self.shared.token
+    }
+
+    pub fn ca_hash(&self) -> CaHash {
+        self.shared.ca.ca_hash()
+    }
+
+    /// `imgrun join <address> --token <token> --ca-hash <sha256:...>`.
+    pub fn join_command(&self) -> String {
+        format!(
+            "imgrun join {} --token {} --ca-hash {}",
+            self.shared.join_address,
+            self.shared.token.as_str(),
+            self.shared.ca.ca_hash()
+        )
+    }
+
+    /// The head's own node id.
+    pub fn node_id(&self) -> NodeId {
+        self.shared.members.own_id()
+    }
+
+    /// Resolves once the head stopped: a stop request was served or [`Head::stop`] called.
+    pub async fn stopped(&self) {
+        let mut stopped = self.shared.stopped.subscribe();
+        // Fails only when the sender is gone, which `self` keeps alive.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    }
+
+    /// Stops gracefully: closes the port (nodes lose their connection and keep trying to
+    /// reconnect) and removes the head record. Does not stop the nodes.
+    pub async fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.shutdown();
+    }
+
+    /// The state of the cluster, as clients get it.
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.members.status()
+    }
+
+    /// Node events (joins, suspicions, losses with the reservations lost), from now on.
+    /// A receiver that falls more than 1024 events behind gets `Lagged` and should read
+    /// [`Head::status`] again.
+    pub fn subscribe(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.shared.members.subscribe()
+    }
+
+    /// The resource table, in which the actor layer reserves. The head adds a node when
+    /// its session starts and removes it when it ends.
+    pub fn resource_table(&self) -> Arc<ResourceTable> {
+        self.shared.members.table()
+    }
+
+    /// The head's clock: milliseconds since it started, as membership sees them.
+    pub fn now_ms(&self) -> u64 {
+        self.shared.members.now_ms()
+    }
+
+    /// The current session of a node whose session is on, and its address.
+    pub fn live_node(&self, node: NodeId) -> Option<(SessionId, String)> {
+        self.shared.members.live_node(node)
+    }
+
+    /// A mutually authenticated connection from the head's port to a live node, for
+    /// actor requests; the node sees the peer name `head`.
+    pub async fn connect_node(&self, node: NodeId) -> Result<Connection, DaemonError> {
+        let (_, address) = self
+            .live_node(node)
+            .ok_or(DaemonError::UnknownNode { node: node.0 })?;
+        self.shared.connect(&address).await
+    }
+
+    /// Routes actor requests (every message outside the control protocol) from
+    /// authenticated peers to `handler`; until then they are answered with an error.
+    pub fn set_actor_handler(&self, handler: Arc<dyn ActorHandler>) {
+        *self
+            .shared
+            .actor_handler
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(handler);
+    }
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        self.shared.abort_tasks();
+        self.shared.server.close();
+    }
+}
+
+impl Shared {
+    /// Closes the port, removes the record and says so; only the first call does anything.
+    fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.abort_tasks();
+        self.server.close();
+        if let Err(error) = self.state.remove(HEAD_RECORD) {
+            warn!(%error, "cannot remove the head record");
+        }
+        info!(address = %self.join_address, "head stopped");
+        self.stopped.send_replace(true);
+    }
+
+    /// Stops after [`STOP_LINGER`], once the answer to the stop request is on its way.
+    fn shutdown_after_reply(self: &Arc<Self>) {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(STOP_LINGER).await;
+            shared.shutdown();
+        });
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Connects from the head's port to a daemon at `address` with the head's certificate.
+    async fn connect(&self, address: &str) -> Result<Connection, DaemonError> {
+        let peer = resolve(address).await?;
+        let request_error = |source| DaemonError::Request {
+            peer: address.to_owned(),
+            source: Box::new(source),
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, self.server.connect(peer, &self.own_tls))
+            .await
+            .map_err(|_| {
+                request_error(TransportError::Timeout {
+                    peer,
+                    after: CONNECT_TIMEOUT,
+                })
+            })?
+            .map_err(request_error)
+    }
+
+    fn actor_handler(&self) -> Option<Arc<dyn ActorHandler>> {
+        self.actor_handler
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn abort_tasks(&self) {
+        for task in self.lock_tasks().drain(..) {
+            task.abort();
+        }
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Head")
+            .field("address", &self.join_address)
+            .field("ca_hash", &self.ca.ca_hash())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sleeps until membership's next deadline (or a change), and applies the time there.
+async fn run_ticker(shared: Arc<Shared>) {
+    loop {
+        let changed = shared.members.changed();
+        let deadline = shared.members.advance();
+        tokio::select! {
+            () = tokio::time::sleep_until(shared.members.instant(deadline).into()) => {}
+            () = changed => {}
+        }
+    }
+}
+
+/// Binds `address`, retrying for [`BIND_RETRY`] while a specific port is still in use.
+async fn bind(
+    address: SocketAddr,
+    tls: &ServerTls,
+    options: &TransportOptions,
+) -> Result<Server, DaemonError> {
+    let deadline = tokio::time::Instant::now() + BIND_RETRY;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match Server::bind_with(address, tls, options.clone()) {
+            Ok(server) => return Ok(server),
+            Err(TransportError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse
+                    && address.port() != 0
+                    && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(source) => {
+                return Err(DaemonError::Listen {
+                    address,
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+}
+
+/// The first membership session of this head: microseconds since the Unix epoch, so a
+/// restarted head never hands out a session of its previous life again.
+fn first_session() -> SessionId {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |since| since.as_micros());
+    SessionId(u64::try_from(micros).unwrap_or(u64::MAX / 2).max(1))
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}

@@ -1,0 +1,134 @@
+//! The head's credentials in the state folder: the cluster CA and the join token, created
+//! at the first start and loaded at every later one (so a restarted head is the same
+//! cluster to its nodes), and the certificate of the commands run on the head's machine.
+//!
+//! Layout (every file mode 0600, folders 0700):
+//! - `head/ca.pem`, `head/ca-key.pem`: the cluster CA;
+//! - `head/token`: the join token;
+//! - `client/ca.pem`, `client/node.pem`, `client/node-key.pem`: the certificate (common
+//!   name `client`) with which `imgrun status` and `imgrun stop --all` talk to the head.
+//!
+//! The head's own certificate (common name `head`) is issued at each start and never
+//! written: whoever verifies it needs only the CA.
+
+use std::path::Path;
+
+use tracing::info;
+
+use crate::daemon::{CLIENT_NAME, DaemonError, HEAD_NAME};
+use crate::state::StateDir;
+use crate::tls::{CaCertificate, ClusterCa, JoinToken, NodeCredentials};
+
+/// The folder of the CA and the token.
+const HEAD_DIR: &str = "head";
+/// The join token's file.
+const TOKEN_FILE: &str = "head/token";
+/// The folder of the certificate for commands on the head's machine.
+pub(crate) const CLIENT_DIR: &str = "client";
+
+/// What a head needs to serve.
+pub(super) struct HeadCredentials {
+    pub(super) ca: ClusterCa,
+    pub(super) token: JoinToken,
+    /// The head's own certificate.
+    pub(super) head: NodeCredentials,
+}
+
+/// Loads the CA and token from `state`, creating whichever is missing, issues the head's
+/// certificate, and makes sure `client/` holds a certificate of this CA.
+pub(super) fn load_or_create(state: &StateDir) -> Result<HeadCredentials, DaemonError> {
+    let head_dir = state.ensure_dir(HEAD_DIR)?;
+    let ca = load_or_create_ca(&head_dir)?;
+    let token = match state.read(TOKEN_FILE)? {
+        Some(bytes) => String::from_utf8_lossy(&bytes)
+            .parse::<JoinToken>()
+            .map_err(|source| DaemonError::Credentials {
+                dir: state.path(TOKEN_FILE),
+                source,
+            })?,
+        None => {
+            let token = JoinToken::generate();
+            state.write_private(TOKEN_FILE, format!("{}\n", token.as_str()).as_bytes())?;
+            token
+        }
+    };
+    let head = ca.issue(HEAD_NAME, &[])?;
+    ensure_client_credentials(state, &ca)?;
+    Ok(HeadCredentials { ca, token, head })
+}
+
+/// The CA in `dir`, or a new one saved there when there is none. A CA that is there but
+/// unreadable is an error: replacing it would cut off every node of the cluster.
+fn load_or_create_ca(dir: &Path) -> Result<ClusterCa, DaemonError> {
+    let credentials_error = |source| DaemonError::Credentials {
+        dir: dir.to_owned(),
+        source,
+    };
+    let present = ["ca.pem", "ca-key.pem"]
+        .iter()
+        .any(|file| dir.join(file).exists());
+    if present {
+        return ClusterCa::load(dir).map_err(credentials_error);
+    }
+    let ca = ClusterCa::generate()?;
+    ca.save(dir).map_err(credentials_error)?;
+    info!(ca_hash = %ca.ca_hash(), dir = %dir.display(), "created the cluster CA");
+    Ok(ca)
+}
+
+/// Issues the `client` certificate unless `client/` already holds one of this CA.
+fn ensure_client_credentials(state: &StateDir, ca: &ClusterCa) -> Result<(), DaemonError> {
+    let dir = state.path(CLIENT_DIR);
+    let current = CaCertificate::load(&dir).is_ok_and(|saved| saved.hash() == ca.ca_hash())
+        && NodeCredentials::load(&dir).is_ok_and(|saved| saved.name().is_ok());
+    if current {
+        return Ok(());
+    }
+    let credentials_error = |source| DaemonError::Credentials {
+        dir: dir.clone(),
+        source,
+    };
+    let client = ca.issue(CLIENT_NAME, &[])?;
+    client.save(&dir).map_err(credentials_error)?;
+    ca.certificate().save(&dir).map_err(credentials_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_created_once_and_reloaded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = StateDir::at(dir.path().join("state"));
+        let first = load_or_create(&state).expect("first start");
+        let client = NodeCredentials::load(&state.path(CLIENT_DIR)).expect("client");
+        assert_eq!(client.name().expect("name"), CLIENT_NAME);
+        assert_eq!(first.head.name().expect("name"), HEAD_NAME);
+        let again = load_or_create(&state).expect("second start");
+        assert_eq!(again.ca.ca_hash(), first.ca.ca_hash());
+        assert_eq!(again.token.as_str(), first.token.as_str());
+        let client_again = NodeCredentials::load(&state.path(CLIENT_DIR)).expect("client");
+        assert_eq!(client_again.cert_pem, client.cert_pem, "kept, not reissued");
+    }
+
+    #[test]
+    fn a_broken_ca_or_token_is_an_error_not_a_new_cluster() {
+        let cases = [("head/ca-key.pem", "ca-key"), ("head/token", "token")];
+        for (file, what) in cases {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let state = StateDir::at(dir.path());
+            load_or_create(&state).expect("first start");
+            state.write_private(file, b"garbage").expect("break it");
+            let Err(error) = load_or_create(&state) else {
+                panic!("{what}: a broken file was accepted");
+            };
+            assert!(
+                matches!(error, DaemonError::Credentials { .. }),
+                "{what}: {error}"
+            );
+            assert!(error.to_string().contains("head"), "{what}: {error}");
+        }
+    }
+}

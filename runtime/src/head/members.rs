@@ -1,0 +1,419 @@
+//! The driver of the head's membership: passes it the time, keeps the resource table in
+//! step with the sessions (a node is in the table exactly while its session is on), logs,
+//! and tells subscribers what happened.
+//!
+//! Every change holds one mutex around the membership, and the table changes inside it,
+//! so a join and the ticker's verdict on the same node cannot interleave. The table's own
+//! writer lock is taken inside that mutex, never the other way round.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::{Notify, broadcast};
+use tracing::{info, warn};
+
+use crate::client::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus};
+use crate::daemon::{Clock, capacity_of};
+use crate::membership::{
+    Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId, SessionId,
+};
+use crate::placement::{Reservation, ResourceTable};
+use crate::wire::NodeDescription;
+
+/// The membership key of the head itself; nodes' keys are their certificate names.
+const HEAD_KEY: &str = "head";
+/// Events a subscriber may fall behind before it is told it lagged.
+const EVENT_BACKLOG: usize = 1024;
+
+/// Something that happened to a node, for the actor layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterEvent {
+    /// A session started (a new node, or one that joined again); the node is in the
+    /// resource table.
+    NodeJoined {
+        node: NodeId,
+        session: SessionId,
+        address: String,
+    },
+    /// Silent for half the window; it still holds its resources.
+    NodeSuspect { node: NodeId, session: SessionId },
+    /// A suspect node was heard from again.
+    NodeRecovered { node: NodeId, session: SessionId },
+    /// A session ended: the node left the resource table, and with it `reservations`,
+    /// whose owners (actors) must be told. When the node joined again (`Replaced`), its
+    /// `NodeJoined` follows.
+    NodeLost {
+        node: NodeId,
+        session: SessionId,
+        reason: LossReason,
+        reservations: Vec<Reservation>,
+    },
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// Silent for the whole window.
+    Dead,
+    /// Stopped gracefully.
+    Left,
+    /// Joined again (restarted, or reconnected after the head forgot it) before the old
+    /// session ended.
+    Replaced,
+}
+
+/// The head's membership, resource table and event stream.
+pub(super) struct Members {
+    clock: Clock,
+    inner: Mutex<Inner>,
+    table: Arc<ResourceTable>,
+    events: broadcast::Sender<ClusterEvent>,
+    changed: Notify,
+    /// The session the head gave itself first: the cluster's session in the status.
+    head_session: SessionId,
+}
+
+struct Inner {
+    membership: Membership<NodeDescription>,
+    own: NodeId,
+    own_session: SessionId,
+}
+
+impl Members {
+    /// A membership holding the head itself, described by `own`.
+    pub(super) fn new(config: MembershipConfig, own: NodeDescription, first: SessionId) -> Self {
+        let clock = Clock::start();
+        let table = Arc::new(ResourceTable::new());
+        let mut membership = Membership::with_first_session(config, first);
+        let capacity = capacity_of(&own.resources);
+        let joined = membership.join(clock.now_ms(), HEAD_KEY, own);
+        // The table is new and empty: the head's node cannot be in it yet.
+        let _ = table.add_node(joined.node, capacity);
+        let (events, _) = broadcast::channel(EVENT_BACKLOG);
+        Members {
+            clock,
+            inner: Mutex::new(Inner {
+                membership,
+                own: joined.node,
+                own_session: joined.session,
+            }),
+            table,
+            events,
+            changed: Notify::new(),
+            head_session: joined.session,
+        }
+    }
+
+    pub(super) fn own_id(&self) -> NodeId {
+        self.lock().own
+    }
+
+    pub(super) fn config(&self) -> MembershipConfig {
+        *self.lock().membership.config()
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub(super) fn instant(&self, ms: u64) -> Instant {
+        self.clock.instant(ms)
+    }
+
+    pub(super) fn table(&self) -> Arc<ResourceTable> {
+        self.table.clone()
+    }
+
+    pub(super) fn subscribe(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.events.subscribe()
+    }
+
+    /// Resolves when the membership changed in a way the ticker should look at.
+    pub(super) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// Admits the node `key` (a new session; a key seen before keeps its id) and puts it
+    /// in the resource table.
+    pub(super) fn join(&self, key: &str, node: NodeDescription) -> (NodeId, SessionId) {
+        let now = self.clock.now_ms();
+        let address = node.address.clone();
+        let (hostname, cpus, gpus) = (
+            node.hostname.clone(),
+            node.resources.cpus,
+            node.resources.gpus.len(),
+        );
+        let capacity = capacity_of(&node.resources);
+        let mut inner = self.lock();
+        let joined = inner.membership.join(now, key, node);
+        if let Some(ended) = joined.ended {
+            self.end_session(&ended);
+        }
+        // A node is in the table only while a session is on; the one that just ended was
+        // removed above, so the node is not in the table now.
+        let _ = self.table.add_node(joined.node, capacity);
+        drop(inner);
+        info!(
+            node = %joined.node,
+            session = %joined.session,
+            %address,
+            %hostname,
+            cpus,
+            gpus,
+            "node joined"
+        );
+        self.send(ClusterEvent::NodeJoined {
+            node: joined.node,
+            session: joined.session,
+            address,
+        });
+        self.changed.notify_one();
+        (joined.node, joined.session)
+    }
+
+    /// Records a heartbeat of `node` in `session` from the peer named `key`.
+    pub(super) fn heartbeat(
+        &self,
+        key: &str,
+        node: NodeId,
+        session: SessionId,
+    ) -> Result<(), String> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        check_owner(&inner.membership, key, node)?;
+        match inner.membership.heartbeat(now, node, session) {
+            Ok(Some(event)) => {
+                drop(inner);
+                self.report(&event);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// Ends `session` of `node` gracefully, at the request of the peer named `key`.
+    pub(super) fn leave(&self, key: &str, node: NodeId, session: SessionId) -> Result<(), String> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        check_owner(&inner.membership, key, node)?;
+        let event = inner
+            .membership
+            .leave(now, node, session)
+            .map_err(|error| error.to_string())?;
+        self.end_session(&event);
+        drop(inner);
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// Applies the time: keeps the head itself alive, ends the sessions of silent nodes.
+    /// Returns when to call again (ms on the clock).
+    pub(super) fn advance(&self) -> u64 {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        self.advance_locked(&mut inner, now);
+        let dead_after_ms = inner.membership.config().dead_after_ms;
+        inner
+            .membership
+            .next_deadline()
+            .unwrap_or(now.saturating_add(dead_after_ms))
+    }
+
+    /// The state of the cluster now (the time applied first, so a node silent past its
+    /// window shows dead even if the ticker has not run yet).
+    pub(super) fn status(&self) -> ClusterStatus {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        self.advance_locked(&mut inner, now);
+        let nodes = inner
+            .membership
+            .nodes()
+            .map(|member| node_status(member, now))
+            .collect();
+        drop(inner);
+        let reservations = self
+            .table
+            .usage()
+            .into_iter()
+            .flat_map(|usage| usage.reservations)
+            .map(|reservation| ReservationStatus {
+                node: reservation.node,
+                owner: reservation.owner,
+                resources: reservation
+                    .resources
+                    .iter()
+                    .map(|(name, amount)| (name.to_owned(), amount))
+                    .collect(),
+            })
+            .collect();
+        ClusterStatus::new(self.head_session.0, nodes, reservations)
+    }
+
+    /// The session and address of `node`, if its session is on.
+    pub(super) fn live_node(&self, node: NodeId) -> Option<(SessionId, String)> {
+        let inner = self.lock();
+        let member = inner.membership.get(node)?;
+        member
+            .state()
+            .is_live()
+            .then(|| (member.session(), member.info().address.clone()))
+    }
+
+    /// Every node with a session on, but the head: (id, address).
+    pub(super) fn live_nodes(&self) -> Vec<(NodeId, String)> {
+        let inner = self.lock();
+        inner
+            .membership
+            .alive()
+            .filter(|member| member.id() != inner.own)
+            .map(|member| (member.id(), member.info().address.clone()))
+            .collect()
+    }
+
+    fn advance_locked(&self, inner: &mut Inner, now: u64) {
+        // The head is a member that never sends heartbeats: it is alive while it runs.
+        let (own, own_session) = (inner.own, inner.own_session);
+        if let Err(error) = inner.membership.heartbeat(now, own, own_session) {
+            // Only when this task was starved past the window: join again.
+            warn!(%error, "the head's own session expired; joining again");
+            let description = inner
+                .membership
+                .get(own)
+                .map(|member| member.info().clone());
+            if let Some(description) = description {
+                let capacity = capacity_of(&description.resources);
+                let joined = inner.membership.join(now, HEAD_KEY, description);
+                if let Some(ended) = joined.ended {
+                    self.end_session(&ended);
+                }
+                let _ = self.table.add_node(joined.node, capacity);
+                inner.own_session = joined.session;
+            }
+        }
+        for event in inner.membership.tick(now) {
+            self.report(&event);
+        }
+    }
+
+    /// Logs `event`, tells subscribers, and takes a node whose session ended out of the
+    /// table. Called with the membership locked when it ends a session.
+    fn report(&self, event: &MembershipEvent) {
+        match *event {
+            MembershipEvent::NodeSuspect {
+                node,
+                session,
+                silent_for_ms,
+                ..
+            } => {
+                warn!(%node, %session, silent_for_ms, "node suspect: no heartbeat for half the window");
+                self.send(ClusterEvent::NodeSuspect { node, session });
+            }
+            MembershipEvent::NodeRecovered {
+                node,
+                session,
+                silent_for_ms,
+            } => {
+                info!(%node, %session, silent_for_ms, "node heard from again");
+                self.send(ClusterEvent::NodeRecovered { node, session });
+            }
+            _ => self.end_session(event),
+        }
+    }
+
+    /// Removes the node of an ended session from the table and reports what it held.
+    fn end_session(&self, event: &MembershipEvent) {
+        let (node, session, reason) = match *event {
+            MembershipEvent::NodeDead {
+                node,
+                session,
+                silent_for_ms,
+                ..
+            } => {
+                info!(%node, %session, silent_for_ms, "node dead: no heartbeat for the whole window");
+                (node, session, LossReason::Dead)
+            }
+            MembershipEvent::NodeLeft { node, session } => {
+                info!(%node, %session, "node left");
+                (node, session, LossReason::Left)
+            }
+            MembershipEvent::NodeReplaced {
+                node,
+                old_session,
+                new_session,
+            } => {
+                info!(%node, session = %old_session, %new_session, "node joined again; its previous session ended");
+                (node, old_session, LossReason::Replaced)
+            }
+            MembershipEvent::NodeSuspect { .. } | MembershipEvent::NodeRecovered { .. } => return,
+        };
+        let reservations = self.table.remove_node(node);
+        for reservation in &reservations {
+            warn!(
+                %node,
+                reservation = %reservation.id,
+                owner = %reservation.owner,
+                resources = %reservation.resources,
+                "reservation lost with its node"
+            );
+        }
+        self.send(ClusterEvent::NodeLost {
+            node,
+            session,
+            reason,
+            reservations,
+        });
+    }
+
+    fn send(&self, event: ClusterEvent) {
+        // An error only means nobody subscribed.
+        let _ = self.events.send(event);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Nothing under this lock panics on input; a poisoned lock holds a consistent
+        // membership all the same.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Refuses a message about `node` from a peer that is not that node.
+fn check_owner(
+    membership: &Membership<NodeDescription>,
+    key: &str,
+    node: NodeId,
+) -> Result<(), String> {
+    match membership.get(node) {
+        Some(member) if member.key() == key => Ok(()),
+        Some(_) => Err(format!(
+            "node {node} belongs to another certificate than {key}"
+        )),
+        None => Err(MembershipError::UnknownNode { node }.to_string()),
+    }
+}
+
+fn node_status(member: &Member<NodeDescription>, now: u64) -> NodeStatus {
+    let info = member.info();
+    NodeStatus {
+        id: member.id(),
+        address: info.address.clone(),
+        hostname: info.hostname.clone(),
+        state: member.state(),
+        uptime_ms: now.saturating_sub(member.joined_at_ms()),
+        last_heartbeat_ms_ago: now.saturating_sub(member.last_heartbeat_ms()),
+        cpus: info.resources.cpus,
+        memory_bytes: info.resources.memory_bytes,
+        gpus: info
+            .resources
+            .gpus
+            .iter()
+            .map(|gpu| GpuStatus {
+                index: gpu.index,
+                name: gpu.name.clone(),
+                memory_bytes: gpu.memory_bytes,
+                uuid: gpu.uuid.clone(),
+            })
+            .collect(),
+        used: Default::default(),
+    }
+}

@@ -1,0 +1,537 @@
+//! The head and node daemons and the cluster client, in process, over real QUIC on
+//! loopback: joins and their refusals, failure detection of a node dropped without a word
+//! (as SIGKILL leaves it), rejoins, a restarted head, stopping the cluster, and what a
+//! client sees from the head's machine and from a node's.
+//!
+//! Membership is fast (heartbeats every 50 ms, dead after 500 ms). Nothing sleeps to wait:
+//! tests wait for the head's events, the daemons' `stopped()`, or requests, each under
+//! [`LIMIT`].
+
+use std::future::Future;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use runtime::wire::{Message, NodeDescription, ResourcesWire};
+use runtime::{
+    CaHash, Client, ClientTls, ClusterCa, ClusterClient, ClusterEvent, ClusterStatus, DaemonError,
+    DiscoverOptions, Head, HeadConfig, JoinToken, LossReason, MembershipConfig, Node, NodeConfig,
+    NodeId, NodeResources, NodeState, Peer, Resources, StateDir, Strategy, TransportOptions,
+    VisibleDevices, discover,
+};
+use tempfile::TempDir;
+use tokio::sync::broadcast;
+
+/// Every wait of a test finishes within this, or the test fails.
+const LIMIT: Duration = Duration::from_secs(30);
+const HEARTBEAT_MS: u64 = 50;
+const DEAD_AFTER_MS: u64 = 500;
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(LIMIT, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: not done within {LIMIT:?}"),
+    }
+}
+
+/// What a node of `cpus` CPUs and `gpus` claimed GPUs offers (the machine's GPUs hidden).
+fn resources(name: &str, cpus: usize, gpus: usize) -> NodeResources {
+    let mut resources = discover(&DiscoverOptions {
+        num_cpus: Some(cpus),
+        num_gpus: Some(gpus),
+        visible_devices: VisibleDevices::Set("-1".to_owned()),
+    });
+    resources.hostname = Some(name.to_owned());
+    resources
+}
+
+/// A head on a free loopback port, with a state folder per simulated machine.
+struct Cluster {
+    dir: TempDir,
+    head: Head,
+}
+
+impl Cluster {
+    /// A head offering 4 CPUs and 2 GPUs.
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let head = within("head start", Head::start(head_config(&dir, 0)))
+            .await
+            .expect("head starts");
+        Cluster { dir, head }
+    }
+
+    fn state(&self, machine: &str) -> StateDir {
+        StateDir::at(self.dir.path().join(machine))
+    }
+
+    fn node_config(&self, machine: &str, gpus: usize) -> NodeConfig {
+        NodeConfig {
+            head: self.head.join_address(),
+            token: self.head.token().clone(),
+            ca_hash: self.head.ca_hash(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            state: self.state(machine),
+            resources: resources(machine, 2, gpus),
+            transport: TransportOptions::default(),
+        }
+    }
+
+    async fn join(&self, machine: &str, gpus: usize) -> Node {
+        within(machine, Node::start(self.node_config(machine, gpus)))
+            .await
+            .unwrap_or_else(|error| panic!("{machine} joins: {error}"))
+    }
+}
+
+fn head_config(dir: &TempDir, port: u16) -> HeadConfig {
+    HeadConfig {
+        bind: SocketAddr::from(([127, 0, 0, 1], port)),
+        advertise: None,
+        state: StateDir::at(dir.path().join("head")),
+        resources: resources("head", 4, 2),
+        membership: MembershipConfig {
+            heartbeat_interval_ms: HEARTBEAT_MS,
+            dead_after_ms: DEAD_AFTER_MS,
+        },
+        transport: TransportOptions::default(),
+    }
+}
+
+async fn wait_status(
+    head: &Head,
+    what: &str,
+    done: impl Fn(&ClusterStatus) -> bool,
+) -> ClusterStatus {
+    let mut events = head.subscribe();
+    within(what, async {
+        loop {
+            let status = head.status();
+            if done(&status) {
+                return status;
+            }
+            match events.recv().await {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("{what}: head gone"),
+            }
+        }
+    })
+    .await
+}
+
+/// Waits for the first event that `wanted` picks.
+async fn wait_event<T>(
+    events: &mut broadcast::Receiver<ClusterEvent>,
+    what: &str,
+    wanted: impl Fn(ClusterEvent) -> Option<T>,
+) -> T {
+    within(what, async {
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    if let Some(found) = wanted(event) {
+                        return found;
+                    }
+                }
+                Err(error) => panic!("{what}: {error}"),
+            }
+        }
+    })
+    .await
+}
+
+/// (id, state) of every node, in id order.
+fn states(status: &ClusterStatus) -> Vec<(NodeId, NodeState)> {
+    status.nodes.iter().map(|n| (n.id, n.state)).collect()
+}
+
+fn alive(status: &ClusterStatus) -> usize {
+    status
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Alive)
+        .count()
+}
+
+#[tokio::test]
+async fn a_head_and_two_nodes_form_a_cluster_with_their_resources() {
+    let cluster = Cluster::start().await;
+    let one = cluster.join("one", 1).await;
+    let two = cluster.join("two", 3).await;
+    let status = cluster.head.status();
+    let expected = [
+        (
+            cluster.head.node_id(),
+            "head",
+            cluster.head.join_address(),
+            2,
+        ),
+        (one.node_id(), "one", one.address().to_owned(), 1),
+        (two.node_id(), "two", two.address().to_owned(), 3),
+    ];
+    assert_eq!(status.nodes.len(), expected.len(), "{status}");
+    for (id, host, address, gpus) in expected {
+        let node = status
+            .node(id)
+            .unwrap_or_else(|| panic!("node {id} in {status}"));
+        assert_eq!(
+            (
+                node.hostname.as_str(),
+                &node.address,
+                node.state,
+                node.gpus.len()
+            ),
+            (host, &address, NodeState::Alive, gpus)
+        );
+        assert!(node.gpus.iter().all(|gpu| gpu.name == "claimed GPU"));
+    }
+    assert_eq!(one.local_addr().to_string(), one.address());
+    let totals = &status.totals;
+    assert_eq!((totals.nodes, totals.cpus, totals.gpus), (3, 8, 6));
+    let text = status.to_string();
+    for word in ["NODE", "alive", "2x claimed GPU", "totals: 8 cpus"] {
+        assert!(text.contains(word), "{word:?} missing from:\n{text}");
+    }
+    let json = serde_json::to_value(&status).expect("json");
+    assert_eq!(json["totals"]["gpus"], 6);
+    assert_eq!(json["nodes"][1]["state"], "alive");
+
+    // Clients on the head's machine and on a node's see the same cluster.
+    for machine in ["head", "one"] {
+        let client = within(
+            machine,
+            ClusterClient::connect(&cluster.state(machine), None),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("client on {machine}: {error}"));
+        let seen = within("status", client.status()).await.expect("status");
+        assert_eq!(states(&seen), states(&status), "from {machine}");
+        assert_eq!(seen.totals.gpus, 6);
+    }
+    // Credentials on disk are private.
+    for file in ["node/node-key.pem", "node/node.pem", "node/node.json"] {
+        let path = cluster.state("one").path(file);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).expect("metadata").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+    }
+}
+
+/// How a join is made wrong, and a word its error must hold.
+type BadJoin = (&'static str, fn(&mut NodeConfig, SocketAddr), &'static str);
+
+#[tokio::test]
+async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
+    let cluster = Cluster::start().await;
+    let one = cluster.join("one", 1).await;
+    let silent = UdpSocket::bind("127.0.0.1:0").expect("silent socket");
+    let silent_address = silent.local_addr().expect("address");
+    let cases: [BadJoin; 3] = [
+        (
+            "wrong token",
+            |c, _| c.token = JoinToken::generate(),
+            "refused the join: bad token",
+        ),
+        (
+            "wrong ca hash",
+            |c, _| c.ca_hash = ClusterCa::generate().expect("ca").ca_hash(),
+            "does not match sha256:",
+        ),
+        (
+            "no head there",
+            |c, silent| c.head = silent.to_string(),
+            "cannot reach head",
+        ),
+    ];
+    for (what, spoil, word) in cases {
+        let mut config = cluster.node_config(what, 1);
+        spoil(&mut config, silent_address);
+        let started = Instant::now();
+        let error = within(what, Node::start(config)).await.expect_err(what);
+        let message = error.to_string();
+        assert!(message.contains(word), "{what}: {message}");
+        assert!(started.elapsed() < Duration::from_secs(8), "{what}: slow");
+    }
+
+    // Without a certificate, nothing but a join with the token is answered.
+    let stranger = ClientTls::join(cluster.head.ca_hash()).expect("join tls");
+    let connection = within(
+        "connect",
+        Client::connect(cluster.head.local_addr(), &stranger),
+    )
+    .await
+    .expect("connect");
+    let join = Message::JoinRequest {
+        token: JoinToken::generate().as_str().to_owned(),
+        node: NodeDescription {
+            hostname: "intruder".into(),
+            address: "127.0.0.1:1".into(),
+            version: "0".into(),
+            resources: ResourcesWire {
+                cpus: 1,
+                memory_bytes: None,
+                gpus: vec![],
+            },
+        },
+    };
+    let heartbeat = Message::Heartbeat {
+        node_id: one.node_id().0,
+        session: one.session().0,
+        seq: 1,
+    };
+    for request in [
+        join,
+        heartbeat,
+        Message::StatusRequest,
+        Message::StopRequest { all: true },
+        Message::ActorLocate { actor_id: 1 },
+    ] {
+        let answer = within("ask", connection.request(&request, LIMIT))
+            .await
+            .expect("answer");
+        assert!(
+            matches!(answer, Message::Refused { .. }),
+            "{request:?} got {answer:?}"
+        );
+    }
+
+    // Random datagrams to the head's port change nothing.
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
+    let mut rng = StdRng::seed_from_u64(4);
+    for _ in 0..200 {
+        let mut datagram = vec![0u8; rng.random_range(1..1500)];
+        rng.fill(datagram.as_mut_slice());
+        socket
+            .send_to(&datagram, cluster.head.local_addr())
+            .expect("send");
+    }
+    let status = within("status", async {
+        let client = ClusterClient::connect(&cluster.state("head"), None).await?;
+        client.status().await
+    })
+    .await
+    .expect("status after garbage");
+    let sessions: Vec<_> = status.live_nodes().map(|n| n.id).collect();
+    assert_eq!(
+        sessions,
+        [cluster.head.node_id(), one.node_id()],
+        "{status}"
+    );
+    assert_eq!(
+        cluster.head.live_node(one.node_id()).map(|(s, _)| s),
+        Some(one.session())
+    );
+}
+
+#[tokio::test]
+async fn a_killed_node_is_declared_dead_in_its_window_and_comes_back_with_its_id() {
+    let cluster = Cluster::start().await;
+    let survivor = cluster.join("survivor", 1).await;
+    let victim = cluster.join("victim", 3).await;
+    let (victim_id, victim_session) = (victim.node_id(), victim.session());
+    let held = cluster
+        .head
+        .resource_table()
+        .reserve(
+            &Resources::new().with_gpus(2),
+            Strategy::Node(victim_id),
+            "actor:7",
+        )
+        .expect("reserve on the victim");
+    let mut events = cluster.head.subscribe();
+
+    // Dropping the node is what SIGKILL leaves: no leave, no more heartbeats.
+    let killed_at = Instant::now();
+    drop(victim);
+    let lost = wait_event(&mut events, "victim declared dead", |event| match event {
+        ClusterEvent::NodeLost {
+            node,
+            reason,
+            reservations,
+            ..
+        } if node == victim_id => Some((reason, reservations)),
+        _ => None,
+    })
+    .await;
+    let detected = killed_at.elapsed();
+    assert_eq!(lost, (LossReason::Dead, vec![held]));
+    // Dead exactly `dead_after` after its last heartbeat, which came at most one interval
+    // (and a little scheduling) before the kill.
+    let window = Duration::from_millis(DEAD_AFTER_MS);
+    let earliest = window - Duration::from_millis(2 * HEARTBEAT_MS);
+    assert!(
+        detected >= earliest && detected < window + Duration::from_millis(400),
+        "declared dead after {detected:?}, window {window:?}"
+    );
+    let status = cluster.head.status();
+    assert_eq!(
+        status.node(victim_id).map(|n| n.state),
+        Some(NodeState::Dead)
+    );
+    assert_eq!(
+        status.node(survivor.node_id()).map(|n| n.state),
+        Some(NodeState::Alive)
+    );
+    assert_eq!(
+        (status.totals.nodes, status.totals.gpus),
+        (2, 3),
+        "{status}"
+    );
+    assert!(status.reservations.is_empty());
+    assert!(cluster.head.live_node(victim_id).is_none());
+
+    // The same machine joins again: same node id (its certificate), new session.
+    let back = cluster.join("victim", 3).await;
+    assert_eq!(back.node_id(), victim_id);
+    assert_ne!(back.session(), victim_session);
+    let status = cluster.head.status();
+    assert_eq!(alive(&status), 3, "{status}");
+    assert_eq!(status.totals.gpus, 6);
+}
+
+#[tokio::test]
+async fn nodes_come_back_to_a_restarted_head() {
+    let cluster = Cluster::start().await;
+    let one = cluster.join("one", 1).await;
+    let two = cluster.join("two", 1).await;
+    let Cluster { dir, head } = cluster;
+    let (port, ca_hash, token) = (
+        head.local_addr().port(),
+        head.ca_hash(),
+        head.token().as_str().to_owned(),
+    );
+    within("stop", head.stop()).await;
+    within("stopped", head.stopped()).await;
+    drop(head);
+
+    let head = within("restart", Head::start(head_config(&dir, port)))
+        .await
+        .expect("head restarts on its port");
+    assert_eq!(
+        (head.ca_hash(), head.token().as_str()),
+        (ca_hash, token.as_str())
+    );
+    let status = wait_status(&head, "both nodes back", |status| alive(status) == 3).await;
+    let mut addresses: Vec<&str> = status.nodes.iter().map(|n| n.address.as_str()).collect();
+    addresses.sort_unstable();
+    let head_address = head.join_address();
+    let mut expected = vec![one.address(), two.address(), &head_address];
+    expected.sort_unstable();
+    assert_eq!(addresses, expected);
+}
+
+#[tokio::test]
+async fn stop_all_from_the_head_machine_stops_every_daemon() {
+    let cluster = Cluster::start().await;
+    let nodes = [cluster.join("one", 0).await, cluster.join("two", 1).await];
+    let state = cluster.state("head");
+    assert!(state.read("head/head.json").expect("read").is_some());
+    let client = within("connect", ClusterClient::connect(&state, None))
+        .await
+        .expect("client");
+    within("stop all", client.stop(true))
+        .await
+        .expect("stop all");
+    within("head stopped", cluster.head.stopped()).await;
+    for node in &nodes {
+        within("node stopped", node.stopped()).await;
+    }
+    assert!(state.read("head/head.json").expect("read").is_none());
+}
+
+#[tokio::test]
+async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
+    let cluster = Cluster::start().await;
+    let one = cluster.join("one", 1).await;
+    let two = cluster.join("two", 2).await;
+    let client = within(
+        "connect",
+        ClusterClient::connect(&cluster.state("two"), None),
+    )
+    .await
+    .expect("client on a node");
+    let error = within("stop", client.stop(true))
+        .await
+        .expect_err("refused");
+    assert!(matches!(error, DaemonError::Refused { .. }), "{error}");
+    assert!(
+        error.to_string().contains("only the head's machine"),
+        "{error}"
+    );
+    let error = within(
+        "no head",
+        ClusterClient::connect(&cluster.state("empty"), None),
+    )
+    .await
+    .expect_err("no credentials");
+    assert!(
+        error
+            .to_string()
+            .contains("no head running on this machine"),
+        "{error}"
+    );
+
+    // The actor layer's hook: requests that are not control messages go to it.
+    one.set_actor_handler(Arc::new(|peer: Peer, request: Message| async move {
+        Message::Error {
+            message: format!("{} asked for {request:?}", peer.name().unwrap_or("?")),
+        }
+    }));
+    for (node, answer) in [
+        (one.node_id(), "head asked for ActorLocate"),
+        (two.node_id(), "no actor runtime"),
+    ] {
+        let connection = within("connect", cluster.head.connect_node(node))
+            .await
+            .expect("connect");
+        let reply = within(
+            "ask",
+            connection.request(&Message::ActorLocate { actor_id: 9 }, LIMIT),
+        )
+        .await
+        .expect("reply");
+        let Message::Error { message } = reply else {
+            panic!("unexpected {reply:?}");
+        };
+        assert!(message.contains(answer), "{message}");
+    }
+
+    // A graceful stop ends the session at once.
+    let mut events = cluster.head.subscribe();
+    within("leave", one.stop()).await;
+    let reason = wait_event(&mut events, "node left", |event| match event {
+        ClusterEvent::NodeLost { node, reason, .. } if node == one.node_id() => Some(reason),
+        _ => None,
+    })
+    .await;
+    assert_eq!(reason, LossReason::Left);
+    let status = within("status", client.status()).await.expect("status");
+    assert_eq!(
+        status.node(one.node_id()).map(|n| n.state),
+        Some(NodeState::Left)
+    );
+    assert_eq!(
+        (status.totals.nodes, status.totals.gpus),
+        (2, 4),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn the_join_command_is_what_nodes_type() {
+    let cluster = Cluster::start().await;
+    let head = &cluster.head;
+    let command = head.join_command();
+    let words: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(words.len(), 7, "{command}");
+    assert_eq!(words[..3], ["imgrun", "join", head.join_address().as_str()]);
+    assert_eq!((words[3], words[5]), ("--token", "--ca-hash"));
+    let token: JoinToken = words[4].parse().expect("token");
+    assert!(head.token().matches(token.as_str()));
+    assert_eq!(words[6].parse::<CaHash>().ok(), Some(head.ca_hash()));
+    assert_eq!(head.join_address(), head.local_addr().to_string());
+}

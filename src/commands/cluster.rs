@@ -1,0 +1,479 @@
+//! `imgrun start --head`, `imgrun join`, `imgrun status` and `imgrun stop`: the cluster's
+//! daemons and the commands that talk to them.
+//!
+//! A daemon runs in the foreground with `--block`. Without it, the command starts itself
+//! again with `--block` as a background process (its own session, standard error to a log
+//! file in the state folder), waits until that process says it is ready (one line on a
+//! pipe) or fails (then shows the end of its log), prints how to use it, and returns.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use rustix::process::{Pid, Signal, kill_process, test_kill_process};
+
+use crate::config::{ClusterConfig, Loaded};
+
+/// What a daemon started in the background prints on its pipe once it is ready.
+const READY: &str = "imgrun-ready ";
+
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    /// Start the head of a new cluster (the only kind `start` starts; other machines
+    /// `imgrun join` it).
+    #[arg(long)]
+    head: bool,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JoinArgs {
+    /// The head's address, `ip:port` (printed by `imgrun start --head`).
+    address: String,
+    /// The join token printed by `imgrun start --head`.
+    #[arg(long, env = "IMGRUN_JOIN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// `sha256:<hex>` of the cluster's CA certificate, printed by `imgrun start --head`.
+    #[arg(long)]
+    ca_hash: String,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+/// What `start` and `join` share.
+#[derive(Debug, clap::Args)]
+struct DaemonArgs {
+    /// UDP port to listen on [default: cluster.port (7070) for the head, cluster.node_port
+    /// (0, any) for a node].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Address to bind [default: cluster.bind, 0.0.0.0].
+    #[arg(long)]
+    bind: Option<IpAddr>,
+    /// Address others use to reach this daemon, `ip` or `ip:port` [default:
+    /// cluster.advertise, else automatic].
+    #[arg(long)]
+    advertise: Option<String>,
+    /// GPUs to offer: 0 offers none; more than are found claims extra ones (for tests).
+    #[arg(long)]
+    num_gpus: Option<usize>,
+    /// CPUs to offer [default: the logical cores].
+    #[arg(long)]
+    num_cpus: Option<usize>,
+    /// Stay in the foreground instead of starting a background daemon.
+    #[arg(long)]
+    block: bool,
+    /// Print one ready line for the process that started this one (internal).
+    #[arg(long, hide = true)]
+    notify_ready: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The head's address [default: from this machine's state folder].
+    #[arg(long)]
+    address: Option<String>,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Stop the whole cluster through the head: every node, then the head.
+    #[arg(long)]
+    all: bool,
+    /// The head's address for `--all` [default: from this machine's state folder].
+    #[arg(long)]
+    address: Option<String>,
+}
+
+/// The log level a daemon uses when none is given.
+pub const DAEMON_LOG: &str = "info";
+
+pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
+    if !args.head {
+        bail!(
+            "`imgrun start` starts a head: add --head; to add this machine to a cluster, run \
+             the `imgrun join ...` line that `imgrun start --head` printed"
+        );
+    }
+    let cluster = &loaded.config.cluster;
+    let state = state_dir(cluster)?;
+    refuse_second_head(&state)?;
+    if !args.daemon.block {
+        return background("head", &state, cluster);
+    }
+    let daemon = &args.daemon;
+    let config = runtime::HeadConfig {
+        bind: SocketAddr::new(
+            bind_ip(daemon, cluster)?,
+            daemon.port.unwrap_or(cluster.port),
+        ),
+        advertise: advertise(daemon, cluster),
+        state: state.clone(),
+        resources: resources(daemon),
+        membership: membership(cluster),
+        transport: runtime::TransportOptions::default(),
+    };
+    let tokio = async_runtime()?;
+    tokio.block_on(async {
+        let head = runtime::Head::start(config)
+            .await
+            .context("starting the head")?;
+        let record = daemon_record(runtime::DaemonRole::Head, &head.join_address(), &state)?;
+        let message = format!(
+            "imgrun head started at {} (pid {})\n\nTo add a machine to this cluster, run on \
+             it:\n\n  {}\n\nSee the cluster with `imgrun status`; stop it with `imgrun stop \
+             --all`.",
+            head.join_address(),
+            std::process::id(),
+            head.join_command()
+        );
+        ready(daemon, &message)?;
+        tokio::select! {
+            () = head.stopped() => tracing::info!("head stopped on request"),
+            signal = shutdown_signal() => {
+                tracing::info!(signal, "head stopping");
+                head.stop().await;
+            }
+        }
+        forget(&state, &record);
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn join(loaded: &Loaded, args: JoinArgs) -> anyhow::Result<ExitCode> {
+    let cluster = &loaded.config.cluster;
+    let state = state_dir(cluster)?;
+    let token: runtime::JoinToken = args.token.trim().parse().context("--token")?;
+    let ca_hash: runtime::CaHash = args
+        .ca_hash
+        .trim()
+        .parse()
+        .with_context(|| format!("--ca-hash `{}`", args.ca_hash))?;
+    if !args.daemon.block {
+        return background("node", &state, cluster);
+    }
+    let daemon = &args.daemon;
+    let config = runtime::NodeConfig {
+        head: args.address.clone(),
+        token,
+        ca_hash,
+        bind: SocketAddr::new(
+            bind_ip(daemon, cluster)?,
+            daemon.port.unwrap_or(cluster.node_port),
+        ),
+        advertise: advertise(daemon, cluster),
+        state: state.clone(),
+        resources: resources(daemon),
+        transport: runtime::TransportOptions::default(),
+    };
+    let tokio = async_runtime()?;
+    tokio.block_on(async {
+        let node = runtime::Node::start(config)
+            .await
+            .with_context(|| format!("joining the cluster of {}", args.address))?;
+        let record = daemon_record(runtime::DaemonRole::Node, &args.address, &state)?;
+        let message = format!(
+            "joined the cluster of {} as node {} (pid {}); see it with `imgrun status`",
+            args.address,
+            node.node_id(),
+            std::process::id()
+        );
+        ready(daemon, &message)?;
+        tokio::select! {
+            () = node.stopped() => tracing::info!("node stopped on request"),
+            signal = shutdown_signal() => {
+                tracing::info!(signal, "node leaving");
+                node.stop().await;
+            }
+        }
+        forget(&state, &record);
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn status(loaded: &Loaded, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let state = state_dir(&loaded.config.cluster)?;
+    let tokio = async_runtime()?;
+    let status = tokio.block_on(async {
+        let client = runtime::ClusterClient::connect(&state, args.address.as_deref()).await?;
+        client.status().await
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{status}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn stop(loaded: &Loaded, args: StopArgs) -> anyhow::Result<ExitCode> {
+    let state = state_dir(&loaded.config.cluster)?;
+    if args.all {
+        let tokio = async_runtime()?;
+        tokio.block_on(async {
+            let client = runtime::ClusterClient::connect(&state, args.address.as_deref()).await?;
+            client.stop(true).await
+        })?;
+        println!("asked the head to stop the cluster");
+    }
+    let mut stopped = 0;
+    for record in state.daemons()? {
+        let Some(pid) = alive(record.pid) else {
+            // A daemon that died without cleaning up (SIGKILL, reboot).
+            state.remove_daemon(record.pid)?;
+            continue;
+        };
+        let how = terminate(pid, Duration::from_secs(10));
+        state.remove_daemon(record.pid)?;
+        println!(
+            "stopped the {} daemon (pid {}, head {}){how}",
+            role_name(record.role),
+            record.pid,
+            record.head
+        );
+        stopped += 1;
+    }
+    if stopped == 0 && !args.all {
+        println!("no imgrun daemon is running on this machine");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts this command again with `--block --notify-ready` in the background and waits
+/// for it to be ready.
+fn background(
+    role: &str,
+    state: &runtime::StateDir,
+    cluster: &ClusterConfig,
+) -> anyhow::Result<ExitCode> {
+    let logs = state.ensure_dir("logs")?;
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let log = logs.join(format!("{role}-{started}.log"));
+    let log_file = std::fs::File::create(&log)
+        .with_context(|| format!("creating the log {}", log.display()))?;
+    let exe = std::env::current_exe().context("finding the imgrun binary")?;
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    args.push("--block".into());
+    args.push("--notify-ready".into());
+    let mut child = Command::new(&exe)
+        .args(&args)
+        .env("IMGRUN_DAEMON_LOG", &log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))?;
+    let stdout = child.stdout.take().context("the daemon's pipe")?;
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(cluster.start_timeout_secs);
+    let message = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match received.recv_timeout(left) {
+            Ok(line) => match line.strip_prefix(READY) {
+                Some(rest) => break rest.replace("\\n", "\n"),
+                None => continue,
+            },
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "the {role} daemon was not ready within {}s; its log ({}) ends with:\n{}",
+                    cluster.start_timeout_secs,
+                    log.display(),
+                    log_tail(&log)
+                );
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().context("waiting for the daemon")?;
+                bail!(
+                    "the {role} daemon failed to start ({status}); its log ({}) ends with:\n{}",
+                    log.display(),
+                    log_tail(&log)
+                );
+            }
+        }
+    };
+    println!("{message}\n\nlog: {}", log.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Says the daemon is ready: on the pipe when started in the background (the starting
+/// process prints it), else on standard output.
+fn ready(daemon: &DaemonArgs, message: &str) -> anyhow::Result<()> {
+    if daemon.notify_ready {
+        // A session of its own, so that closing the terminal that started it does not
+        // send it SIGHUP. Fails only for a process group leader, which this is not.
+        let _ = rustix::process::setsid();
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{READY}{}", message.replace('\n', "\\n"))?;
+        out.flush()?;
+    } else {
+        println!("{message}");
+    }
+    Ok(())
+}
+
+fn refuse_second_head(state: &runtime::StateDir) -> anyhow::Result<()> {
+    for record in state.daemons()? {
+        if record.role == runtime::DaemonRole::Head && alive(record.pid).is_some() {
+            bail!(
+                "a head is already running on this machine (pid {}, address {}); stop it with \
+                 `imgrun stop` first",
+                record.pid,
+                record.head
+            );
+        }
+    }
+    Ok(())
+}
+
+fn daemon_record(
+    role: runtime::DaemonRole,
+    head: &str,
+    state: &runtime::StateDir,
+) -> anyhow::Result<runtime::DaemonRecord> {
+    let record = runtime::DaemonRecord {
+        role,
+        pid: std::process::id(),
+        head: head.to_string(),
+        log: std::env::var_os("IMGRUN_DAEMON_LOG")
+            .map(PathBuf::from)
+            .unwrap_or_default(),
+    };
+    state
+        .add_daemon(&record)
+        .context("recording the daemon in the state folder")?;
+    Ok(record)
+}
+
+fn forget(state: &runtime::StateDir, record: &runtime::DaemonRecord) {
+    if let Err(error) = state.remove_daemon(record.pid) {
+        tracing::warn!(%error, "cannot remove the daemon's record");
+    }
+}
+
+/// Waits for SIGTERM or SIGINT and names it.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "SIGINT";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
+/// SIGTERM, then SIGKILL if the process is still there after `grace`. Says how it ended.
+fn terminate(pid: Pid, grace: Duration) -> &'static str {
+    if kill_process(pid, Signal::TERM).is_err() {
+        return "";
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if test_kill_process(pid).is_err() {
+            return "";
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = kill_process(pid, Signal::KILL);
+    " (killed: it did not stop within 10s of SIGTERM)"
+}
+
+/// The process, if it is running (a zombie counts as running until reaped).
+fn alive(pid: u32) -> Option<Pid> {
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    test_kill_process(pid).ok().map(|()| pid)
+}
+
+fn role_name(role: runtime::DaemonRole) -> &'static str {
+    match role {
+        runtime::DaemonRole::Head => "head",
+        runtime::DaemonRole::Node => "node",
+    }
+}
+
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(20)..];
+    if tail.is_empty() {
+        "  (empty)".to_string()
+    } else {
+        tail.iter()
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn state_dir(cluster: &ClusterConfig) -> anyhow::Result<runtime::StateDir> {
+    if cluster.state_dir.is_empty() {
+        runtime::StateDir::locate().context("finding the state folder")
+    } else {
+        Ok(runtime::StateDir::at(&cluster.state_dir))
+    }
+}
+
+fn bind_ip(daemon: &DaemonArgs, cluster: &ClusterConfig) -> anyhow::Result<IpAddr> {
+    match daemon.bind {
+        Some(ip) => Ok(ip),
+        // Invariant: `config::validate` checked it.
+        None => cluster
+            .bind
+            .parse()
+            .with_context(|| format!("cluster.bind `{}`", cluster.bind)),
+    }
+}
+
+fn advertise(daemon: &DaemonArgs, cluster: &ClusterConfig) -> Option<String> {
+    daemon
+        .advertise
+        .clone()
+        .or_else(|| Some(cluster.advertise.clone()))
+        .filter(|a| !a.is_empty())
+}
+
+fn resources(daemon: &DaemonArgs) -> runtime::NodeResources {
+    runtime::discover(&runtime::DiscoverOptions {
+        num_gpus: daemon.num_gpus,
+        num_cpus: daemon.num_cpus,
+        ..runtime::DiscoverOptions::default()
+    })
+}
+
+fn membership(cluster: &ClusterConfig) -> runtime::MembershipConfig {
+    runtime::MembershipConfig {
+        heartbeat_interval_ms: cluster.heartbeat_ms,
+        dead_after_ms: cluster.dead_after_ms,
+    }
+}
+
+fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}

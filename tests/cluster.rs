@@ -1,0 +1,428 @@
+//! End-to-end tests of the cluster commands: `imgrun start --head`, `imgrun join`,
+//! `imgrun status` and `imgrun stop`, as background daemons in separate processes on
+//! loopback (and in two network namespaces where the test may create them).
+//!
+//! Each simulated machine has a state folder of its own (`IMGRUN_STATE_DIR`), so that
+//! several daemons run side by side on one host. Heartbeats are fast (100 ms, dead after
+//! 1 s) so that failure detection is seen quickly; every wait is bounded.
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process, test_kill_process};
+use serde_json::Value;
+
+const HEARTBEAT_MS: &str = "100";
+const DEAD_AFTER_MS: &str = "1000";
+
+/// One simulated machine: a state folder, and optionally a network namespace.
+struct Machine {
+    state: PathBuf,
+    netns: Option<String>,
+}
+
+impl Machine {
+    fn new(root: &Path, name: &str) -> Machine {
+        Machine {
+            state: root.join(name),
+            netns: None,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let binary = env!("CARGO_BIN_EXE_imgrun");
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, binary]);
+                c
+            }
+            None => Command::new(binary),
+        };
+        command
+            .args(args)
+            .env_remove("IMGRUN_LOG")
+            .env("IMGRUN_STATE_DIR", &self.state)
+            .env("IMGRUN_CLUSTER__HEARTBEAT_MS", HEARTBEAT_MS)
+            .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", DEAD_AFTER_MS)
+            .env("IMGRUN_CLUSTER__START_TIMEOUT_SECS", "20")
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run imgrun")
+    }
+
+    fn run_ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "imgrun {args:?} failed:\n{}",
+            describe(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn status(&self) -> Value {
+        let text = self.run_ok(&["status", "--json"]);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"))
+    }
+
+    /// The pids of the daemons recorded in this machine's state folder.
+    fn daemon_pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(self.state.join("daemons")) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                let record: Value = serde_json::from_str(&text).ok()?;
+                u32::try_from(record["pid"].as_u64()?).ok()
+            })
+            .collect()
+    }
+
+    /// Starts a head in the background; returns the printed `imgrun join ...` line split
+    /// into (address, token, ca hash).
+    fn start_head(&self, extra: &[&str]) -> (String, String, String) {
+        let mut args = vec!["start", "--head", "--port", "0"];
+        args.extend_from_slice(extra);
+        let out = self.run_ok(&args);
+        let line = out
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("imgrun join "))
+            .unwrap_or_else(|| panic!("no join command in:\n{out}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let flag = |name: &str| {
+            let at = words.iter().position(|w| *w == name).expect(name);
+            words[at + 1].to_string()
+        };
+        (words[2].to_string(), flag("--token"), flag("--ca-hash"))
+    }
+
+    fn join(&self, head: &(String, String, String), extra: &[&str]) -> Output {
+        let (address, token, ca_hash) = head;
+        let mut args = vec!["join", address, "--token", token, "--ca-hash", ca_hash];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+}
+
+impl Drop for Machine {
+    /// Whatever happened in the test, no daemon outlives it.
+    fn drop(&mut self) {
+        for pid in self.daemon_pids() {
+            if let Some(pid) = pid_of(pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+}
+
+fn pid_of(pid: u32) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(pid).ok()?)
+}
+
+fn is_running(pid: u32) -> bool {
+    // A killed child of ours would stay a zombie; the daemons are not our children (the
+    // `imgrun start` that spawned them has exited), so they are reaped by init.
+    pid_of(pid).is_some_and(|p| test_kill_process(p).is_ok())
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, for at most `limit`.
+fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn nodes(status: &Value) -> Vec<Value> {
+    status["nodes"].as_array().cloned().unwrap_or_default()
+}
+
+fn node_states(status: &Value) -> Vec<(u64, String)> {
+    let mut states: Vec<(u64, String)> = nodes(status)
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_u64().unwrap_or(u64::MAX),
+                n["state"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    states.sort();
+    states
+}
+
+fn total_gpus(status: &Value) -> u64 {
+    status["totals"]["gpus"].as_u64().unwrap_or(u64::MAX)
+}
+
+#[test]
+fn a_head_and_two_nodes_form_a_cluster_that_survives_a_killed_node_and_bad_peers() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    let one = Machine::new(root.path(), "one");
+    let two = Machine::new(root.path(), "two");
+    let bind = ["--bind", "127.0.0.1"];
+
+    let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "2"]);
+    for (machine, gpus) in [(&one, "1"), (&two, "3")] {
+        let out = machine.join(&join, &[&bind[..], &["--num-gpus", gpus]].concat());
+        assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    }
+    let status = wait_for(Duration::from_secs(5), "three nodes alive", || {
+        let status = head.status();
+        let alive = node_states(&status)
+            .iter()
+            .filter(|(_, s)| s == "alive")
+            .count();
+        (alive == 3).then_some(status)
+    });
+    assert_eq!(total_gpus(&status), 6, "{status:#}");
+    let text = head.run_ok(&["status"]);
+    for word in ["alive", "claimed"] {
+        assert!(text.contains(word), "`{word}` missing from status:\n{text}");
+    }
+    // A node machine sees the same cluster through its own credentials.
+    assert_eq!(nodes(&one.status()).len(), 3);
+
+    // Bad peers are refused and the cluster goes on.
+    let wrong_token = (join.0.clone(), "0".repeat(join.1.len()), join.2.clone());
+    let stranger = Machine::new(root.path(), "stranger");
+    let refusals = [
+        (wrong_token, "token"),
+        (
+            (
+                join.0.clone(),
+                join.1.clone(),
+                format!("sha256:{}", "ab".repeat(32)),
+            ),
+            "ca",
+        ),
+    ];
+    for (credentials, word) in refusals {
+        let out = stranger.join(&credentials, &[&bind[..], &["--block"]].concat());
+        assert!(
+            !out.status.success(),
+            "a bad join got in:\n{}",
+            describe(&out)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(stderr.contains(word), "`{word}` not in:\n{stderr}");
+    }
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
+    for size in [0usize, 1, 7, 1200, 1500] {
+        let garbage: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
+        socket.send_to(&garbage, &join.0).expect("send garbage");
+    }
+    assert_eq!(
+        nodes(&head.status()).len(),
+        3,
+        "bad peers changed the cluster"
+    );
+
+    // SIGKILL one node: it is declared dead within the window, its GPUs leave the totals,
+    // the others stay alive.
+    let victim = two.daemon_pids();
+    assert_eq!(victim.len(), 1, "one daemon recorded for node two");
+    let killed_at = Instant::now();
+    kill_process(pid_of(victim[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    let status = wait_for(
+        Duration::from_secs(5),
+        "the killed node declared dead",
+        || {
+            let status = head.status();
+            let dead = node_states(&status).iter().any(|(_, s)| s == "dead");
+            dead.then_some(status)
+        },
+    );
+    let detected = killed_at.elapsed();
+    eprintln!("killed node declared dead after {detected:?} (window {DEAD_AFTER_MS} ms)");
+    let states = node_states(&status);
+    assert_eq!(
+        states.iter().filter(|(_, s)| s == "alive").count(),
+        2,
+        "{states:?}"
+    );
+    assert_eq!(total_gpus(&status), 3, "{status:#}");
+
+    // `stop --all` from the head machine stops the head and the remaining node.
+    let daemons: Vec<u32> = [&head, &one].iter().flat_map(|m| m.daemon_pids()).collect();
+    assert_eq!(daemons.len(), 2);
+    head.run_ok(&["stop", "--all"]);
+    wait_for(Duration::from_secs(10), "every daemon gone", || {
+        daemons.iter().all(|&p| !is_running(p)).then_some(())
+    });
+    // The killed node left a stale record; `stop` clears it and says nothing is running.
+    let out = two.run_ok(&["stop"]);
+    assert!(out.contains("no imgrun daemon"), "{out}");
+    assert!(two.daemon_pids().is_empty());
+}
+
+#[test]
+fn status_and_stop_without_a_cluster_say_so() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let lonely = Machine::new(root.path(), "lonely");
+    let out = lonely.run(&["status"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no head"), "{stderr}");
+    let out = lonely.run_ok(&["stop"]);
+    assert!(out.contains("no imgrun daemon"), "{out}");
+    let out = lonely.run(&["start"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--head"));
+}
+
+#[test]
+fn a_second_head_on_one_machine_is_refused() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    head.start_head(&["--bind", "127.0.0.1"]);
+    let out = head.run(&["start", "--head", "--port", "0", "--bind", "127.0.0.1"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already running"), "{stderr}");
+    head.run_ok(&["stop"]);
+}
+
+/// Two network namespaces joined by a veth pair, so that head and node really have
+/// different addresses. Needs root (to create namespaces); skipped with a message
+/// otherwise.
+#[test]
+fn a_node_in_another_network_namespace_joins_over_a_veth_pair() {
+    let Some(net) = Netns::create() else {
+        eprintln!("skipped: cannot create network namespaces here (needs root and `ip`)");
+        return;
+    };
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut head = Machine::new(root.path(), "head");
+    head.netns = Some(net.names[0].clone());
+    let mut node = Machine::new(root.path(), "node");
+    node.netns = Some(net.names[1].clone());
+
+    let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
+    assert!(join.0.starts_with(&net.addresses[0]), "{join:?}");
+    let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "1"]);
+    assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    let status = wait_for(Duration::from_secs(5), "two nodes alive", || {
+        let status = head.status();
+        (node_states(&status)
+            .iter()
+            .filter(|(_, s)| s == "alive")
+            .count()
+            == 2)
+            .then_some(status)
+    });
+    let addresses: Vec<String> = nodes(&status)
+        .iter()
+        .filter_map(|n| n["address"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        addresses.iter().any(|a| a.starts_with(&net.addresses[1])),
+        "the node's own address is not in {addresses:?}"
+    );
+    head.run_ok(&["stop", "--all"]);
+    let pids: Vec<u32> = [&head, &node]
+        .iter()
+        .flat_map(|m| m.daemon_pids())
+        .collect();
+    wait_for(Duration::from_secs(10), "daemons gone", || {
+        pids.iter().all(|&p| !is_running(p)).then_some(())
+    });
+}
+
+/// A pair of network namespaces with a veth link, removed on drop.
+struct Netns {
+    names: [String; 2],
+    addresses: [String; 2],
+}
+
+impl Netns {
+    fn create() -> Option<Netns> {
+        let tag = std::process::id();
+        let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
+        let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
+        let net = Netns { names, addresses };
+        let [a, b] = &net.names;
+        let (va, vb) = (format!("imga{tag}"), format!("imgb{tag}"));
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), a.clone()],
+            vec!["netns".into(), "add".into(), b.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                va.clone(),
+                "netns".into(),
+                a.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                vb.clone(),
+                "netns".into(),
+                b.clone(),
+            ],
+        ];
+        let inside = |ns: &str, args: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = vec!["-n".into(), ns.into()];
+            v.extend(args.iter().map(|s| s.to_string()));
+            v
+        };
+        let mut all = steps;
+        for (ns, dev, ip) in [(a, &va, &net.addresses[0]), (b, &vb, &net.addresses[1])] {
+            all.push(inside(
+                ns,
+                &["addr", "add", &format!("{ip}/24"), "dev", dev],
+            ));
+            all.push(inside(ns, &["link", "set", dev, "up"]));
+            all.push(inside(ns, &["link", "set", "lo", "up"]));
+        }
+        for step in all {
+            let ok = Command::new("ip")
+                .args(&step)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                return None;
+            }
+        }
+        Some(net)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip")
+                .args(["netns", "del", name])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
