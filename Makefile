@@ -14,8 +14,11 @@ doctor:
 
 # Benchmarks print figures and ratios: raw shard reading against cat and Python
 # webdataset; decoding and the train transform against PIL, torchvision and DataLoader.
-# The torch venv is made first (once): torchvision for the Python side runs on it.
+# The torch venv is made first (once): torchvision for the Python side runs on it. Then
+# the control plane: actor messages, QUIC round trips, joins, heartbeats of 1,000 nodes,
+# remote actor calls.
 bench:
 	bash tools/libtorch.sh > /dev/null
 	cargo bench --locked -p pipelines --bench read
 	cargo bench --locked -p pipelines --bench loader
+	cargo bench --locked -p runtime --bench cluster

@@ -47,6 +47,10 @@ enum Command {
     Status(commands::cluster::StatusArgs),
     /// Stops the daemons started on this machine (`--all`: the whole cluster).
     Stop(commands::cluster::StopArgs),
+    /// Hosts the actors of one process group for the node daemon that started it; its
+    /// stdin is the daemon's socket (internal: only daemons run it).
+    #[command(hide = true)]
+    Worker,
 }
 
 fn main() -> ExitCode {
@@ -56,6 +60,10 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     install_logging(cli.log.as_deref().unwrap_or(default_log));
+    if let Command::Worker = cli.command {
+        // No configuration: the daemon that started this process has read it.
+        return runtime::worker_main(commands::cluster::actor_registry());
+    }
     let result = config::load(cli.config.as_deref()).and_then(|loaded| match cli.command {
         Command::Demo(args) => commands::demo::run(&loaded, args),
         Command::Doctor => commands::doctor::run(&loaded),
@@ -66,6 +74,8 @@ fn main() -> ExitCode {
         Command::Join(args) => commands::cluster::join(&loaded, args),
         Command::Status(args) => commands::cluster::status(&loaded, args),
         Command::Stop(args) => commands::cluster::stop(&loaded, args),
+        // Returned above, before the configuration is read; the same if it were not.
+        Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),
     });
     match result {
         Ok(code) => code,

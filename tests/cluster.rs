@@ -282,6 +282,125 @@ fn a_head_and_two_nodes_form_a_cluster_that_survives_a_killed_node_and_bad_peers
     assert!(two.daemon_pids().is_empty());
 }
 
+/// Actors through the real daemons: a client in this process spawns `echo` actors over a
+/// head and a node, in worker processes (the binary re-executed as `imgrun worker`), calls
+/// them, sees their reservations in `imgrun status`, and stops them.
+#[test]
+fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
+    use runtime::{ActorEventKind, ClusterClient, Resources, SpawnOptions, StateDir, Strategy};
+
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    let node = Machine::new(root.path(), "node");
+    let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "1"]);
+    let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "1"]);
+    assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        let states = node_states(&head.status());
+        (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
+    });
+    let daemons: Vec<u32> = [&head, &node]
+        .iter()
+        .flat_map(|m| m.daemon_pids())
+        .collect();
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let limit = Duration::from_secs(30);
+    let head_state = StateDir::at(&head.state);
+    let connecting = ClusterClient::connect(&head_state, None);
+    let client = block_within(&tokio, limit, "connect", connecting).expect("client");
+    let mut actors = Vec::new();
+    for _ in 0..2 {
+        let options = SpawnOptions::new(runtime::ECHO_KIND)
+            .resources(Resources::new().with_gpus(1))
+            .strategy(Strategy::Spread)
+            .process_group("diag");
+        let spawned = block_within(&tokio, limit, "spawn", client.spawn(options));
+        actors.push(spawned.expect("spawn echo"));
+    }
+    assert_ne!(
+        actors[0].node(),
+        actors[1].node(),
+        "spread over both daemons"
+    );
+    let mut pids = Vec::new();
+    for actor in &actors {
+        let call = |method: &'static str, payload: &'static str| {
+            let reply = block_within(&tokio, limit, method, actor.call(method, payload, limit))
+                .unwrap_or_else(|error| panic!("{method}: {error}"));
+            String::from_utf8_lossy(&reply).into_owned()
+        };
+        assert_eq!(call("echo", "hello"), "hello");
+        let pid: u32 = call("pid", "").parse().expect("pid");
+        assert!(
+            !daemons.contains(&pid),
+            "actor {} runs in a daemon",
+            actor.id()
+        );
+        pids.push(pid);
+        let gpus: Value = serde_json::from_str(&call("gpus", "")).expect("gpus json");
+        assert_eq!(gpus["cuda_visible_devices"], "0", "{gpus}");
+        assert_eq!(gpus["reserved"], serde_json::json!([0]), "{gpus}");
+    }
+
+    // `imgrun status` shows who holds what.
+    let status = head.status();
+    let mut owners: Vec<(String, u64)> = status["reservations"]
+        .as_array()
+        .expect("reservations")
+        .iter()
+        .map(|r| {
+            let owner = r["owner"].as_str().unwrap_or("?").to_string();
+            (owner, r["resources"]["gpu"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    owners.sort();
+    let mut want: Vec<(String, u64)> = actors
+        .iter()
+        .map(|a| (format!("actor:{}", a.id()), 1))
+        .collect();
+    want.sort();
+    assert_eq!(owners, want, "{status:#}");
+    let text = head.run_ok(&["status"]);
+    assert!(
+        text.contains(&format!("actor:{}", actors[0].id())),
+        "{text}"
+    );
+
+    // Stopped: `stopped` events, nothing reserved, the workers retired.
+    for actor in &actors {
+        block_within(&tokio, limit, "stop", actor.stop()).expect("stop");
+    }
+    let mut stopped = 0;
+    let mut seen = 0;
+    while stopped < actors.len() {
+        let asked = client.events(seen, Duration::from_secs(5));
+        let page = block_within(&tokio, limit, "events", asked).expect("events");
+        for event in &page.events {
+            assert_eq!(event.kind, ActorEventKind::Stopped, "{event:?}");
+            stopped += 1;
+            seen = event.seq;
+        }
+    }
+    let status = head.status();
+    assert_eq!(
+        status["reservations"].as_array().map(Vec::len),
+        Some(0),
+        "{status:#}"
+    );
+    wait_for(Duration::from_secs(10), "workers gone", || {
+        pids.iter().all(|&pid| !is_running(pid)).then_some(())
+    });
+    drop(client);
+    head.run_ok(&["stop", "--all"]);
+    wait_for(Duration::from_secs(10), "daemons gone", || {
+        daemons.iter().all(|&pid| !is_running(pid)).then_some(())
+    });
+}
+
 #[test]
 fn status_and_stop_without_a_cluster_say_so() {
     let root = tempfile::tempdir().expect("temp dir");
@@ -353,6 +472,18 @@ fn a_node_in_another_network_namespace_joins_over_a_veth_pair() {
     wait_for(Duration::from_secs(10), "daemons gone", || {
         pids.iter().all(|&p| !is_running(p)).then_some(())
     });
+}
+
+/// Runs `future` on `tokio`, failing the test if it takes longer than `limit`.
+fn block_within<T>(
+    tokio: &tokio::runtime::Runtime,
+    limit: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = T>,
+) -> T {
+    tokio
+        .block_on(async { tokio::time::timeout(limit, future).await })
+        .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
 }
 
 /// A pair of network namespaces with a veth link, removed on drop.

@@ -1,17 +1,27 @@
-//! The cluster client behind `imgrun status` and `imgrun stop --all`, and later behind
-//! the drivers that spawn actors: a mutually authenticated connection to the head, made
-//! with the credentials found in this machine's state folder.
+//! The cluster client behind `imgrun status` and `imgrun stop --all`, and behind the
+//! drivers that spawn actors: a mutually authenticated connection to the head, made with
+//! the credentials found in this machine's state folder, and connections to the nodes
+//! its actors run on (`actors.rs`).
 //!
 //! On the head's machine it uses the `client` certificate the head issues at start (the
 //! one allowed to stop the cluster) and the address in the head record; on a node's, the
 //! node's own certificate and the head address it joined.
 
+mod actor_errors;
+mod actors;
 mod render;
+mod spawn;
 mod status;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+pub use actor_errors::ActorCallError;
+pub use actors::ActorRef;
+pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
 pub use status::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals};
 
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError, message_name, resolve};
@@ -26,11 +36,31 @@ use crate::wire::Message;
 /// every node's confirmation first.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A connection to the head.
-#[derive(Debug)]
+/// A connection to the head, and to the nodes of the actors reached through it. Cheap to
+/// clone (clones share the connections). The actors it spawns live while its connection
+/// to the head does: dropping the client and every [`ActorRef`] from it kills them.
+#[derive(Debug, Clone)]
 pub struct ClusterClient {
+    inner: Arc<ClientInner>,
+}
+
+/// What a client and its actor handles share.
+#[derive(Debug)]
+pub(crate) struct ClientInner {
     connection: Connection,
     head: String,
+    tls: ClientTls,
+    /// Connections to nodes, by address.
+    nodes: Mutex<HashMap<String, Connection>>,
+    next_call: AtomicU64,
+}
+
+/// Why no connection to a node was had.
+pub(crate) enum NodeLink {
+    /// The one cached had ended: the node stopped or was lost (it is forgotten now).
+    Closed,
+    /// A new one could not be made.
+    Failed(String),
 }
 
 impl ClusterClient {
@@ -77,28 +107,38 @@ impl ClusterClient {
             })?
             .map_err(|source| request_error(&address, source))?;
         Ok(ClusterClient {
-            connection,
-            head: address,
+            inner: Arc::new(ClientInner {
+                connection,
+                head: address,
+                tls,
+                nodes: Mutex::default(),
+                next_call: AtomicU64::new(1),
+            }),
         })
     }
 
     /// The state of the cluster.
     pub async fn status(&self) -> Result<ClusterStatus, DaemonError> {
-        match self.request(&Message::StatusRequest).await? {
+        let inner = &self.inner;
+        match inner
+            .request_head(&Message::StatusRequest, REQUEST_TIMEOUT)
+            .await?
+        {
             Message::StatusReply { status } => {
                 ClusterStatus::from_wire(status).map_err(|what| DaemonError::UnexpectedReply {
-                    peer: self.head.clone(),
+                    peer: inner.head.clone(),
                     what,
                 })
             }
-            other => Err(self.unexpected(other)),
+            other => Err(inner.unexpected(other)),
         }
     }
 
     /// Stops the head; with `all`, the head stops every node first. Only the head's
     /// machine may do this.
     pub async fn stop(&self, all: bool) -> Result<(), DaemonError> {
-        match self
+        let inner = &self.inner;
+        match inner
             .connection
             .request(&Message::StopRequest { all }, REQUEST_TIMEOUT)
             .await
@@ -109,26 +149,84 @@ impl ClusterClient {
                 source: quinn::ConnectionError::ApplicationClosed(_),
                 ..
             }) => Ok(()),
-            Ok(other) => Err(self.unexpected(other)),
-            Err(source) => Err(request_error(&self.head, source)),
+            Ok(other) => Err(inner.unexpected(other)),
+            Err(source) => Err(request_error(&inner.head, source)),
         }
     }
 
-    /// The connection, for other requests (actors).
+    /// The connection to the head, for other requests.
     pub fn connection(&self) -> &Connection {
-        &self.connection
+        &self.inner.connection
     }
 
     /// The head's address.
     pub fn head(&self) -> &str {
-        &self.head
+        &self.inner.head
     }
+}
 
-    async fn request(&self, request: &Message) -> Result<Message, DaemonError> {
+impl ClientInner {
+    async fn request_head(
+        &self,
+        request: &Message,
+        timeout: Duration,
+    ) -> Result<Message, DaemonError> {
         self.connection
-            .request(request, REQUEST_TIMEOUT)
+            .request(request, timeout)
             .await
             .map_err(|source| request_error(&self.head, source))
+    }
+
+    /// A connection to the node at `address`: the cached one, or a new one made within
+    /// `within` (at most [`CONNECT_TIMEOUT`]). A cached one that has ended is
+    /// [`NodeLink::Closed`] (and stays cached, so that every handle on that node asks the
+    /// head where its actor went) unless `fresh`, which connects again.
+    async fn node(
+        &self,
+        address: &str,
+        within: Duration,
+        fresh: bool,
+    ) -> Result<Connection, NodeLink> {
+        {
+            let mut nodes = self.lock_nodes();
+            if let Some(connection) = nodes.get(address) {
+                if !connection.is_closed() {
+                    return Ok(connection.clone());
+                }
+                if !fresh {
+                    return Err(NodeLink::Closed);
+                }
+                nodes.remove(address);
+            }
+        }
+        if address.is_empty() {
+            return Err(NodeLink::Failed("its node is not known".to_owned()));
+        }
+        let peer = resolve(address)
+            .await
+            .map_err(|error| NodeLink::Failed(error.to_string()))?;
+        let within = within.min(CONNECT_TIMEOUT);
+        let options = TransportOptions::default();
+        let connecting = Client::connect_with(peer, &self.tls, &options);
+        let connection = match tokio::time::timeout(within, connecting).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => return Err(NodeLink::Failed(error.to_string())),
+            Err(_) => return Err(NodeLink::Failed(format!("no answer within {within:?}"))),
+        };
+        // Another task may have connected meanwhile: use one connection per node.
+        let mut nodes = self.lock_nodes();
+        let cached = nodes
+            .entry(address.to_owned())
+            .or_insert_with(|| connection.clone());
+        if cached.is_closed() {
+            *cached = connection;
+        }
+        Ok(cached.clone())
+    }
+
+    fn lock_nodes(&self) -> MutexGuard<'_, HashMap<String, Connection>> {
+        // A map of connections: consistent after every statement.
+        self.nodes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The error for an answer that is not the one expected.

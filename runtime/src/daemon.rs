@@ -84,6 +84,8 @@ pub enum DaemonError {
     },
     #[error("unknown node {node}")]
     UnknownNode { node: u64 },
+    #[error("cannot host actors: {0}")]
+    Actors(#[from] crate::actor::ActorError),
 }
 
 /// The reply to an actor request, boxed so that handlers can be stored as trait objects.
@@ -97,6 +99,12 @@ pub type ActorReply = Pin<Box<dyn Future<Output = Message> + Send>>;
 /// actor requests from anyone without a cluster certificate before calling this.
 pub trait ActorHandler: Send + Sync + 'static {
     fn handle(&self, peer: Peer, request: Message) -> ActorReply;
+
+    /// The connection of an authenticated `peer` ended. The head kills the actors the
+    /// peer owned; nothing by default.
+    fn disconnected(&self, peer: &Peer) {
+        let _ = peer;
+    }
 }
 
 impl<F, Fut> ActorHandler for F
@@ -298,7 +306,20 @@ pub(crate) fn message_name(message: &Message) -> &'static str {
         Message::StopRequest { .. } => "stop request",
         Message::Ack => "ack",
         Message::Error { .. } => "error",
-        _ => "actor message",
+        Message::ActorSpawn { .. } => "actor spawn",
+        Message::ActorSpawned { .. } => "actor spawned",
+        Message::ActorStart { .. } => "actor start",
+        Message::ActorStop { .. } => "actor stop",
+        Message::ActorLocate { .. } => "actor locate",
+        Message::ActorLocation { .. } => "actor location",
+        Message::ActorEvents { .. } => "actor events",
+        Message::ActorEventList { .. } => "actor event list",
+        Message::ActorCall { .. } => "actor call",
+        Message::ActorReply { .. } => "actor reply",
+        Message::ActorTell { .. } => "actor tell",
+        Message::ActorError { .. } => "actor error",
+        Message::ActorEnded { .. } => "actor ended",
+        Message::ActorFailed { .. } => "actor failed",
     }
 }
 
@@ -382,7 +403,7 @@ mod tests {
         assert!(!is_control(&Message::ActorLocate { actor_id: 1 }));
         assert_eq!(
             message_name(&Message::ActorLocate { actor_id: 1 }),
-            "actor message"
+            "actor locate"
         );
     }
 }

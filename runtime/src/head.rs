@@ -9,10 +9,12 @@
 //! nodes there. Membership and placement stay pure; [`members::Members`] is the thin
 //! driver that passes them the time and keeps the table in step with the sessions.
 //!
-//! The actor layer plugs in through [`Head::subscribe`] (node events, with the
-//! reservations a lost node held), [`Head::resource_table`], [`Head::connect_node`] and
-//! [`Head::set_actor_handler`].
+//! The actor layer (`actors.rs`) runs the cluster's actor directory on these: node
+//! events from [`Head::subscribe`] (with the reservations a lost node held), the
+//! [`Head::resource_table`], connections to nodes; and it hosts the head's own actors
+//! ([`HeadConfig::actors`]). [`Head::set_actor_handler`] replaces it.
 
+mod actors;
 mod credentials;
 mod handler;
 mod members;
@@ -26,6 +28,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+pub(crate) use actors::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
 pub(crate) use credentials::CLIENT_DIR;
 pub use members::{ClusterEvent, LossReason};
 
@@ -35,6 +38,8 @@ use crate::daemon::{
     resolve, resources_wire,
 };
 use crate::membership::{MembershipConfig, NodeId, SessionId};
+use crate::node::ActorHosting;
+use crate::node::actors::NodeActors;
 use crate::placement::ResourceTable;
 use crate::resources::NodeResources;
 use crate::state::{HeadRecord, StateDir};
@@ -64,6 +69,8 @@ pub struct HeadConfig {
     pub resources: NodeResources,
     pub membership: MembershipConfig,
     pub transport: TransportOptions,
+    /// The kinds of actor the head hosts as a node, and how it starts worker processes.
+    pub actors: ActorHosting,
 }
 
 /// A running head. Dropping it without [`Head::stop`] is like killing the process: its
@@ -120,6 +127,7 @@ impl Head {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             resources: resources_wire(&config.resources),
         };
+        let (own_actors, own_exits) = NodeActors::new(config.actors)?;
         let members = Members::new(config.membership, own, first_session());
         let record = HeadRecord {
             address: join_address.clone(),
@@ -144,22 +152,22 @@ impl Head {
             tasks: Mutex::new(Vec::new()),
         });
         let span = info_span!("head", address = %shared.join_address);
+        let actor_tasks = {
+            let _entered = span.enter();
+            actors::HeadActors::start(&shared, own_actors, own_exits)
+        };
         let serving = {
             let shared = shared.clone();
-            let handler_shared = shared.clone();
+            let handler = handler::Requests(shared.clone());
             tokio::spawn(
-                async move {
-                    let handler =
-                        move |peer, request| handler::handle(handler_shared.clone(), peer, request);
-                    shared.server.accept_loop(handler).await;
-                }
-                .instrument(span.clone()),
+                async move { shared.server.accept_loop(handler).await }.instrument(span.clone()),
             )
         };
         let ticking = tokio::spawn(run_ticker(shared.clone()).instrument(span));
-        shared
-            .lock_tasks()
-            .extend([serving.abort_handle(), ticking.abort_handle()]);
+        let mut tasks = shared.lock_tasks();
+        tasks.extend([serving.abort_handle(), ticking.abort_handle()]);
+        tasks.extend(actor_tasks);
+        drop(tasks);
         info!(
             address = %shared.join_address,
             bound = %shared.local_addr,

@@ -4,9 +4,10 @@
 //! ([`ClusterClient`]), talking request/response over authenticated QUIC ([`transport`
 //! types](Server), [`wire`] frames, [`tls`](ClusterCa) credentials); resource discovery
 //! ([`discover`]), membership and failure detection ([`Membership`]) and placement
-//! ([`ResourceTable`]) as pure state machines the daemons drive; and actors hosted in a
-//! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]). It knows nothing
-//! about tch or shards.
+//! ([`ResourceTable`]) as pure state machines the daemons drive; and actors: hosted in a
+//! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]), placed and restarted
+//! by the head, spawned and reached from anywhere through [`ClusterClient::spawn`] and
+//! [`ActorRef`]. It knows nothing about tch or shards.
 
 mod actor;
 mod client;
@@ -23,12 +24,14 @@ mod transport;
 pub mod wire;
 
 pub use actor::{
-    Actor, ActorContext, ActorError, ActorExit, ActorFactory, ActorId, ActorRegistry, ActorSpec,
-    DEFAULT_MAILBOX_CAPACITY, ExitReason, LocalActors, LocalOptions, MethodError, PoolOptions,
-    WorkerCommand, WorkerPool, worker_main,
+    Actor, ActorContext, ActorError, ActorEventKind, ActorExit, ActorFactory, ActorId,
+    ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason, LocalActors,
+    LocalOptions, MethodError, PoolOptions, RestartPolicy, WorkerCommand, WorkerPool,
+    diagnostic_registry, worker_main,
 };
 pub use client::{
-    ClusterClient, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
+    ActorCallError, ActorEvent, ActorEvents, ActorRef, ClusterClient, ClusterStatus, GpuStatus,
+    NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
@@ -37,7 +40,7 @@ pub use membership::{
     Joined, Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId,
     NodeState, SessionId,
 };
-pub use node::{Node, NodeConfig};
+pub use node::{ActorHosting, Node, NodeConfig};
 pub use placement::{
     ClusterTotals, NodeCapacity, NodeUsage, PlacementError, Reservation, ReservationId,
     ResourceTable, Resources, Strategy,

@@ -5,11 +5,15 @@
 //! certificate from an earlier join when the state folder holds one of the pinned CA (the
 //! certificate's name is the node's key at the head, so it keeps its node id). It saves
 //! the credentials the head hands out in `node/` (mode 0600), binds its port with them, and
-//! spawns two tasks: the server ([`handle`]) and the heartbeat loop ([`heartbeat`]), which
-//! reconnects and joins again on its own when the head restarts or forgets it.
+//! spawns three tasks: the server ([`handle`]), the heartbeat loop ([`heartbeat`]), which
+//! reconnects and joins again on its own when the head restarts or forgets it, and the
+//! reports of ended actors to the head.
 //!
-//! The actor layer answers actor requests through [`Node::set_actor_handler`].
+//! Actors: `actors.rs` hosts the node's actors ([`NodeConfig::actors`]) and answers actor
+//! requests (starts and stops from the head, calls and tells from anyone in the cluster),
+//! and reports each actor that ended to the head. [`Node::set_actor_handler`] replaces it.
 
+pub(crate) mod actors;
 mod heartbeat;
 mod join;
 
@@ -23,6 +27,8 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+pub use actors::ActorHosting;
+
 use crate::daemon::{
     ActorHandler, DaemonError, HEAD_NAME, STOP_LINGER, advertised_address, is_control,
     message_name, refused, resolve, resources_wire,
@@ -33,6 +39,7 @@ use crate::state::StateDir;
 use crate::tls::{CaHash, ClientTls, JoinToken, ServerTls};
 use crate::transport::{Connection, Peer, Server, TransportError, TransportOptions};
 use crate::wire::{Message, NodeDescription};
+use actors::NodeActors;
 
 /// Where a node keeps its credentials (`ca.pem`, `node.pem`, `node-key.pem`).
 pub(crate) const NODE_DIR: &str = "node";
@@ -58,6 +65,8 @@ pub struct NodeConfig {
     pub state: StateDir,
     pub resources: NodeResources,
     pub transport: TransportOptions,
+    /// The kinds of actor the node hosts and how it starts worker processes.
+    pub actors: ActorHosting,
 }
 
 /// A running node. Dropping it without [`Node::stop`] is like killing the process: its
@@ -113,6 +122,8 @@ impl Node {
     /// an unreachable head, each with its own [`DaemonError`].
     pub async fn start(config: NodeConfig) -> Result<Node, DaemonError> {
         let head = resolve(&config.head).await?;
+        // Before the join: a node that cannot host actors does not join.
+        let (actors, exits) = NodeActors::new(config.actors.clone())?;
         let listen = listen_address(config.bind)?;
         let address = advertised_address(listen, config.advertise.as_deref(), head)?;
         let description = NodeDescription {
@@ -154,7 +165,7 @@ impl Node {
             connection: Mutex::new(None),
             closed: AtomicBool::new(false),
             stopped: watch::Sender::new(false),
-            actor_handler: RwLock::new(None),
+            actor_handler: RwLock::new(Some(actor_handler(actors.clone()))),
             tasks: Mutex::new(Vec::new()),
         });
         shared.write_record()?;
@@ -171,10 +182,14 @@ impl Node {
                 .instrument(span.clone()),
             )
         };
-        let beating = tokio::spawn(heartbeat::run(shared.clone()).instrument(span));
-        shared
-            .lock_tasks()
-            .extend([serving.abort_handle(), beating.abort_handle()]);
+        let beating = tokio::spawn(heartbeat::run(shared.clone()).instrument(span.clone()));
+        let reporting =
+            tokio::spawn(actors::report_exits(shared.clone(), actors, exits).instrument(span));
+        shared.lock_tasks().extend([
+            serving.abort_handle(),
+            beating.abort_handle(),
+            reporting.abort_handle(),
+        ]);
         info!(
             node = %joined.session.node_id,
             session = %joined.session.session,
@@ -390,6 +405,22 @@ async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
             },
         },
     }
+}
+
+/// The node's own actor handler: its actors answer calls and tells from anyone, starts and
+/// stops from the head.
+fn actor_handler(actors: Arc<NodeActors>) -> Arc<dyn ActorHandler> {
+    Arc::new(move |peer: Peer, request: Message| {
+        let actors = actors.clone();
+        async move {
+            let from_head = peer.name() == Some(HEAD_NAME);
+            let name = message_name(&request);
+            match actors.serve(&peer, request, from_head).await {
+                Some(answer) => answer,
+                None => refused(format!("a node does not serve {name} requests")),
+            }
+        }
+    })
 }
 
 /// `bind`, with a free port chosen now when it asks for any: the node must tell the head

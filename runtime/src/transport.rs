@@ -86,6 +86,12 @@ impl Peer {
 /// Message>`. Requests run concurrently, one task per stream.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: Peer, request: Message) -> impl Future<Output = Message> + Send;
+
+    /// The connection of `peer` ended (closed by either side, or silent past the idle
+    /// timeout); requests still running on it carry on. Nothing by default.
+    fn disconnected(&self, peer: &Peer) {
+        let _ = peer;
+    }
 }
 
 impl<F, Fut> Handler for F
@@ -275,6 +281,12 @@ impl Connection {
             })?
     }
 
+    /// Whether the connection has ended (closed by either side, or lost): requests on it
+    /// fail at once, so a cache should connect again.
+    pub fn is_closed(&self) -> bool {
+        self.inner.close_reason().is_some()
+    }
+
     /// Closes the connection; requests in flight fail with [`TransportError::Closed`].
     pub fn close(&self) {
         self.inner.close(VarInt::from_u32(CODE_OK), b"closed");
@@ -379,6 +391,7 @@ async fn serve_connection<H: Handler>(
             }
             Err(error) => {
                 debug!(peer = %address, %error, "connection ended");
+                handler.disconnected(&peer);
                 return;
             }
         }

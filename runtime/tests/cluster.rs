@@ -16,10 +16,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use runtime::wire::{Message, NodeDescription, ResourcesWire};
 use runtime::{
-    CaHash, Client, ClientTls, ClusterCa, ClusterClient, ClusterEvent, ClusterStatus, DaemonError,
-    DiscoverOptions, Head, HeadConfig, JoinToken, LossReason, MembershipConfig, Node, NodeConfig,
-    NodeId, NodeResources, NodeState, Peer, Resources, StateDir, Strategy, TransportOptions,
-    VisibleDevices, discover,
+    ActorHosting, CaHash, Client, ClientTls, ClusterCa, ClusterClient, ClusterEvent, ClusterStatus,
+    DaemonError, DiscoverOptions, Head, HeadConfig, JoinToken, LossReason, MembershipConfig, Node,
+    NodeConfig, NodeId, NodeResources, NodeState, Peer, Resources, StateDir, Strategy,
+    TransportOptions, VisibleDevices, discover,
 };
 use tempfile::TempDir;
 use tokio::sync::broadcast;
@@ -77,6 +77,7 @@ impl Cluster {
             state: self.state(machine),
             resources: resources(machine, 2, gpus),
             transport: TransportOptions::default(),
+            actors: ActorHosting::default(),
         }
     }
 
@@ -98,6 +99,7 @@ fn head_config(dir: &TempDir, port: u16) -> HeadConfig {
             dead_after_ms: DEAD_AFTER_MS,
         },
         transport: TransportOptions::default(),
+        actors: ActorHosting::default(),
     }
 }
 
@@ -475,7 +477,8 @@ async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
         "{error}"
     );
 
-    // The actor layer's hook: requests that are not control messages go to it.
+    // The actor layer's hook: requests that are not control messages go to it (a node's
+    // own actor layer serves only starts, stops, calls and tells).
     one.set_actor_handler(Arc::new(|peer: Peer, request: Message| async move {
         Message::Error {
             message: format!("{} asked for {request:?}", peer.name().unwrap_or("?")),
@@ -483,7 +486,7 @@ async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
     }));
     for (node, answer) in [
         (one.node_id(), "head asked for ActorLocate"),
-        (two.node_id(), "no actor runtime"),
+        (two.node_id(), "a node does not serve actor locate requests"),
     ] {
         let connection = within("connect", cluster.head.connect_node(node))
             .await
@@ -494,7 +497,7 @@ async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
         )
         .await
         .expect("reply");
-        let Message::Error { message } = reply else {
+        let (Message::Error { message } | Message::Refused { reason: message }) = reply else {
             panic!("unexpected {reply:?}");
         };
         assert!(message.contains(answer), "{message}");

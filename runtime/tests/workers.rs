@@ -2,7 +2,8 @@
 //! it runs `worker_main`; otherwise it runs the cases below in turn, each against a fresh
 //! `WorkerPool` and bounded in time, and prints one line per case (`harness = false`, so
 //! that the re-executed binary has a `main` of its own). Arguments select cases by name
-//! as with libtest (`NAME`, `--skip NAME`).
+//! as with libtest (`NAME`, `--skip NAME`). The last case runs a worker through a head,
+//! as the cluster does: spawned by a client, killed with SIGKILL, restarted.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,8 +13,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{
-    Actor, ActorContext, ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, ExitReason,
-    MethodError, PoolOptions, WorkerCommand, WorkerPool, worker_main,
+    Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
+    ActorRegistry, ActorSpec, ClusterClient, DiscoverOptions, ExitReason, Head, HeadConfig,
+    MembershipConfig, MethodError, PoolOptions, Resources, SpawnOptions, StateDir,
+    TransportOptions, VisibleDevices, WorkerCommand, WorkerPool, discover, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -42,6 +45,7 @@ const CASES: &[(&str, Case)] = cases![
     dropping_the_pool_leaves_no_worker_alive,
     a_worker_ends_with_its_node,
     frames_follow_the_pools_limit,
+    a_killed_worker_fails_its_cluster_actor_for_the_owner,
 ];
 
 fn main() -> ExitCode {
@@ -626,4 +630,88 @@ async fn frames_follow_the_pools_limit() -> Result<()> {
         ensure!(call(&pool, 1, "echo", "fine").await? == "fine");
     }
     Ok(())
+}
+
+async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let state = StateDir::at(dir.path().join("head"));
+    let mut resources = discover(&DiscoverOptions {
+        num_cpus: Some(2),
+        num_gpus: Some(2),
+        visible_devices: VisibleDevices::Set("-1".to_owned()),
+    });
+    resources.hostname = Some("head".to_owned());
+    let config = HeadConfig {
+        bind: "127.0.0.1:0".parse()?,
+        advertise: None,
+        state: state.clone(),
+        resources,
+        membership: MembershipConfig::default(),
+        transport: TransportOptions::default(),
+        actors: ActorHosting {
+            registry: registry(),
+            worker: Some(WorkerCommand::current_exe(["worker"])?),
+            ..ActorHosting::default()
+        },
+    };
+    let _head = Head::start(config).await?;
+    let client = ClusterClient::connect(&state, None).await?;
+    let options = SpawnOptions::new("probe")
+        .resources(Resources::new().with_gpus(1))
+        .process_group("trainer")
+        .restart(1, Duration::from_millis(10));
+    let actor = client.spawn(options).await?;
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    let env = text(actor.call("cuda_env", "", LIMIT).await?);
+    ensure!(
+        env == "CUDA_VISIBLE_DEVICES=0 CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "{env}"
+    );
+    let mut seen = 0;
+    let mut pids = Vec::new();
+    for round in 0..2 {
+        let pid: u32 = text(actor.call("pid", "", LIMIT).await?).parse()?;
+        ensure!(
+            pid != std::process::id(),
+            "the actor runs in the test process"
+        );
+        ensure!(
+            !pids.contains(&pid),
+            "round {round}: the same worker {pid} again"
+        );
+        pids.push(pid);
+        let status = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        ensure!(status.success(), "kill -9 {pid}: {status}");
+        let signal = format!("(pid {pid}) killed by signal 9 (SIGKILL)");
+        // The first kill is restarted (a fresh worker), the second is the end.
+        let want: &[ActorEventKind] = match round {
+            0 => &[ActorEventKind::Restarting, ActorEventKind::Restarted],
+            _ => &[ActorEventKind::Failed],
+        };
+        let events = events(&client, &mut seen, want.len()).await?;
+        let got: Vec<ActorEventKind> = events.iter().map(|e| e.kind).collect();
+        ensure!(got == want, "round {round}: {events:?}");
+        ensure!(
+            events[0].reason.contains(&signal),
+            "round {round}: {events:?}"
+        );
+    }
+    ensure!(client.status().await?.reservations.is_empty());
+    Ok(())
+}
+
+/// The next `count` events of `client`'s actors after `seen`.
+async fn events(client: &ClusterClient, seen: &mut u64, count: usize) -> Result<Vec<ActorEvent>> {
+    let mut events = Vec::new();
+    while events.len() < count {
+        let page = client.events(*seen, Duration::from_secs(5)).await?;
+        if let Some(last) = page.events.last() {
+            *seen = last.seq;
+        }
+        events.extend(page.events);
+    }
+    Ok(events)
 }

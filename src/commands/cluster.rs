@@ -121,6 +121,7 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
         resources: resources(daemon),
         membership: membership(cluster),
         transport: runtime::TransportOptions::default(),
+        actors: actor_hosting(),
     };
     let tokio = async_runtime()?;
     tokio.block_on(async {
@@ -175,6 +176,7 @@ pub fn join(loaded: &Loaded, args: JoinArgs) -> anyhow::Result<ExitCode> {
         state: state.clone(),
         resources: resources(daemon),
         transport: runtime::TransportOptions::default(),
+        actors: actor_hosting(),
     };
     let tokio = async_runtime()?;
     tokio.block_on(async {
@@ -462,6 +464,29 @@ fn resources(daemon: &DaemonArgs) -> runtime::NodeResources {
         num_cpus: daemon.num_cpus,
         ..runtime::DiscoverOptions::default()
     })
+}
+
+/// The kinds of actor this binary hosts, in its daemons and in their worker processes
+/// alike: the diagnostic `echo` for now; the trainer and loader kinds join it here.
+pub fn actor_registry() -> runtime::ActorRegistry {
+    runtime::diagnostic_registry()
+}
+
+/// How the daemons host actors: this binary's kinds, and worker processes that are this
+/// binary again (`imgrun worker`).
+fn actor_hosting() -> runtime::ActorHosting {
+    let worker = match runtime::WorkerCommand::current_exe(["worker"]) {
+        Ok(command) => Some(command),
+        Err(error) => {
+            tracing::warn!(%error, "cannot find this binary; actors with a process group cannot start here");
+            None
+        }
+    };
+    runtime::ActorHosting {
+        registry: actor_registry(),
+        worker,
+        ..runtime::ActorHosting::default()
+    }
 }
 
 fn membership(cluster: &ClusterConfig) -> runtime::MembershipConfig {

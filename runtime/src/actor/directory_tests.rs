@@ -13,6 +13,8 @@ enum Step {
     Spawn(u64, &'static str, &'static str, Strategy, u32, u64),
     Started(u64, u64, u64),
     StartFailed(u64, u64, u64, &'static str),
+    /// `spawn_failed(at, actor, reason)`.
+    SpawnFailed(u64, u64, &'static str),
     Failed(u64, u64, u64, &'static str),
     Stopped(u64, u64, u64),
     /// `node_lost(at, node, why)`.
@@ -30,8 +32,8 @@ enum Step {
 }
 
 use Step::{
-    Deadline, Events, Failed, Locate, Lost, Node, OwnerGone, Spawn, StartFailed, Started, Stop,
-    Stopped, Tick, Used,
+    Deadline, Events, Failed, Locate, Lost, Node, OwnerGone, Spawn, SpawnFailed, StartFailed,
+    Started, Stop, Stopped, Tick, Used,
 };
 use Strategy::{Pack, Spread};
 
@@ -96,6 +98,10 @@ fn apply(directory: &mut ActorDirectory, table: &ResourceTable, step: Step) -> V
         ),
         StartFailed(at, actor, node, reason) => {
             done(directory.start_failed(at, ActorId(actor), NodeId(node), reason, table))
+        }
+        SpawnFailed(at, actor, reason) => {
+            directory.spawn_failed(at, ActorId(actor), reason, table);
+            vec![]
         }
         Failed(at, actor, node, reason) => {
             done(directory.failed(at, ActorId(actor), NodeId(node), reason, table))
@@ -377,6 +383,42 @@ fn actors_without_restarts_fail_with_the_reason() {
             (Used, &["used nothing by 0 reservations"]),
             (Locate(2), &["failed -"]),
             (Deadline, &["deadline none"]),
+        ],
+    );
+}
+
+#[test]
+fn a_first_start_that_fails_ends_the_actor_whatever_its_policy() {
+    run(
+        "spawn failed",
+        &[
+            (Node(1, "gpu=2 cpu=8"), &[]),
+            (
+                Spawn(0, "alice", "gpu=1", Pack, 3, 100),
+                &["a1: start a1 n1 r1 [0]"],
+            ),
+            (
+                SpawnFailed(10, 1, "node 1: unknown actor kind 'x'"),
+                &["#1 alice a1 failed n1: node 1: unknown actor kind 'x'"],
+            ),
+            (Used, &["used nothing by 0 reservations"]),
+            (Locate(1), &["failed -"]),
+            (Deadline, &["deadline none"]),
+            // Lost while starting: restarting, then the spawner's error ends it.
+            (
+                Spawn(20, "alice", "gpu=1", Pack, 3, 100),
+                &["a2: start a2 n1 r2 [0]"],
+            ),
+            (
+                Lost(30, 1, "left"),
+                &["#2 alice a2 restarting n1: node 1 lost: left; restart 1 of 3 in 100 ms"],
+            ),
+            (
+                SpawnFailed(40, 2, "node 1 lost"),
+                &["#3 alice a2 failed -: node 1 lost"],
+            ),
+            (Deadline, &["deadline none"]),
+            (SpawnFailed(50, 2, "again"), &[]),
         ],
     );
 }

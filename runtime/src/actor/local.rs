@@ -333,6 +333,14 @@ impl LocalActors {
         ids
     }
 
+    /// Whether this host has neither the actor (starting, running or stopping) nor a
+    /// record of its end.
+    pub(crate) fn knows_nothing_of(&self, actor: ActorId) -> bool {
+        let state = self.inner.table.lock();
+        !state.actors.contains_key(&actor)
+            && state.tombstones.missing(actor) == ActorError::NotFound(actor)
+    }
+
     fn entry(&self, actor: ActorId) -> Result<Arc<Entry>, ActorError> {
         let entry = self.entry_even_stopping(actor)?;
         if entry.shared.is_stopping() {

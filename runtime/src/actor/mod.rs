@@ -14,6 +14,7 @@
 //! - Both report every actor that started and then ended, once, as an [`ActorExit`] on a
 //!   channel the daemon gives them.
 //! - `directory.rs` is the head's side: where every actor of the cluster runs, restarts.
+//! - `diagnostic.rs`: the kind `echo`, registered by the binary, to try a cluster out.
 //!
 //! Semantics callers may rely on (see [`LocalActors`], [`WorkerPool`]):
 //! - the messages one task sends to one actor, awaiting each, run in the order sent;
@@ -28,8 +29,7 @@
 //! - an error does not mean the method did not run (a timed-out call that had started
 //!   completes; one that had not is skipped).
 
-// The head daemon drives it; until it does, most of it is unused.
-#[allow(dead_code)]
+mod diagnostic;
 mod directory;
 mod error;
 mod host;
@@ -39,15 +39,14 @@ mod process;
 mod registry;
 mod worker;
 
-pub use directory::ActorId;
-// The head's side of actors: the head daemon drives it next; nothing uses it until then.
-#[allow(unused_imports)]
+pub use diagnostic::{ECHO_KIND, diagnostic_registry};
 pub(crate) use directory::{
-    ActorAction, ActorDirectory, ActorEvent, ActorEventKind, ActorLocation, ActorRecord,
-    ActorState, DirectoryConfig, DirectoryError, EventPage, RestartPolicy, SpawnRequest,
+    ActorAction, ActorDirectory, DirectoryConfig, DirectoryError, SpawnRequest,
 };
+pub use directory::{ActorEventKind, ActorId, RestartPolicy};
 pub use error::{ActorError, ActorExit, ExitReason};
 pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
 pub use pool::{PoolOptions, WorkerCommand, WorkerPool};
 pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, MethodError};
+pub(crate) use worker::visible_gpus;
 pub use worker::worker_main;

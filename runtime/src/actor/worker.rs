@@ -266,6 +266,7 @@ fn location(actor_id: u64, state: &str) -> Message {
         node_id: 0,
         address: String::new(),
         state: state.to_string(),
+        reason: String::new(),
     }
 }
 
@@ -281,7 +282,7 @@ fn channel_from_stdin() -> io::Result<UnixStream> {
 
 /// The GPUs a `CUDA_VISIBLE_DEVICES` value shows, when it lists physical indices (as the
 /// pool sets it); `None` when unset or in another form (UUIDs).
-fn visible_gpus(value: Option<&str>) -> Option<Vec<u32>> {
+pub(crate) fn visible_gpus(value: Option<&str>) -> Option<Vec<u32>> {
     let value = value?.trim();
     if value.is_empty() {
         return Some(Vec::new());

@@ -13,6 +13,7 @@
 //! to take the whole cluster down. Every refusal is a [`Message::Refused`]; refusals of
 //! peers without a certificate are logged as warnings with their address.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use super::Shared;
 use crate::daemon::{CLIENT_NAME, HEAD_NAME, NODE_PREFIX, is_control, message_name, refused};
 use crate::gpu::MAX_CLAIMED_GPUS;
 use crate::membership::{NodeId, SessionId};
-use crate::transport::{Peer, PeerIdentity};
+use crate::transport::{Handler, Peer, PeerIdentity};
 use crate::wire::{Message, NodeDescription};
 
 /// How long the head waits for each node to confirm a stop.
@@ -59,6 +60,25 @@ impl<'a> Role<'a> {
                 Role::Operator
             }
             PeerIdentity::Authenticated { .. } => Role::Member,
+        }
+    }
+}
+
+/// The head's [`Handler`]: [`handle`] for each request, and the actor layer told when an
+/// authenticated peer's connection ends (its actors are killed).
+pub(super) struct Requests(pub(super) Arc<Shared>);
+
+impl Handler for Requests {
+    fn handle(&self, peer: Peer, request: Message) -> impl Future<Output = Message> + Send {
+        handle(self.0.clone(), peer, request)
+    }
+
+    fn disconnected(&self, peer: &Peer) {
+        if peer.name().is_none() {
+            return;
+        }
+        if let Some(handler) = self.0.actor_handler() {
+            handler.disconnected(peer);
         }
     }
 }

@@ -260,6 +260,11 @@ impl Members {
             .then(|| (member.session(), member.info().address.clone()))
     }
 
+    /// Whether `node` belongs to the peer named `key` (its certificate name).
+    pub(super) fn owns(&self, key: &str, node: NodeId) -> bool {
+        check_owner(&self.lock().membership, key, node).is_ok()
+    }
+
     /// Every node with a session on, but the head: (id, address).
     pub(super) fn live_nodes(&self) -> Vec<(NodeId, String)> {
         let inner = self.lock();

@@ -298,7 +298,8 @@ mod tests {
                 actor_id: 1,
                 node_id: 7,
                 address: "[::1]:7071".into(),
-                state: "running".into(),
+                state: "restarting".into(),
+                reason: "panicked in step".into(),
             },
             Message::ActorEvents {
                 after_seq: 10,
@@ -312,6 +313,7 @@ mod tests {
                     kind: "restarting".into(),
                     reason: "worker killed by signal 9 (SIGKILL)".into(),
                 }],
+                missed: true,
             },
             Message::ActorCall {
                 actor_id: 1,
@@ -336,6 +338,18 @@ mod tests {
             Message::ActorFailed {
                 actor_id: 1,
                 reason: "node lost".into(),
+            },
+            Message::ActorError {
+                actor_id: 1,
+                cause: "unknown".into(),
+                message: "no actor 1 here".into(),
+                delivered: false,
+            },
+            Message::ActorEnded {
+                actor_id: 1,
+                node_id: 7,
+                outcome: "failed".into(),
+                reason: "panicked in step: out of memory".into(),
             },
         ]
     }

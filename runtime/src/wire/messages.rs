@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 3;
+pub const WIRE_VERSION: u16 = 4;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -159,8 +159,10 @@ pub enum Message {
         node_id: u64,
         /// Where that node accepts calls (`ip:port`).
         address: String,
-        /// `starting`, `running`, `restarting`, `failed` or `stopped`.
+        /// `starting`, `running`, `restarting`, `stopping`, `failed` or `stopped`.
         state: String,
+        /// Why it last failed, for a person to read; empty if it never did.
+        reason: String,
     },
     /// The events of actors this client owns after `after_seq` (client to head); the
     /// head answers at once when there are some, otherwise within `wait_ms`.
@@ -174,6 +176,9 @@ pub enum Message {
     ActorEventList {
         /// The events.
         events: Vec<ActorEventWire>,
+        /// Some events of this owner after `after_seq` were dropped (the head keeps the
+        /// last ones only): the owner should locate its actors rather than trust the list.
+        missed: bool,
     },
     /// Call a method of an actor and wait for its reply.
     ActorCall {
@@ -204,7 +209,34 @@ pub enum Message {
         /// The arguments, encoded by the caller.
         payload: Vec<u8>,
     },
-    /// An actor stopped with an error, or its worker process exited (node to head).
+    /// A call or tell that did not reach a running actor, or a start or stop that failed,
+    /// and why (node to caller). A method's own error is an [`Message::ActorReply`] with
+    /// `Err` instead: the actor carries on.
+    ActorError {
+        /// The actor.
+        actor_id: u64,
+        /// What kept the request from the actor: `unknown` (no such actor here), `failed`,
+        /// `stopped`, `killed`, `starting`, `stopping`, `timeout`, `too_large` or `error`.
+        cause: String,
+        /// Why, for a person to read.
+        message: String,
+        /// The message had reached the actor before it ended (a call may have run), so
+        /// the caller must not send it again elsewhere.
+        delivered: bool,
+    },
+    /// An actor that ran on a node ended there (node to head), once per actor that
+    /// started: the head releases its resources and tells its owner.
+    ActorEnded {
+        /// The actor.
+        actor_id: u64,
+        /// The node reporting (the peer must be that node).
+        node_id: u64,
+        /// `failed`, `stopped` (a graceful stop finished) or `killed`.
+        outcome: String,
+        /// Why it failed, for a person to read; empty for a stop or a kill.
+        reason: String,
+    },
+    /// An actor stopped with an error, or its worker process exited (worker to node).
     ActorFailed {
         /// The actor.
         actor_id: u64,

@@ -1,0 +1,146 @@
+//! [`ActorCallError`]: why a spawn, call, tell or stop through the cluster client failed,
+//! naming the actor, its node and the reason.
+
+use std::time::Duration;
+
+use crate::actor::ActorId;
+use crate::daemon::DaemonError;
+use crate::membership::NodeId;
+
+/// Why a spawn, call, tell or stop of an actor failed. Messages name the actor, the node
+/// it was on, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ActorCallError {
+    /// The head could not place or start the actor; nothing is reserved for it.
+    #[error("cannot spawn an actor of kind '{kind}': {reason}")]
+    Spawn { kind: String, reason: String },
+    /// The method returned an error; the actor carries on.
+    #[error("actor {actor} on node {node}: {method}: {message}")]
+    Method {
+        actor: ActorId,
+        node: NodeId,
+        method: String,
+        message: String,
+    },
+    /// No answer within the caller's timeout. The method may still run.
+    #[error(
+        "actor {actor} on node {node} did not answer '{method}' within {after:?}; it may still run it"
+    )]
+    Timeout {
+        actor: ActorId,
+        node: NodeId,
+        method: String,
+        after: Duration,
+    },
+    /// The actor failed (for good, or it is not back yet).
+    #[error("actor {actor} on node {node} failed: {reason}")]
+    Failed {
+        actor: ActorId,
+        node: NodeId,
+        reason: String,
+    },
+    /// The actor does not take messages now: `restarting`, `starting`, `stopping` or
+    /// `stopped`, with why it last failed when it did.
+    #[error("actor {actor} is {state}{}", last_failure(reason))]
+    NotRunning {
+        actor: ActorId,
+        state: String,
+        reason: String,
+    },
+    /// The actor was stopped or killed (`how`).
+    #[error("actor {actor} on node {node} was {how}")]
+    Ended {
+        actor: ActorId,
+        node: NodeId,
+        how: String,
+    },
+    /// The node refused the message (too large, or another error it names).
+    #[error("actor {actor} on node {node}: {message}")]
+    Rejected {
+        actor: ActorId,
+        node: NodeId,
+        message: String,
+    },
+    /// The connection to the actor's node had ended (the node stopped or was lost).
+    #[error("node {node} ({address}) of actor {actor} closed its connection")]
+    NodeGone {
+        actor: ActorId,
+        node: NodeId,
+        address: String,
+    },
+    /// The actor's node could not be reached; `sent`: the message had left, so a call may
+    /// or may not have run.
+    #[error("cannot reach actor {actor} on node {node} ({address}){}: {reason}", if *sent { " after sending; it may or may not have run" } else { "" })]
+    Unreachable {
+        actor: ActorId,
+        node: NodeId,
+        address: String,
+        reason: String,
+        sent: bool,
+    },
+    /// The head knows no such actor (never spawned, or ended long ago and forgotten).
+    #[error("unknown actor {actor}")]
+    Unknown { actor: ActorId },
+    /// The head could not be asked, or refused.
+    #[error(transparent)]
+    Head(#[from] DaemonError),
+}
+
+fn last_failure(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" (last failure: {reason})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_actor_the_node_and_why() {
+        let (actor, node) = (ActorId(3), NodeId(2));
+        let cases = [
+            (
+                ActorCallError::Timeout {
+                    actor,
+                    node,
+                    method: "step".into(),
+                    after: Duration::from_millis(250),
+                },
+                "actor 3 on node 2 did not answer 'step' within 250ms; it may still run it",
+            ),
+            (
+                ActorCallError::NotRunning {
+                    actor,
+                    state: "restarting".into(),
+                    reason: "node 2 lost: no heartbeat for 500 ms".into(),
+                },
+                "actor 3 is restarting (last failure: node 2 lost: no heartbeat for 500 ms)",
+            ),
+            (
+                ActorCallError::Unreachable {
+                    actor,
+                    node,
+                    address: "10.0.0.2:7100".into(),
+                    reason: "connection lost".into(),
+                    sent: true,
+                },
+                "cannot reach actor 3 on node 2 (10.0.0.2:7100) after sending; it may or may \
+                 not have run: connection lost",
+            ),
+            (
+                ActorCallError::Failed {
+                    actor,
+                    node,
+                    reason: "panicked in step: boom".into(),
+                },
+                "actor 3 on node 2 failed: panicked in step: boom",
+            ),
+        ];
+        for (error, want) in cases {
+            assert_eq!(error.to_string(), want);
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The actors a daemon hosts (a node's, and the head's own, since the head is a node
+//! too), and its answers to the actor requests addressed to them.
+//!
+//! [`NodeActors`] puts an actor with no process group in the daemon itself
+//! ([`LocalActors`]) and one with a group in that group's worker process
+//! ([`WorkerPool`]), and routes calls, tells and stops to where each runs. Only the head
+//! starts and stops actors on a node (`ActorStart`, `ActorStop` from the peer `head`);
+//! any member of the cluster calls and tells them. Every actor that ended is reported to
+//! the head once ([`report_exits`]): `ActorEnded`, retried while the head is unreachable.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::Shared;
+use crate::actor::{
+    ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ExitReason,
+    LocalActors, LocalOptions, PoolOptions, WorkerCommand, WorkerPool, visible_gpus,
+};
+use crate::daemon::message_name;
+use crate::transport::Peer;
+use crate::wire::Message;
+
+/// How many times a node tries to report an ended actor before it gives up (the head
+/// then learns of the end only if it loses the node).
+const REPORT_TRIES: u32 = 12;
+/// The first pause between tries; it doubles up to [`MAX_REPORT_PAUSE`].
+const FIRST_REPORT_PAUSE: Duration = Duration::from_millis(50);
+const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
+/// How long one report may wait for the head's answer.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a daemon needs to host actors: the kinds it can build, and how to start worker
+/// processes. The default hosts nothing (an empty registry) and starts no workers.
+#[derive(Debug, Clone)]
+pub struct ActorHosting {
+    /// The kinds this daemon and its workers can build; the worker program must register
+    /// the same ones.
+    pub registry: ActorRegistry,
+    /// The program worker processes run (the binary passes itself with its hidden
+    /// `worker` subcommand); without one, actors with a process group cannot start here.
+    pub worker: Option<WorkerCommand>,
+    /// Messages that may wait in the mailbox of an actor hosted in the daemon.
+    pub mailbox_capacity: usize,
+    /// How worker processes run.
+    pub pool: PoolOptions,
+}
+
+impl Default for ActorHosting {
+    fn default() -> Self {
+        ActorHosting {
+            registry: ActorRegistry::new(),
+            worker: None,
+            mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
+            pool: PoolOptions::default(),
+        }
+    }
+}
+
+/// The actors of one daemon, in the daemon itself or in its worker processes.
+pub(crate) struct NodeActors {
+    local: LocalActors,
+    pool: Option<WorkerPool>,
+    /// The actors started in a worker process; every other one is in `local`.
+    pooled: Mutex<HashSet<ActorId>>,
+}
+
+impl NodeActors {
+    /// Starts the hosts (the actix thread of the daemon's actors); every actor that ends
+    /// is reported on the returned channel.
+    pub(crate) fn new(
+        hosting: ActorHosting,
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<ActorExit>), ActorError> {
+        let (exits, ended) = mpsc::unbounded_channel();
+        let options = LocalOptions {
+            mailbox_capacity: hosting.mailbox_capacity,
+            visible_gpus: visible_gpus(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()),
+        };
+        let local = LocalActors::new(hosting.registry, options, exits.clone())?;
+        let pool = hosting
+            .worker
+            .map(|command| WorkerPool::new(command, hosting.pool, exits));
+        let actors = NodeActors {
+            local,
+            pool,
+            pooled: Mutex::default(),
+        };
+        Ok((Arc::new(actors), ended))
+    }
+
+    /// Starts an actor here: in the daemon when `group` is empty, else in the group's
+    /// worker process. Returns once its constructor has finished.
+    pub(crate) async fn start(&self, spec: ActorSpec, group: &str) -> Result<(), ActorError> {
+        let id = spec.id;
+        if group.is_empty() {
+            self.lock().remove(&id);
+            return self.local.start(spec).await;
+        }
+        let Some(pool) = &self.pool else {
+            return Err(ActorError::Worker {
+                group: group.to_owned(),
+                reason: "this daemon starts no worker processes (no worker program given)"
+                    .to_owned(),
+            });
+        };
+        self.lock().insert(id);
+        let started = pool.start_actor(group, spec).await;
+        if started.is_err() {
+            self.lock().remove(&id);
+        }
+        started
+    }
+
+    /// Calls `method` of an actor hosted here, waiting at most `timeout`.
+    pub(crate) async fn call(
+        &self,
+        actor: ActorId,
+        method: &str,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ActorError> {
+        match self.pool_of(actor) {
+            Some(pool) => pool.call(actor, method, payload, timeout).await,
+            None => self.local.call(actor, method, payload, timeout).await,
+        }
+    }
+
+    /// Puts `method` in the actor's mailbox (waiting while it is full).
+    pub(crate) async fn tell(
+        &self,
+        actor: ActorId,
+        method: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), ActorError> {
+        match self.pool_of(actor) {
+            Some(pool) => pool.tell(actor, method, payload).await,
+            None => self.local.tell(actor, method, payload).await,
+        }
+    }
+
+    /// Stops (or kills) an actor hosted here; its end is reported on the exit channel.
+    pub(crate) async fn stop(&self, actor: ActorId, kill: bool) -> Result<(), ActorError> {
+        match self.pool_of(actor) {
+            Some(pool) => pool.stop(actor, kill).await,
+            None => self.local.stop(actor, kill),
+        }
+    }
+
+    /// Forgets where an actor that ended ran (a late caller still learns why it ended).
+    pub(crate) fn ended(&self, actor: ActorId) {
+        self.lock().remove(&actor);
+    }
+
+    /// Answers an actor request for the actors hosted here: calls and tells from anyone,
+    /// starts and stops only `from_head`. `None` for a request that is not for a node.
+    pub(crate) async fn serve(
+        &self,
+        peer: &Peer,
+        request: Message,
+        from_head: bool,
+    ) -> Option<Message> {
+        let answer = match request {
+            Message::ActorCall {
+                actor_id,
+                call_id,
+                method,
+                payload,
+                timeout_ms,
+            } => {
+                let actor = ActorId(actor_id);
+                let timeout = Duration::from_millis(u64::from(timeout_ms));
+                // An end after the actor was found running may have come from this very
+                // call: the caller must not send it again (at most once).
+                let running = self.is_running(actor);
+                match self.call(actor, &method, payload, timeout).await {
+                    Ok(value) => Message::ActorReply {
+                        call_id,
+                        result: Ok(value),
+                    },
+                    Err(ActorError::Method { message, .. }) => Message::ActorReply {
+                        call_id,
+                        result: Err(message),
+                    },
+                    Err(error) => {
+                        let ended = matches!(
+                            error,
+                            ActorError::Failed { .. }
+                                | ActorError::Killed(_)
+                                | ActorError::Stopped(_)
+                        );
+                        let mut reply = error_reply(actor, &error);
+                        if let Message::ActorError { delivered, .. } = &mut reply {
+                            *delivered = running && ended;
+                        }
+                        reply
+                    }
+                }
+            }
+            Message::ActorTell {
+                actor_id,
+                method,
+                payload,
+            } => match self.tell(ActorId(actor_id), &method, payload).await {
+                Ok(()) => Message::Ack,
+                Err(error) => error_reply(ActorId(actor_id), &error),
+            },
+            Message::ActorStart { .. } | Message::ActorStop { .. } if !from_head => {
+                warn!(peer = %peer.address, name = peer.name(), "refused an actor start or stop");
+                return Some(crate::daemon::refused(
+                    "only the head starts and stops actors on a node",
+                ));
+            }
+            Message::ActorStart {
+                actor_id,
+                kind,
+                args,
+                process_group,
+                gpus,
+            } => {
+                let actor = ActorId(actor_id);
+                let span = info_span!("actor", id = %actor, kind = %kind, group = %process_group);
+                let spec = ActorSpec {
+                    id: actor,
+                    kind,
+                    args,
+                    gpus,
+                };
+                match self.start(spec, &process_group).instrument(span).await {
+                    Ok(()) => Message::Ack,
+                    Err(error) => Message::ActorError {
+                        actor_id,
+                        cause: "error".to_owned(),
+                        message: start_reason(&error),
+                        delivered: false,
+                    },
+                }
+            }
+            Message::ActorStop { actor_id, kill } => {
+                match self.stop(ActorId(actor_id), kill).await {
+                    Ok(()) => Message::Ack,
+                    Err(error) => error_reply(ActorId(actor_id), &error),
+                }
+            }
+            _ => return None,
+        };
+        Some(answer)
+    }
+
+    /// Whether `actor` runs (or is stopping) here.
+    fn is_running(&self, actor: ActorId) -> bool {
+        match self.pool_of(actor) {
+            Some(pool) => pool.actors().contains(&actor),
+            None => self.local.actors().contains(&actor),
+        }
+    }
+
+    /// The pool when `actor` runs (or ran) in a worker process: started there, or unknown
+    /// to the daemon's own host (the pool may still remember how it ended).
+    fn pool_of(&self, actor: ActorId) -> Option<&WorkerPool> {
+        let pool = self.pool.as_ref()?;
+        (self.lock().contains(&actor) || self.local.knows_nothing_of(actor)).then_some(pool)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashSet<ActorId>> {
+        // A set of ids: consistent after every statement.
+        self.pooled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The wire's `ActorError` for a request that did not reach a running actor. The message
+/// leaves out the actor's id, which the caller names.
+pub(crate) fn error_reply(actor: ActorId, error: &ActorError) -> Message {
+    let (cause, message) = match error {
+        ActorError::NotFound(_) => ("unknown", "no such actor on this node".to_owned()),
+        ActorError::Failed { reason, .. } => ("failed", reason.clone()),
+        ActorError::Killed(_) => ("killed", "killed".to_owned()),
+        ActorError::Stopped(_) => ("stopped", "stopped".to_owned()),
+        ActorError::NotRunning { state, .. } => (*state, format!("still {state}")),
+        ActorError::Timeout {
+            method, timeout_ms, ..
+        } => (
+            "timeout",
+            format!("did not answer '{method}' within {timeout_ms} ms"),
+        ),
+        ActorError::TooLarge { .. } => ("too_large", error.to_string()),
+        other => ("error", other.to_string()),
+    };
+    Message::ActorError {
+        actor_id: actor.0,
+        cause: cause.to_owned(),
+        message,
+        delivered: false,
+    }
+}
+
+/// Why a start failed, without the "actor N (kind) did not start" that the head adds.
+pub(crate) fn start_reason(error: &ActorError) -> String {
+    match error {
+        ActorError::Start { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// How an ended actor is reported to the head: (outcome, reason).
+pub(crate) fn outcome(reason: &ExitReason) -> (&'static str, String) {
+    match reason {
+        ExitReason::Failed(reason) => ("failed", reason.clone()),
+        ExitReason::Stopped => ("stopped", String::new()),
+        ExitReason::Killed => ("killed", String::new()),
+    }
+}
+
+/// Reports every actor that ends on this node to the head, in order, each retried with
+/// backoff while the head is unreachable; runs until its task is aborted.
+pub(super) async fn report_exits(
+    shared: Arc<Shared>,
+    actors: Arc<NodeActors>,
+    mut exits: mpsc::UnboundedReceiver<ActorExit>,
+) {
+    while let Some(ActorExit { actor_id, reason }) = exits.recv().await {
+        actors.ended(actor_id);
+        let (outcome, reason) = outcome(&reason);
+        let mut pause = FIRST_REPORT_PAUSE;
+        for attempt in 1..=REPORT_TRIES {
+            let report = Message::ActorEnded {
+                actor_id: actor_id.0,
+                node_id: shared.session().node_id.0,
+                outcome: outcome.to_owned(),
+                reason: reason.clone(),
+            };
+            let answer = match shared.connection(REPORT_TIMEOUT).await {
+                Ok(connection) => connection.request(&report, REPORT_TIMEOUT).await,
+                Err(error) => Err(error),
+            };
+            match answer {
+                Ok(Message::Ack) => {
+                    debug!(actor = %actor_id, outcome, "reported an ended actor");
+                    break;
+                }
+                Ok(other) => {
+                    warn!(actor = %actor_id, answer = message_name(&other), "the head did not take the report of an ended actor");
+                    break;
+                }
+                Err(error) if attempt == REPORT_TRIES => {
+                    warn!(actor = %actor_id, %error, "cannot report an ended actor to the head; giving up");
+                }
+                Err(error) => {
+                    debug!(actor = %actor_id, %error, attempt, "cannot report an ended actor yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_REPORT_PAUSE);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,612 @@
+//! Actors through the cluster, in process, over real QUIC on loopback: a head and two
+//! nodes host the test's kinds; a client spawns actors by strategy, calls and tells them
+//! wherever they run, stops and kills them, and reads the failures, restarts and stops of
+//! its actors as events, down to a node dropped without a word (as SIGKILL leaves it).
+//!
+//! Membership is fast (heartbeats every 50 ms, dead after 500 ms). Nothing sleeps to wait:
+//! tests wait for events (long-polled from the head) or answers, each under [`LIMIT`];
+//! the one wait without an event (the head noticing a client's connection closed) polls
+//! the status under the same limit.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use runtime::{
+    Actor, ActorCallError, ActorContext, ActorEvent, ActorEventKind, ActorHosting, ActorRef,
+    ActorRegistry, ClusterClient, ClusterStatus, DiscoverOptions, Head, HeadConfig,
+    MembershipConfig, MethodError, Node, NodeConfig, NodeId, NodeResources, Resources,
+    SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, discover,
+};
+use tempfile::TempDir;
+
+/// Every wait of a test finishes within this, or the test fails.
+const LIMIT: Duration = Duration::from_secs(30);
+const HEARTBEAT_MS: u64 = 50;
+const DEAD_AFTER_MS: u64 = 500;
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(LIMIT, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: not done within {LIMIT:?}"),
+    }
+}
+
+/// The kinds the daemons host: `probe`, whose methods are named for what they do, and
+/// `broken`, whose constructor fails.
+fn registry() -> ActorRegistry {
+    let mut registry = ActorRegistry::new();
+    registry
+        .register("probe", |context, args| {
+            let total = std::str::from_utf8(args)?.parse().unwrap_or(0);
+            Ok(Box::new(Probe {
+                context: context.clone(),
+                total,
+            }) as Box<dyn Actor>)
+        })
+        .register("broken", |_, _| {
+            Err(MethodError::new("no checkpoint at /ckpt"))
+        });
+    registry
+}
+
+struct Probe {
+    context: ActorContext,
+    total: i64,
+}
+
+impl Actor for Probe {
+    fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        let text = std::str::from_utf8(payload)?;
+        let answer = match method {
+            "echo" => text.to_owned(),
+            "gpus" => format!("{:?}", self.context.gpus()),
+            "add" => {
+                self.total += text.parse::<i64>()?;
+                self.total.to_string()
+            }
+            "get" => self.total.to_string(),
+            "sleep" => {
+                std::thread::sleep(Duration::from_millis(text.parse()?));
+                String::new()
+            }
+            "fail" => return Err(MethodError::fatal(text)),
+            other => return Err(MethodError::new(format!("no method {other}"))),
+        };
+        Ok(answer.into_bytes())
+    }
+}
+
+/// What a node of `cpus` CPUs and `gpus` claimed GPUs offers (the machine's GPUs hidden).
+fn resources(name: &str, cpus: usize, gpus: usize) -> NodeResources {
+    let mut resources = discover(&DiscoverOptions {
+        num_cpus: Some(cpus),
+        num_gpus: Some(gpus),
+        visible_devices: VisibleDevices::Set("-1".to_owned()),
+    });
+    resources.hostname = Some(name.to_owned());
+    resources
+}
+
+fn hosting() -> ActorHosting {
+    ActorHosting {
+        registry: registry(),
+        ..ActorHosting::default()
+    }
+}
+
+/// A head (4 CPUs) and two nodes: `one` (2 CPUs) and `gpu` (2 CPUs, 2 GPUs), and a client
+/// on the head's machine.
+struct Cluster {
+    dir: TempDir,
+    head: Head,
+    nodes: Vec<Option<Node>>,
+    client: ClusterClient,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = HeadConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            state: StateDir::at(dir.path().join("head")),
+            resources: resources("head", 4, 0),
+            membership: MembershipConfig {
+                heartbeat_interval_ms: HEARTBEAT_MS,
+                dead_after_ms: DEAD_AFTER_MS,
+            },
+            transport: TransportOptions::default(),
+            actors: hosting(),
+        };
+        let head = within("head start", Head::start(config))
+            .await
+            .expect("head starts");
+        let mut nodes = Vec::new();
+        for (machine, gpus) in [("one", 0), ("gpu", 2)] {
+            let config = NodeConfig {
+                head: head.join_address(),
+                token: head.token().clone(),
+                ca_hash: head.ca_hash(),
+                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+                advertise: None,
+                state: StateDir::at(dir.path().join(machine)),
+                resources: resources(machine, 2, gpus),
+                transport: TransportOptions::default(),
+                actors: hosting(),
+            };
+            let node = within(machine, Node::start(config))
+                .await
+                .unwrap_or_else(|error| panic!("{machine} joins: {error}"));
+            nodes.push(Some(node));
+        }
+        let client = Self::client_in(&dir, "head").await;
+        Cluster {
+            dir,
+            head,
+            nodes,
+            client,
+        }
+    }
+
+    /// A new client on `machine` (its own connection: another owner).
+    async fn client_in(dir: &TempDir, machine: &str) -> ClusterClient {
+        within(
+            "client",
+            ClusterClient::connect(&StateDir::at(dir.path().join(machine)), None),
+        )
+        .await
+        .expect("client connects")
+    }
+
+    /// Node ids: the head, `one`, `gpu`.
+    fn ids(&self) -> [NodeId; 3] {
+        let node = |i: usize| self.nodes[i].as_ref().expect("node running").node_id();
+        [self.head.node_id(), node(0), node(1)]
+    }
+
+    async fn spawn(&self, options: SpawnOptions) -> ActorRef {
+        let kind = options.kind.clone();
+        within("spawn", self.client.spawn(options))
+            .await
+            .unwrap_or_else(|error| panic!("spawn {kind}: {error}"))
+    }
+
+    async fn status(&self) -> ClusterStatus {
+        within("status", self.client.status())
+            .await
+            .expect("status")
+    }
+}
+
+fn probe(cpus: u64, strategy: Strategy) -> SpawnOptions {
+    SpawnOptions::new("probe")
+        .resources(Resources::new().with_cpus(cpus))
+        .strategy(strategy)
+}
+
+async fn call(actor: &ActorRef, method: &str, payload: &str) -> Result<String, ActorCallError> {
+    let reply = within(method, actor.call(method, payload, LIMIT)).await?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Reads `client`'s events after `seen` until `done` holds for those read; moves `seen`.
+async fn events_until(
+    client: &ClusterClient,
+    seen: &mut u64,
+    done: impl Fn(&[ActorEvent]) -> bool,
+) -> Vec<ActorEvent> {
+    let mut events = Vec::new();
+    within("events", async {
+        while !done(&events) {
+            let page = client
+                .events(*seen, Duration::from_secs(5))
+                .await
+                .expect("events");
+            assert!(!page.missed, "events missed");
+            if let Some(last) = page.events.last() {
+                *seen = last.seq;
+            }
+            events.extend(page.events);
+        }
+    })
+    .await;
+    events
+}
+
+fn kinds(events: &[ActorEvent]) -> Vec<(u64, ActorEventKind)> {
+    events.iter().map(|e| (e.actor.0, e.kind)).collect()
+}
+
+/// (owner, node) of every reservation, sorted.
+fn reservations(status: &ClusterStatus) -> Vec<(String, NodeId)> {
+    let mut held: Vec<(String, NodeId)> = status
+        .reservations
+        .iter()
+        .map(|r| (r.owner.clone(), r.node))
+        .collect();
+    held.sort();
+    held
+}
+
+#[tokio::test]
+async fn strategies_place_actors_and_gpus_follow_their_reservation() {
+    let cluster = Cluster::start().await;
+    let [head, one, gpu] = cluster.ids();
+
+    // Spread over an idle cluster: one actor per node.
+    let mut spread = Vec::new();
+    for _ in 0..3 {
+        spread.push(cluster.spawn(probe(1, Strategy::Spread)).await);
+    }
+    let mut nodes: Vec<NodeId> = spread.iter().map(ActorRef::node).collect();
+    nodes.sort();
+    assert_eq!(nodes, [head, one, gpu]);
+    for actor in &spread {
+        assert_eq!(call(actor, "echo", "hi").await.expect("echo"), "hi");
+    }
+    let status = cluster.status().await;
+    let held: Vec<String> = reservations(&status).into_iter().map(|r| r.0).collect();
+    let want: Vec<String> = spread.iter().map(|a| format!("actor:{}", a.id())).collect();
+    assert_eq!(held, want, "{status}");
+    for actor in &spread {
+        within("stop", actor.stop()).await.expect("stop");
+    }
+    let mut seen = 0;
+    events_until(&cluster.client, &mut seen, |events| events.len() == 3).await;
+    assert!(cluster.status().await.reservations.is_empty());
+
+    // Pack fills the fullest node that fits first: `one` (2 CPUs, lowest id of the two
+    // smallest), then `gpu`.
+    let mut packed = Vec::new();
+    for _ in 0..3 {
+        packed.push(cluster.spawn(probe(1, Strategy::Pack)).await);
+    }
+    let nodes: Vec<NodeId> = packed.iter().map(ActorRef::node).collect();
+    assert_eq!(nodes, [one, one, gpu]);
+
+    // A GPU request goes to the node with GPUs; the actor sees its own GPU.
+    let mut gpus = Vec::new();
+    for _ in 0..2 {
+        let options = SpawnOptions::new("probe").resources(Resources::new().with_gpus(1));
+        let actor = cluster.spawn(options).await;
+        assert_eq!(actor.node(), gpu);
+        gpus.push(call(&actor, "gpus", "").await.expect("gpus"));
+    }
+    gpus.sort();
+    assert_eq!(gpus, ["[0]", "[1]"]);
+
+    // Asking for more than any node has is refused, with nothing reserved.
+    let before = reservations(&cluster.status().await);
+    let options = SpawnOptions::new("probe").resources(Resources::new().with_gpus(4));
+    let error = within("spawn", cluster.client.spawn(options))
+        .await
+        .expect_err("4 gpus");
+    let want = format!("needs 4 gpu on one node; the largest node has 2 (node {gpu})");
+    assert!(error.to_string().contains(&want), "{error}");
+    assert!(
+        error
+            .to_string()
+            .starts_with("cannot spawn an actor of kind 'probe'"),
+        "{error}"
+    );
+    assert_eq!(reservations(&cluster.status().await), before);
+    let options = probe(1, Strategy::Node(NodeId(99)));
+    let error = within("spawn", cluster.client.spawn(options))
+        .await
+        .expect_err("no node 99");
+    assert!(error.to_string().contains("99"), "{error}");
+    assert_eq!(reservations(&cluster.status().await), before);
+}
+
+#[tokio::test]
+async fn starts_that_fail_say_where_and_why_and_reserve_nothing() {
+    let cluster = Cluster::start().await;
+    let [_, one, _] = cluster.ids();
+    let cases = [
+        (
+            SpawnOptions::new("broken").strategy(Strategy::Node(one)),
+            format!("did not start on node {one}: no checkpoint at /ckpt"),
+        ),
+        (
+            SpawnOptions::new("trainer").strategy(Strategy::Node(one)),
+            "unknown actor kind 'trainer' (registered: broken, probe)".to_owned(),
+        ),
+        (
+            SpawnOptions::new("probe").process_group("gpu0"),
+            "this daemon starts no worker processes".to_owned(),
+        ),
+        (
+            SpawnOptions::new("probe").resources(Resources::new().with("TPU", 1)),
+            "bad resource name 'TPU'".to_owned(),
+        ),
+    ];
+    for (options, want) in cases {
+        let error = within("spawn", cluster.client.spawn(options))
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains(&want), "{error}\nwant: {want}");
+    }
+    assert!(cluster.status().await.reservations.is_empty());
+    // The client owns failed actors' events too: a failed start is a `failed` event.
+    let mut seen = 0;
+    let events = events_until(&cluster.client, &mut seen, |events| events.len() == 3).await;
+    assert!(
+        events.iter().all(|e| e.kind == ActorEventKind::Failed),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn calls_and_tells_reach_actors_on_any_node_and_time_out() {
+    let cluster = Cluster::start().await;
+    let [head, one, _] = cluster.ids();
+    let local = cluster
+        .spawn(probe(1, Strategy::Node(head)).args("100"))
+        .await;
+    let remote = cluster.spawn(probe(1, Strategy::Node(one))).await;
+    assert_eq!((local.node(), remote.node()), (head, one));
+    assert_eq!(
+        remote.address(),
+        cluster.nodes[0].as_ref().expect("one").address()
+    );
+
+    // Tells from one task run in order, before the call that follows them.
+    for i in 1..=10 {
+        within("tell", remote.tell("add", i.to_string()))
+            .await
+            .expect("tell");
+    }
+    assert_eq!(call(&remote, "get", "").await.expect("get"), "55");
+    assert_eq!(call(&local, "get", "").await.expect("get"), "100");
+
+    // Clones of a handle, from many tasks at once.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let actor = if i % 2 == 0 {
+            local.clone()
+        } else {
+            remote.clone()
+        };
+        tasks.spawn(async move { call(&actor, "add", "1").await });
+    }
+    while let Some(done) = within("calls", tasks.join_next()).await {
+        done.expect("task").expect("add");
+    }
+    assert_eq!(call(&local, "get", "").await.expect("get"), "120");
+    assert_eq!(call(&remote, "get", "").await.expect("get"), "75");
+
+    // A method error goes back to the caller; the actor carries on.
+    let error = call(&remote, "divide", "").await.expect_err("no method");
+    let want = format!(
+        "actor {} on node {one}: divide: no method divide",
+        remote.id()
+    );
+    assert_eq!(error.to_string(), want);
+
+    // A call that takes too long times out, naming the actor, its node and the method.
+    let started = Instant::now();
+    let error = within(
+        "slow call",
+        remote.call("sleep", "1000", Duration::from_millis(100)),
+    )
+    .await
+    .expect_err("times out");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let want = format!(
+        "actor {} on node {one} did not answer 'sleep' within 100ms; it may still run it",
+        remote.id()
+    );
+    assert_eq!(error.to_string(), want);
+    assert!(matches!(error, ActorCallError::Timeout { .. }));
+    assert_eq!(call(&remote, "echo", "after").await.expect("echo"), "after");
+
+    // Another client (a node's machine) may call, but not stop, what this one spawned.
+    let other = Cluster::client_in(&cluster.dir, "one").await;
+    let theirs = within("actor", other.actor(remote.id()))
+        .await
+        .expect("locate");
+    assert_eq!(call(&theirs, "get", "").await.expect("get"), "75");
+    let error = within("stop", theirs.stop()).await.expect_err("not owner");
+    assert!(
+        error.to_string().contains("belongs to another owner"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn stop_and_kill_release_what_the_actors_held() {
+    let cluster = Cluster::start().await;
+    let [_, one, gpu] = cluster.ids();
+    let stopped = cluster.spawn(probe(1, Strategy::Node(one))).await;
+    let killed = cluster
+        .spawn(
+            SpawnOptions::new("probe")
+                .resources(Resources::new().with_gpus(2))
+                .strategy(Strategy::Pack),
+        )
+        .await;
+    assert_eq!(killed.node(), gpu);
+    let status = cluster.status().await;
+    assert_eq!(status.totals.used.get("gpu"), Some(&2), "{status}");
+    assert_eq!(status.reservations.len(), 2, "{status}");
+
+    // A stop lets what is queued finish first; a kill does not wait.
+    within("tell", stopped.tell("sleep", "100"))
+        .await
+        .expect("tell");
+    within("stop", stopped.stop()).await.expect("stop");
+    within("kill", killed.kill()).await.expect("kill");
+    let mut seen = 0;
+    let events = events_until(&cluster.client, &mut seen, |events| events.len() == 2).await;
+    let mut ended = kinds(&events);
+    ended.sort();
+    let mut want = vec![
+        (stopped.id().0, ActorEventKind::Stopped),
+        (killed.id().0, ActorEventKind::Stopped),
+    ];
+    want.sort();
+    assert_eq!(ended, want, "{events:?}");
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert!(reasons.contains(&"stopped by its owner"), "{reasons:?}");
+    assert!(reasons.contains(&"killed by its owner"), "{reasons:?}");
+    let status = cluster.status().await;
+    assert!(status.reservations.is_empty(), "{status}");
+    assert!(status.totals.used.is_empty(), "{status}");
+
+    let error = call(&stopped, "echo", "").await.expect_err("stopped");
+    assert!(error.to_string().contains("is stopped"), "{error}");
+}
+
+#[tokio::test]
+async fn failures_reach_the_owner_and_restarts_are_followed_by_the_handle() {
+    let cluster = Cluster::start().await;
+    let [_, one, _] = cluster.ids();
+    let mut seen = 0;
+
+    // No restart policy: a fatal error fails the actor for good.
+    let fragile = cluster.spawn(probe(1, Strategy::Node(one))).await;
+    let error = call(&fragile, "fail", "cuda error")
+        .await
+        .expect_err("fails");
+    assert!(matches!(error, ActorCallError::Failed { .. }), "{error}");
+    let events = events_until(&cluster.client, &mut seen, |events| !events.is_empty()).await;
+    assert_eq!(kinds(&events), [(fragile.id().0, ActorEventKind::Failed)]);
+    assert_eq!(events[0].reason, "fail: cuda error");
+    assert_eq!(events[0].node, Some(one));
+    let error = call(&fragile, "echo", "")
+        .await
+        .expect_err("failed for good");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "actor {} on node {one} failed: fail: cuda error",
+            fragile.id()
+        )
+    );
+    assert!(cluster.status().await.reservations.is_empty());
+
+    // With restarts: restarting, then restarted (state is not kept), and the same handle
+    // reaches the new actor.
+    let sturdy = cluster
+        .spawn(
+            probe(1, Strategy::Spread)
+                .args("7")
+                .restart(2, Duration::from_millis(20)),
+        )
+        .await;
+    assert_eq!(call(&sturdy, "add", "1").await.expect("add"), "8");
+    call(&sturdy, "fail", "lost state")
+        .await
+        .expect_err("fails");
+    let events = events_until(&cluster.client, &mut seen, |events| events.len() == 2).await;
+    let id = sturdy.id().0;
+    assert_eq!(
+        kinds(&events),
+        [
+            (id, ActorEventKind::Restarting),
+            (id, ActorEventKind::Restarted)
+        ]
+    );
+    assert_eq!(
+        events[0].reason,
+        "fail: lost state; restart 1 of 2 in 20 ms"
+    );
+    assert_eq!(
+        call(&sturdy, "get", "").await.expect("get after restart"),
+        "7"
+    );
+    let status = cluster.status().await;
+    assert_eq!(reservations(&status).len(), 1, "{status}");
+}
+
+#[tokio::test]
+async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
+    let mut cluster = Cluster::start().await;
+    let [head, one, gpu] = cluster.ids();
+    // Spread: one actor per node; the one on `one` dies with it.
+    let mut actors = Vec::new();
+    for _ in 0..3 {
+        let options = probe(1, Strategy::Spread).restart(1, Duration::from_millis(10));
+        actors.push(cluster.spawn(options).await);
+    }
+    let doomed = actors
+        .iter()
+        .find(|a| a.node() == one)
+        .expect("an actor on node one")
+        .clone();
+    let plain = cluster.spawn(probe(1, Strategy::Node(one))).await;
+    assert_eq!(call(&doomed, "add", "5").await.expect("add"), "5");
+
+    let dropped_at = Instant::now();
+    drop(cluster.nodes[0].take());
+    let mut seen = 0;
+    let events = events_until(&cluster.client, &mut seen, |events| {
+        events.iter().any(|e| e.kind == ActorEventKind::Restarted)
+            && events.iter().any(|e| e.kind == ActorEventKind::Failed)
+    })
+    .await;
+    let detected = dropped_at.elapsed();
+    assert!(
+        detected < Duration::from_millis(DEAD_AFTER_MS + 1000),
+        "failures reported after {detected:?}"
+    );
+    let lost = format!("node {one} lost: no heartbeat for {DEAD_AFTER_MS} ms");
+    let mut seen_kinds = kinds(&events);
+    seen_kinds.sort();
+    let mut want = vec![
+        (doomed.id().0, ActorEventKind::Restarting),
+        (doomed.id().0, ActorEventKind::Restarted),
+        (plain.id().0, ActorEventKind::Failed),
+    ];
+    want.sort();
+    assert_eq!(seen_kinds, want, "{events:?}");
+    for event in &events {
+        match event.kind {
+            ActorEventKind::Restarted => assert_ne!(event.node, Some(one)),
+            _ => assert!(event.reason.starts_with(&lost), "{event:?}"),
+        }
+    }
+
+    // The handle follows the restarted actor to its new node (state not kept).
+    assert_eq!(call(&doomed, "get", "").await.expect("get"), "0");
+    assert!([head, gpu].contains(&doomed.node()), "{doomed:?}");
+    let error = call(&plain, "echo", "").await.expect_err("failed");
+    assert!(error.to_string().contains(&lost), "{error}");
+    let status = cluster.status().await;
+    assert_eq!(reservations(&status).len(), 3, "{status}");
+    assert!(
+        status.reservations.iter().all(|r| r.node != one),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_takes_its_actors_along() {
+    let cluster = Cluster::start().await;
+    let [_, one, _] = cluster.ids();
+    let other = Cluster::client_in(&cluster.dir, "head").await;
+    let actor = within("spawn", other.spawn(probe(1, Strategy::Node(one))))
+        .await
+        .expect("spawn");
+    let id = actor.id();
+    assert_eq!(cluster.status().await.reservations.len(), 1);
+    let kept = within("actor", cluster.client.actor(id))
+        .await
+        .expect("locate");
+    drop((actor, other));
+    // The head hears the connection close; there is no event for another owner's actors,
+    // so this polls the status.
+    within("released", async {
+        while !cluster.status().await.reservations.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let error = call(&kept, "echo", "").await.expect_err("killed");
+    assert!(error.to_string().contains("is stopped"), "{error}");
+}
