@@ -129,9 +129,17 @@ fn pid_of(pid: u32) -> Option<Pid> {
 }
 
 fn is_running(pid: u32) -> bool {
-    // A killed child of ours would stay a zombie; the daemons are not our children (the
-    // `imgrun start` that spawned them has exited), so they are reaped by init.
-    pid_of(pid).is_some_and(|p| test_kill_process(p).is_ok())
+    // A process that exited stays a zombie until its parent reaps it; orphans (daemons
+    // whose `imgrun start` has exited, workers of a killed node) wait for init, which may
+    // reap them late. A zombie runs nothing: it counts as gone.
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state == 'Z' || state == 'X')
+        })
+        .unwrap_or(false);
+    !zombie && pid_of(pid).is_some_and(|p| test_kill_process(p).is_ok())
 }
 
 fn describe(out: &Output) -> String {
@@ -395,6 +403,112 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
         pids.iter().all(|&pid| !is_running(pid)).then_some(())
     });
     drop(client);
+    head.run_ok(&["stop", "--all"]);
+    wait_for(Duration::from_secs(10), "daemons gone", || {
+        daemons.iter().all(|&pid| !is_running(pid)).then_some(())
+    });
+}
+
+/// SIGKILL a node daemon that hosts an actor in a worker process: its worker goes with it,
+/// the owner hears of the loss once the node is declared dead, the actor restarts on the
+/// head (its restart policy), and the same handle reaches it there.
+#[test]
+fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
+    use runtime::{ActorEventKind, ClusterClient, SpawnOptions, StateDir, Strategy};
+
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    let node = Machine::new(root.path(), "node");
+    let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
+    let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
+    assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        let states = node_states(&head.status());
+        (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
+    });
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let limit = Duration::from_secs(30);
+    let head_state = StateDir::at(&head.state);
+    let connecting = ClusterClient::connect(&head_state, None);
+    let client = block_within(&tokio, limit, "connect", connecting).expect("client");
+    // Spread puts one actor on each daemon; the one on the node is the victim's.
+    let mut actors = Vec::new();
+    for _ in 0..2 {
+        let options = SpawnOptions::new(runtime::ECHO_KIND)
+            .strategy(Strategy::Spread)
+            .process_group("diag")
+            .restart(2, Duration::from_millis(100));
+        actors.push(block_within(&tokio, limit, "spawn", client.spawn(options)).expect("spawn"));
+    }
+    let moving = actors
+        .iter()
+        .find(|a| a.address() != join.0)
+        .expect("an actor on the node")
+        .clone();
+    let lost_node = moving.node();
+    let call = |method: &'static str| {
+        let reply = block_within(&tokio, limit, method, moving.call(method, "hi", limit))
+            .unwrap_or_else(|error| panic!("{method}: {error}"));
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    assert_eq!(call("echo"), "hi");
+    let worker: u32 = call("pid").parse().expect("pid");
+
+    let victim = node.daemon_pids();
+    assert_eq!(victim.len(), 1);
+    let killed_at = Instant::now();
+    kill_process(pid_of(victim[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    wait_for(Duration::from_secs(10), "the node's worker gone", || {
+        (!is_running(worker)).then_some(())
+    });
+    eprintln!(
+        "the node's worker gone {:?} after SIGKILL",
+        killed_at.elapsed()
+    );
+
+    // Events for the moved actor: restarting (node lost), then restarted on the head.
+    let mut seen = 0;
+    let mut kinds = Vec::new();
+    while !kinds.contains(&ActorEventKind::Restarted) {
+        let asked = client.events(seen, Duration::from_secs(5));
+        let page = block_within(&tokio, limit, "events", asked).expect("events");
+        for event in page.events {
+            seen = event.seq;
+            if event.actor != moving.id() {
+                continue;
+            }
+            if event.kind == ActorEventKind::Restarting {
+                assert!(event.reason.contains("lost"), "{event:?}");
+                eprintln!(
+                    "owner told of the loss {:?} after SIGKILL (window {DEAD_AFTER_MS} ms)",
+                    killed_at.elapsed()
+                );
+            }
+            kinds.push(event.kind);
+        }
+        assert!(killed_at.elapsed() < limit, "no restart within {limit:?}");
+    }
+    assert_eq!(
+        kinds,
+        [ActorEventKind::Restarting, ActorEventKind::Restarted],
+        "events of actor {}",
+        moving.id()
+    );
+    assert_eq!(call("echo"), "hi", "the handle reaches the restarted actor");
+    assert_ne!(moving.node(), lost_node, "restarted on another node");
+    let other = actors
+        .iter()
+        .find(|a| a.id() != moving.id())
+        .expect("other");
+    let reply = block_within(&tokio, limit, "other", other.call("echo", "still", limit));
+    assert_eq!(reply.expect("the other actor still answers"), b"still");
+
+    drop(client);
+    let daemons = head.daemon_pids();
     head.run_ok(&["stop", "--all"]);
     wait_for(Duration::from_secs(10), "daemons gone", || {
         daemons.iter().all(|&pid| !is_running(pid)).then_some(())

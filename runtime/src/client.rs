@@ -13,7 +13,7 @@ mod render;
 mod spawn;
 mod status;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -24,6 +24,7 @@ pub use actors::ActorRef;
 pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
 pub use status::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals};
 
+use crate::actor::ActorId;
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError, message_name, resolve};
 use crate::head::{CLIENT_DIR, HEAD_RECORD};
 use crate::node::{NODE_DIR, NODE_RECORD, NodeRecord};
@@ -52,6 +53,10 @@ pub(crate) struct ClientInner {
     tls: ClientTls,
     /// Connections to nodes, by address.
     nodes: Mutex<HashMap<String, Connection>>,
+    /// Actors that events showed restarting, restarted or failed since a handle last
+    /// asked where they run: their handles ask the head before the next message, rather
+    /// than send it to a node that may be gone.
+    moved: Mutex<HashSet<ActorId>>,
     next_call: AtomicU64,
 }
 
@@ -112,6 +117,7 @@ impl ClusterClient {
                 head: address,
                 tls,
                 nodes: Mutex::default(),
+                moved: Mutex::default(),
                 next_call: AtomicU64::new(1),
             }),
         })
@@ -222,6 +228,22 @@ impl ClientInner {
             *cached = connection;
         }
         Ok(cached.clone())
+    }
+
+    /// Notes that `actor` moved or ended, as an event said.
+    pub(crate) fn mark_moved(&self, actor: ActorId) {
+        self.moved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(actor);
+    }
+
+    /// Whether an event said `actor` moved or ended since this was last asked.
+    pub(crate) fn take_moved(&self, actor: ActorId) -> bool {
+        self.moved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&actor)
     }
 
     fn lock_nodes(&self) -> MutexGuard<'_, HashMap<String, Connection>> {

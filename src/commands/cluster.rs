@@ -395,7 +395,7 @@ fn terminate(pid: Pid, grace: Duration) -> &'static str {
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
-        if test_kill_process(pid).is_err() {
+        if !running(pid) {
             return "";
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -404,10 +404,23 @@ fn terminate(pid: Pid, grace: Duration) -> &'static str {
     " (killed: it did not stop within 10s of SIGTERM)"
 }
 
-/// The process, if it is running (a zombie counts as running until reaped).
+/// The process, if it is running.
 fn alive(pid: u32) -> Option<Pid> {
     let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
-    test_kill_process(pid).ok().map(|()| pid)
+    running(pid).then_some(pid)
+}
+
+/// Whether `pid` exists and is not a zombie: a daemon that exited stays one until init
+/// reaps it (its `imgrun start` parent exited long ago), which may take a while.
+fn running(pid: Pid) -> bool {
+    let zombie = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(matches!(state, 'Z' | 'X'))
+        })
+        .unwrap_or(false);
+    !zombie && test_kill_process(pid).is_ok()
 }
 
 fn role_name(role: runtime::DaemonRole) -> &'static str {

@@ -5,7 +5,8 @@
 //! restarted elsewhere, or the node forgot it), or the node cannot be reached, the handle
 //! asks the head where the actor runs now, once, and sends again only if the first
 //! message certainly did not reach it (delivery stays at most once: a call whose
-//! connection broke after it was sent is not repeated).
+//! connection broke after it was sent is not repeated). When the client's events said
+//! the actor failed or restarted, its handles ask the head before their next message.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -185,6 +186,18 @@ impl ActorRef {
         let deadline = Instant::now()
             .checked_add(timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        if self.client.take_moved(self.id) {
+            // An event said the actor failed or restarted: its node may be gone, and a
+            // message sent there would wait for the connection to time out.
+            if let Located::Not {
+                state,
+                reason,
+                node,
+            } = self.relocate().await?
+            {
+                return Err(self.not_running(&state, reason, node));
+            }
+        }
         let first = Try {
             place: self.place(),
             method,

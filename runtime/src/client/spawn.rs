@@ -181,9 +181,13 @@ impl ClusterClient {
                                 what: format!("event kind '{}'", event.kind),
                             }
                         })?;
+                        let actor = ActorId(event.actor_id);
+                        if kind != ActorEventKind::Stopped {
+                            self.inner.mark_moved(actor);
+                        }
                         Ok(ActorEvent {
                             seq: event.seq,
-                            actor: ActorId(event.actor_id),
+                            actor,
                             node: (event.node_id != 0).then_some(NodeId(event.node_id)),
                             kind,
                             reason: event.reason,
