@@ -7,10 +7,12 @@
 //! ([`ResourceTable`]) as pure state machines the daemons drive; and actors: hosted in a
 //! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]), placed and restarted
 //! by the head, spawned and reached from anywhere through [`ClusterClient::spawn`] and
-//! [`ActorRef`]. It knows nothing about tch or shards.
+//! [`ActorRef`]; and the ring collectives trainers average gradients with
+//! ([`RingGroup`]). It knows nothing about tch or shards.
 
 mod actor;
 mod client;
+mod collective;
 mod daemon;
 mod gpu;
 mod head;
@@ -32,6 +34,9 @@ pub use actor::{
 pub use client::{
     ActorCallError, ActorEvent, ActorEvents, ActorRef, ClusterClient, ClusterStatus, GpuStatus,
     NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
+};
+pub use collective::{
+    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingSecret,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};

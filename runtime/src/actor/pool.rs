@@ -81,7 +81,7 @@ pub struct PoolOptions {
     /// How long a retired worker may take to exit before it is killed.
     pub retire_grace: Duration,
     /// The largest frame either way between the node and a worker (the worker is told);
-    /// payloads must leave [`FRAME_OVERHEAD`] bytes of room for the frame around them.
+    /// payloads must leave 4 KiB of room for the frame around them.
     pub max_frame: usize,
 }
 

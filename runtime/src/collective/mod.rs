@@ -1,0 +1,151 @@
+//! Collectives between the trainer processes of one job: a ring of byte links and the
+//! ring allreduce, weighted mean, broadcast and barrier that DDP gradient averaging needs.
+//!
+//! A [`RingGroup`] holds this rank's [`Link`]: an ordered, reliable byte pipe to the next
+//! rank and from the previous one. Links are in memory ([`RingGroup::in_memory`], for
+//! tests) or TCP ([`RingGroup::connect`]), where both ends of every connection prove that
+//! they know the job's [`RingSecret`] (HMAC-SHA256 over nonces from both sides, the job id
+//! and both ranks). Data after the handshake is **not encrypted or authenticated**, as
+//! with gloo and NCCL: the ring is meant for a trusted cluster network.
+//!
+//! Every operation starts with a header (operation, sequence number, length, root) that
+//! goes once around the ring, so every rank sees every other rank's header before any
+//! data moves: ranks that disagree on the operation or its size all fail with
+//! [`CollectiveError::Mismatch`] instead of hanging or corrupting the buffer. After an
+//! operation fails (a refused argument aside) the group is poisoned and every later
+//! operation fails at once.
+
+mod link;
+mod ring;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use link::Link;
+pub use ring::RingGroup;
+
+/// Default size of the chunks a segment is cut into on the wire.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+
+/// Tunables of a [`RingGroup`].
+#[derive(Clone, Debug)]
+pub struct CollectiveOptions {
+    /// Bytes per chunk on the wire (rounded down to whole `f32`s, at least one).
+    pub chunk_bytes: usize,
+    /// Longest one operation may take before it fails with a timeout.
+    pub op_timeout: Duration,
+    /// Longest [`RingGroup::connect`] may take, retries and handshakes included.
+    pub connect_timeout: Duration,
+}
+
+impl Default for CollectiveOptions {
+    fn default() -> Self {
+        Self {
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            op_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The per-job secret that ring peers prove they know; never printed by `Debug`.
+#[derive(Clone)]
+pub struct RingSecret([u8; 32]);
+
+impl RingSecret {
+    /// A fresh random secret (the head makes one per job).
+    pub fn random() -> Self {
+        use rand::Rng;
+        Self(rand::rng().random())
+    }
+
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RingSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RingSecret(..)")
+    }
+}
+
+/// The collective operations, as named in errors and carried in headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    AllreduceSum,
+    WeightedMean,
+    Broadcast,
+    Barrier,
+}
+
+impl Op {
+    fn code(self) -> u32 {
+        match self {
+            Op::AllreduceSum => 1,
+            Op::WeightedMean => 2,
+            Op::Broadcast => 3,
+            Op::Barrier => 4,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<Self> {
+        Some(match code {
+            1 => Op::AllreduceSum,
+            2 => Op::WeightedMean,
+            3 => Op::Broadcast,
+            4 => Op::Barrier,
+            _ => return None,
+        })
+    }
+}
+
+/// Errors of ring setup and collective operations; `rank` is always this rank.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectiveError {
+    #[error("rank {rank}: invalid argument: {what}")]
+    InvalidArgument { rank: usize, what: String },
+    #[error("rank {rank}: cannot connect to rank {peer} at {addr}: {source}")]
+    Connect {
+        rank: usize,
+        peer: usize,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+    #[error("rank {rank}: handshake with rank {peer} at {addr} failed: {reason}")]
+    Handshake {
+        rank: usize,
+        peer: usize,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error("rank {rank}: rank {peer} closed the link during {what}")]
+    PeerClosed {
+        rank: usize,
+        peer: usize,
+        what: &'static str,
+    },
+    #[error("rank {rank}: i/o with rank {peer} failed during {what}: {source}")]
+    Io {
+        rank: usize,
+        peer: usize,
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("rank {rank}: {what} timed out after {after:?}")]
+    Timeout {
+        rank: usize,
+        what: &'static str,
+        after: Duration,
+    },
+    #[error("rank {rank}: ranks disagree: {detail}")]
+    Mismatch { rank: usize, detail: String },
+    #[error("rank {rank}: the group failed earlier and cannot be used")]
+    Poisoned { rank: usize },
+}

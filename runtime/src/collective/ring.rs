@@ -1,0 +1,510 @@
+//! [`RingGroup`]: chunked ring allreduce, weighted mean, broadcast and barrier over a [`Link`].
+
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::link::Link;
+use super::{CollectiveError, CollectiveOptions, Op, RingSecret};
+
+/// This rank's member of a ring of `world` ranks; operations must be called in the same
+/// order with the same sizes on every rank.
+#[derive(Debug)]
+pub struct RingGroup {
+    rank: usize,
+    world: usize,
+    /// `None` for a world of one, where every operation is local.
+    link: Option<Link>,
+    options: CollectiveOptions,
+    seq: u64,
+    poisoned: bool,
+    send_bytes: Vec<u8>,
+    recv_bytes: Vec<u8>,
+    weighted: Vec<f32>,
+}
+
+type Result<T> = std::result::Result<T, CollectiveError>;
+
+impl RingGroup {
+    /// A whole ring of `world` ranks in this process over in-memory links, by rank.
+    pub fn in_memory(world: usize, options: CollectiveOptions) -> Vec<RingGroup> {
+        let links = if world > 1 {
+            Link::memory_ring(world).into_iter().map(Some).collect()
+        } else {
+            (0..world).map(|_| None).collect::<Vec<_>>()
+        };
+        links
+            .into_iter()
+            .enumerate()
+            .map(|(rank, link)| Self::new(rank, world, link, options.clone()))
+            .collect()
+    }
+
+    /// Joins the TCP ring: accepts the previous rank on `listener` and connects to the
+    /// next rank at `next_addr`, retrying until `options.connect_timeout`. Both ends prove
+    /// knowledge of `secret` for `job`; a peer that fails is dropped and logged, and if
+    /// no good peer arrives in time the error names the last one that failed.
+    pub async fn connect(
+        rank: usize,
+        world: usize,
+        listener: TcpListener,
+        next_addr: SocketAddr,
+        secret: &RingSecret,
+        job: &str,
+        options: CollectiveOptions,
+    ) -> Result<RingGroup> {
+        if rank >= world {
+            return Err(CollectiveError::InvalidArgument {
+                rank,
+                what: format!("rank {rank} is not below world size {world}"),
+            });
+        }
+        let link = if world > 1 {
+            let timeout = options.connect_timeout;
+            Some(Link::tcp(rank, world, listener, next_addr, secret, job, timeout).await?)
+        } else {
+            None
+        };
+        Ok(Self::new(rank, world, link, options))
+    }
+
+    fn new(rank: usize, world: usize, link: Option<Link>, options: CollectiveOptions) -> Self {
+        Self {
+            rank,
+            world,
+            link,
+            options,
+            seq: 0,
+            poisoned: false,
+            send_bytes: Vec::new(),
+            recv_bytes: Vec::new(),
+            weighted: Vec::new(),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Replaces `buffer` on every rank with the element-wise sum over all ranks.
+    pub async fn allreduce_sum(&mut self, buffer: &mut [f32]) -> Result<()> {
+        let header = self.begin(Op::AllreduceSum, buffer.len(), 0)?;
+        let limit = self.options.op_timeout;
+        let result = tokio::time::timeout(limit, self.allreduce(header, buffer)).await;
+        self.finish(result, "allreduce")
+    }
+
+    /// Replaces `buffer` with `sum(buffer_r * weight_r) / sum(weight_r)` over ranks `r`,
+    /// or with zeros when the total weight is 0, and returns the total weight. A rank out
+    /// of data joins with weight 0 (its buffer is ignored).
+    pub async fn allreduce_mean_weighted(
+        &mut self,
+        buffer: &mut [f32],
+        weight: f32,
+    ) -> Result<f32> {
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(CollectiveError::InvalidArgument {
+                rank: self.rank,
+                what: format!("weight {weight} is not a finite number >= 0"),
+            });
+        }
+        let header = self.begin(Op::WeightedMean, buffer.len(), 0)?;
+        let mut scaled = std::mem::take(&mut self.weighted);
+        scaled.clear();
+        scaled.extend(buffer.iter().map(|x| x * weight));
+        scaled.push(weight);
+        let limit = self.options.op_timeout;
+        let result = tokio::time::timeout(limit, self.allreduce(header, &mut scaled)).await;
+        let outcome = self.finish(result, "weighted mean");
+        if outcome.is_ok() {
+            let (sums, total) = scaled.split_at(buffer.len());
+            let total = total[0];
+            if total > 0.0 {
+                for (x, sum) in buffer.iter_mut().zip(sums) {
+                    *x = sum / total;
+                }
+            } else {
+                buffer.fill(0.0);
+            }
+        }
+        let total = scaled.last().copied().unwrap_or(0.0);
+        self.weighted = scaled;
+        outcome.map(|()| total)
+    }
+
+    /// Copies `root`'s `buffer` into `buffer` on every rank.
+    pub async fn broadcast(&mut self, buffer: &mut [f32], root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(CollectiveError::InvalidArgument {
+                rank: self.rank,
+                what: format!(
+                    "broadcast root {root} is not below world size {}",
+                    self.world
+                ),
+            });
+        }
+        let header = self.begin(Op::Broadcast, buffer.len(), root)?;
+        let limit = self.options.op_timeout;
+        let result = tokio::time::timeout(limit, self.broadcast_inner(header, buffer, root)).await;
+        self.finish(result, "broadcast")
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub async fn barrier(&mut self) -> Result<()> {
+        let header = self.begin(Op::Barrier, 0, 0)?;
+        let limit = self.options.op_timeout;
+        let result = tokio::time::timeout(limit, self.exchange_headers(header)).await;
+        self.finish(result, "barrier")
+    }
+
+    fn begin(&mut self, op: Op, len: usize, root: usize) -> Result<Header> {
+        if self.poisoned {
+            return Err(CollectiveError::Poisoned { rank: self.rank });
+        }
+        self.seq += 1;
+        Ok(Header {
+            op: op.code(),
+            root: root as u32,
+            seq: self.seq,
+            len: len as u64,
+        })
+    }
+
+    fn finish(
+        &mut self,
+        result: std::result::Result<Result<()>, tokio::time::error::Elapsed>,
+        what: &'static str,
+    ) -> Result<()> {
+        let result = match result {
+            Ok(result) => result,
+            Err(_) => Err(CollectiveError::Timeout {
+                rank: self.rank,
+                what,
+                after: self.options.op_timeout,
+            }),
+        };
+        if result.is_err() {
+            // The peers' positions in the byte streams are unknown now.
+            self.poisoned = true;
+        }
+        result
+    }
+
+    async fn allreduce(&mut self, header: Header, buffer: &mut [f32]) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        self.exchange_headers(header).await?;
+        let (n, r) = (self.world, self.rank);
+        let len = buffer.len();
+        // Reduce-scatter: after step s, segment r - s - 1 holds s + 2 ranks' values; at
+        // the end rank r holds the full sum of segment r + 1.
+        for step in 0..n - 1 {
+            let send = segment(len, n, (r + n - step) % n);
+            let recv = segment(len, n, (r + 2 * n - step - 1) % n);
+            self.step(buffer, send, recv, Apply::Add).await?;
+        }
+        // Allgather: pass the summed segments on around the ring.
+        for step in 0..n - 1 {
+            let send = segment(len, n, (r + 1 + n - step) % n);
+            let recv = segment(len, n, (r + n - step) % n);
+            self.step(buffer, send, recv, Apply::Copy).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `buffer[send]` to the next rank while receiving `buffer[recv]` from the
+    /// previous one, chunk by chunk, each chunk's send and receive running together.
+    async fn step(
+        &mut self,
+        buffer: &mut [f32],
+        send: Range<usize>,
+        recv: Range<usize>,
+        apply: Apply,
+    ) -> Result<()> {
+        let chunk = self.chunk_elems();
+        let chunks = send.len().max(recv.len()).div_ceil(chunk);
+        for k in 0..chunks {
+            let s = clamp(&send, k * chunk, chunk);
+            let d = clamp(&recv, k * chunk, chunk);
+            encode(&buffer[s], &mut self.send_bytes);
+            self.recv_bytes.resize(d.len() * 4, 0);
+            let Self {
+                rank,
+                link,
+                send_bytes,
+                recv_bytes,
+                ..
+            } = self;
+            exchange(*rank, link, send_bytes, recv_bytes, "allreduce").await?;
+            let values = recv_bytes.chunks_exact(4).map(decode_one);
+            match apply {
+                Apply::Add => buffer[d].iter_mut().zip(values).for_each(|(x, v)| *x += v),
+                Apply::Copy => buffer[d].iter_mut().zip(values).for_each(|(x, v)| *x = v),
+            }
+        }
+        Ok(())
+    }
+
+    async fn broadcast_inner(
+        &mut self,
+        header: Header,
+        buffer: &mut [f32],
+        root: usize,
+    ) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        self.exchange_headers(header).await?;
+        let chunk = self.chunk_elems();
+        let forward = (self.rank + 1) % self.world != root;
+        let whole = 0..buffer.len();
+        for k in 0..buffer.len().div_ceil(chunk) {
+            let part = clamp(&whole, k * chunk, chunk);
+            let Self {
+                rank,
+                link,
+                send_bytes,
+                ..
+            } = self;
+            let link = link_of(*rank, link)?;
+            if *rank != root {
+                send_bytes.resize(part.len() * 4, 0);
+                link.rx
+                    .read_exact(send_bytes)
+                    .await
+                    .map_err(|e| io_error(*rank, link.prev, "broadcast", e))?;
+                let values = send_bytes.chunks_exact(4).map(decode_one);
+                buffer[part.clone()]
+                    .iter_mut()
+                    .zip(values)
+                    .for_each(|(x, v)| *x = v);
+            } else {
+                encode(&buffer[part.clone()], send_bytes);
+            }
+            if forward {
+                link.tx
+                    .write_all(send_bytes)
+                    .await
+                    .map_err(|e| io_error(*rank, link.next, "broadcast", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes every rank's header once around the ring (which makes it a barrier too)
+    /// and fails on every rank if any two disagree.
+    async fn exchange_headers(&mut self, ours: Header) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let mut current = ours.encode();
+        let mut incoming = [0u8; Header::BYTES];
+        let mut first_mismatch = None;
+        for step in 0..self.world - 1 {
+            exchange(
+                self.rank,
+                &mut self.link,
+                &current,
+                &mut incoming,
+                "header exchange",
+            )
+            .await?;
+            let theirs = Header::decode(&incoming);
+            if theirs != ours && first_mismatch.is_none() {
+                let from = (self.rank + 2 * self.world - step - 1) % self.world;
+                first_mismatch = Some((from, theirs));
+            }
+            current = incoming;
+        }
+        match first_mismatch {
+            None => Ok(()),
+            Some((from, theirs)) => Err(CollectiveError::Mismatch {
+                rank: self.rank,
+                detail: format!(
+                    "rank {from} runs {}, this rank runs {}",
+                    theirs.describe(),
+                    ours.describe()
+                ),
+            }),
+        }
+    }
+
+    fn chunk_elems(&self) -> usize {
+        (self.options.chunk_bytes / 4).max(1)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Apply {
+    Add,
+    Copy,
+}
+
+/// What every rank announces before an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    op: u32,
+    root: u32,
+    seq: u64,
+    len: u64,
+}
+
+impl Header {
+    const BYTES: usize = 24;
+
+    fn encode(&self) -> [u8; Self::BYTES] {
+        let mut bytes = [0u8; Self::BYTES];
+        bytes[0..4].copy_from_slice(&self.op.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.root.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.len.to_le_bytes());
+        bytes
+    }
+
+    fn decode(bytes: &[u8; Self::BYTES]) -> Self {
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        Self {
+            op: u32_at(0),
+            root: u32_at(4),
+            seq: u64_at(8),
+            len: u64_at(16),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let op = match Op::from_code(self.op) {
+            Some(Op::Broadcast) => format!("broadcast from rank {}", self.root),
+            Some(op) => format!("{op:?}"),
+            None => format!("unknown operation {}", self.op),
+        };
+        format!("{op} #{} of {} elements", self.seq, self.len)
+    }
+}
+
+/// Segment `i` of `n` near-equal parts of `0..len` (the first `len % n` one longer).
+fn segment(len: usize, n: usize, i: usize) -> Range<usize> {
+    let (base, extra) = (len / n, len % n);
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+/// Chunk of `range` starting `offset` into it, at most `chunk` long (empty past its end).
+fn clamp(range: &Range<usize>, offset: usize, chunk: usize) -> Range<usize> {
+    let start = (range.start + offset).min(range.end);
+    start..(start + chunk).min(range.end)
+}
+
+fn encode(values: &[f32], bytes: &mut Vec<u8>) {
+    bytes.clear();
+    bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+}
+
+fn decode_one(bytes: &[u8]) -> f32 {
+    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+fn link_of(rank: usize, link: &mut Option<Link>) -> Result<&mut Link> {
+    link.as_mut()
+        .ok_or_else(|| CollectiveError::InvalidArgument {
+            rank,
+            what: "a world of one has no link".into(),
+        })
+}
+
+/// Sends `send` to the next rank while filling `recv` from the previous one.
+async fn exchange(
+    rank: usize,
+    link: &mut Option<Link>,
+    send: &[u8],
+    recv: &mut [u8],
+    what: &'static str,
+) -> Result<()> {
+    let Link { next, prev, tx, rx } = link_of(rank, link)?;
+    let (next, prev) = (*next, *prev);
+    tokio::try_join!(
+        async {
+            tx.write_all(send)
+                .await
+                .map_err(|e| io_error(rank, next, what, e))
+        },
+        async {
+            rx.read_exact(recv)
+                .await
+                .map(|_| ())
+                .map_err(|e| io_error(rank, prev, what, e))
+        },
+    )?;
+    Ok(())
+}
+
+fn io_error(rank: usize, peer: usize, what: &'static str, source: io::Error) -> CollectiveError {
+    match source.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted => CollectiveError::PeerClosed { rank, peer, what },
+        _ => CollectiveError::Io {
+            rank,
+            peer,
+            what,
+            source,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_tile_the_buffer() {
+        for len in [0, 1, 2, 7, 8, 9, 100, 101] {
+            for n in 1..=8 {
+                let mut next = 0;
+                for i in 0..n {
+                    let s = segment(len, n, i);
+                    assert_eq!(s.start, next, "len {len} n {n} i {i}");
+                    assert!(s.len() == len / n || s.len() == len / n + 1);
+                    next = s.end;
+                }
+                assert_eq!(next, len, "len {len} n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn headers_round_trip() {
+        let header = Header {
+            op: Op::Broadcast.code(),
+            root: 3,
+            seq: u64::MAX - 1,
+            len: 1 << 40,
+        };
+        assert_eq!(Header::decode(&header.encode()), header);
+        assert_eq!(
+            header.describe(),
+            format!(
+                "broadcast from rank 3 #{} of {} elements",
+                u64::MAX - 1,
+                1u64 << 40
+            )
+        );
+    }
+
+    #[test]
+    fn clamp_stays_inside() {
+        assert_eq!(clamp(&(10..15), 0, 4), 10..14);
+        assert_eq!(clamp(&(10..15), 4, 4), 14..15);
+        assert_eq!(clamp(&(10..15), 8, 4), 15..15);
+    }
+}

@@ -1,0 +1,381 @@
+//! Ring collectives against direct computation: in-memory rings of 1 to 8 ranks, TCP
+//! rings on loopback, refused handshakes and ranks that disagree.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use runtime::{CollectiveError, CollectiveOptions, RingGroup, RingSecret};
+use tokio::net::TcpListener;
+
+/// Bound on every test's ring, so a hang fails instead of stalling the suite.
+const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn options(chunk_bytes: usize) -> CollectiveOptions {
+    CollectiveOptions {
+        chunk_bytes,
+        op_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(10),
+    }
+}
+
+/// Runs `body` on every rank of `groups` as its own task and returns the outputs by rank.
+async fn run_ranks<T, F, Fut>(groups: Vec<RingGroup>, body: F) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(RingGroup) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = groups.into_iter().map(|g| tokio::spawn(body(g))).collect();
+    let mut outputs = Vec::new();
+    for (rank, task) in tasks.into_iter().enumerate() {
+        let output = tokio::time::timeout(TEST_TIMEOUT, task)
+            .await
+            .with_context(|| format!("rank {rank} hung"))?
+            .with_context(|| format!("rank {rank} panicked"))?;
+        outputs.push(output);
+    }
+    Ok(outputs)
+}
+
+/// Integer-valued inputs, so every summation order gives the exact same sums.
+fn inputs(seed: u64, world: usize, len: usize) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..world)
+        .map(|_| {
+            (0..len)
+                .map(|_| rng.random_range(-1000..1000) as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn direct_sum(inputs: &[Vec<f32>]) -> Vec<f32> {
+    let mut sum = vec![0.0; inputs[0].len()];
+    for input in inputs {
+        sum.iter_mut().zip(input).for_each(|(s, x)| *s += x);
+    }
+    sum
+}
+
+/// Allreduces every size in `sizes`, in order on one group per rank, and checks each
+/// rank's result against the direct sum.
+async fn check_allreduce(groups: Vec<RingGroup>, sizes: &[usize], seed: u64) -> Result<()> {
+    let world = groups.len();
+    let cases: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| inputs(seed + i as u64, world, len))
+        .collect();
+    let per_rank = std::sync::Arc::new(cases.clone());
+    let outputs = run_ranks(groups, |mut group| {
+        let cases = per_rank.clone();
+        async move {
+            let mut results = Vec::new();
+            for case in cases.iter() {
+                let mut buffer = case[group.rank()].clone();
+                group.allreduce_sum(&mut buffer).await?;
+                results.push(buffer);
+            }
+            group.barrier().await?;
+            Ok::<_, CollectiveError>(results)
+        }
+    })
+    .await?;
+    for (rank, output) in outputs.into_iter().enumerate() {
+        let output = output.with_context(|| format!("world {world} rank {rank}"))?;
+        for ((case, result), len) in cases.iter().zip(output).zip(sizes) {
+            anyhow::ensure!(
+                result == direct_sum(case),
+                "world {world} rank {rank} len {len}: wrong sum"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allreduce_matches_direct_sum_for_every_world() -> Result<()> {
+    // 16-element chunks, so chunk boundaries fall inside small buffers.
+    let chunk = 16;
+    for world in 1..=8usize {
+        let mut sizes = vec![0, 1, world.saturating_sub(1), world + 1, 7, 13, 31, 257];
+        for boundary in [chunk, world * chunk, 3 * world * chunk] {
+            sizes.extend([boundary - 1, boundary, boundary + 1]);
+        }
+        let groups = RingGroup::in_memory(world, options(chunk * 4));
+        check_allreduce(groups, &sizes, 1000 * world as u64).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allreduce_of_megabytes_with_default_chunks() -> Result<()> {
+    let chunk = runtime::DEFAULT_CHUNK_BYTES / 4;
+    let sizes = [chunk - 1, 3 * chunk + 1, 1 << 20];
+    check_allreduce(
+        RingGroup::in_memory(3, CollectiveOptions::default()),
+        &sizes,
+        7,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_mean_ignores_ranks_of_weight_zero() -> Result<()> {
+    let weights = [1.0f32, 2.0, 0.0, 3.0];
+    let values = [[1.0f32, 10.0], [4.0, -2.0], [1e6, f32::MAX], [2.0, 0.5]];
+    let outputs = run_ranks(
+        RingGroup::in_memory(4, options(4)),
+        |mut group| async move {
+            let rank = group.rank();
+            let mut buffer = values[rank].to_vec();
+            let total = group
+                .allreduce_mean_weighted(&mut buffer, weights[rank])
+                .await?;
+            // Every rank out of data: zeros, not NaN.
+            let mut idle = vec![5.0f32; 3];
+            let idle_total = group.allreduce_mean_weighted(&mut idle, 0.0).await?;
+            Ok::<_, CollectiveError>((buffer, total, idle, idle_total))
+        },
+    )
+    .await?;
+    let expected = [(1.0 + 8.0 + 6.0) / 6.0, (10.0 - 4.0 + 1.5) / 6.0];
+    for (rank, output) in outputs.into_iter().enumerate() {
+        let (buffer, total, idle, idle_total) = output?;
+        assert_eq!(total, 6.0, "rank {rank}");
+        for (got, want) in buffer.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-6, "rank {rank}: {got} != {want}");
+        }
+        assert_eq!((idle, idle_total), (vec![0.0; 3], 0.0), "rank {rank}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_copies_the_roots_buffer() -> Result<()> {
+    let world = 5;
+    let outputs = run_ranks(
+        RingGroup::in_memory(world, options(64)),
+        |mut group| async move {
+            let mut results = Vec::new();
+            for root in 0..world {
+                for len in [0, 1, 16, 1001] {
+                    let mut buffer = inputs(root as u64, world, len)[group.rank()].clone();
+                    group.broadcast(&mut buffer, root).await?;
+                    results.push((root, len, buffer));
+                }
+            }
+            Ok::<_, CollectiveError>(results)
+        },
+    )
+    .await?;
+    for (rank, output) in outputs.into_iter().enumerate() {
+        for (root, len, buffer) in output? {
+            assert_eq!(
+                buffer,
+                inputs(root as u64, world, len)[root],
+                "rank {rank} root {root}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Ranks that disagree on what to run next: every rank fails, none hangs, and the
+/// group is unusable afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disagreeing_ranks_all_fail() -> Result<()> {
+    type Case = fn(usize) -> (usize, bool);
+    // (length, broadcast instead of allreduce) per rank.
+    let cases: [(&str, Case); 2] = [
+        ("length", |rank| (if rank == 2 { 11 } else { 10 }, false)),
+        ("operation", |rank| (10, rank == 0)),
+    ];
+    for (name, case) in cases {
+        let outputs = run_ranks(
+            RingGroup::in_memory(4, options(64)),
+            |mut group| async move {
+                let (len, broadcast) = case(group.rank());
+                let mut buffer = vec![1.0; len];
+                let first = if broadcast {
+                    group.broadcast(&mut buffer, 0).await
+                } else {
+                    group.allreduce_sum(&mut buffer).await
+                };
+                let after = group.barrier().await;
+                (first, after)
+            },
+        )
+        .await?;
+        for (rank, (first, after)) in outputs.into_iter().enumerate() {
+            assert!(
+                matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
+                "{name}: rank {rank}: {first:?}"
+            );
+            assert!(
+                matches!(after, Err(CollectiveError::Poisoned { .. })),
+                "{name}: rank {rank}: {after:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_rank_fails_its_neighbours() -> Result<()> {
+    let mut groups = RingGroup::in_memory(3, options(64));
+    drop(groups.remove(1));
+    let outputs = run_ranks(groups, |mut group| async move {
+        group.allreduce_sum(&mut [1.0; 100]).await
+    })
+    .await?;
+    for output in outputs {
+        assert!(
+            matches!(output, Err(CollectiveError::PeerClosed { .. })),
+            "{output:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_rank_times_its_peers_out() -> Result<()> {
+    let quick = CollectiveOptions {
+        op_timeout: Duration::from_millis(200),
+        ..options(64)
+    };
+    let mut groups = RingGroup::in_memory(3, quick);
+    // Rank 2 stays in the ring but never joins the operation.
+    let silent = groups.pop();
+    // Each rank hands its group back, so no link closes before every rank timed out.
+    let outputs = run_ranks(groups, |mut group| async move {
+        (group.allreduce_sum(&mut [1.0; 100]).await, group)
+    })
+    .await?;
+    drop(silent);
+    for (output, _group) in outputs {
+        assert!(
+            matches!(
+                output,
+                Err(CollectiveError::Timeout {
+                    what: "allreduce",
+                    ..
+                })
+            ),
+            "{output:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Binds one loopback listener per rank and connects the ring, one task per rank;
+/// `secrets[rank]` and `jobs[rank]` let a test misconfigure a rank.
+async fn tcp_ring(
+    secrets: Vec<RingSecret>,
+    jobs: Vec<&'static str>,
+    options: CollectiveOptions,
+) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
+    let world = secrets.len();
+    let mut listeners = Vec::new();
+    for _ in 0..world {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await?);
+    }
+    let addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<_>>()?;
+    let tasks: Vec<_> = listeners
+        .into_iter()
+        .zip(secrets)
+        .zip(jobs)
+        .enumerate()
+        .map(|(rank, ((listener, secret), job))| {
+            let next = addrs[(rank + 1) % world];
+            let options = options.clone();
+            tokio::spawn(async move {
+                RingGroup::connect(rank, world, listener, next, &secret, job, options).await
+            })
+        })
+        .collect();
+    let mut groups = Vec::new();
+    for (rank, task) in tasks.into_iter().enumerate() {
+        let group = tokio::time::timeout(TEST_TIMEOUT, task)
+            .await
+            .with_context(|| format!("rank {rank} hung connecting"))??;
+        groups.push((addrs[rank], group));
+    }
+    Ok(groups)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_ring_allreduces_megabytes() -> Result<()> {
+    for world in [2, 4] {
+        let secret = RingSecret::random();
+        let ring = tcp_ring(
+            vec![secret; world],
+            vec!["job-1"; world],
+            CollectiveOptions::default(),
+        )
+        .await?;
+        let groups = ring
+            .into_iter()
+            .map(|(_, group)| group)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // 1 Mi floats (4 MiB) and a size that is not a multiple of anything.
+        check_allreduce(groups, &[1 << 20, 1_000_003, 0, 5], 42).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
+    let secret = RingSecret::random();
+    let quick = CollectiveOptions {
+        connect_timeout: Duration::from_millis(1500),
+        ..options(64)
+    };
+    // Rank 0 is misconfigured; it connects to rank 1, which must refuse it.
+    let cases = [
+        (
+            "secret",
+            vec![RingSecret::random(), secret.clone()],
+            vec!["job"; 2],
+        ),
+        (
+            "job",
+            vec![secret.clone(), secret.clone()],
+            vec!["other", "job"],
+        ),
+    ];
+    for (name, secrets, jobs) in cases {
+        let ring = tcp_ring(secrets, jobs, quick.clone()).await?;
+        let rank1_addr = ring[1].0;
+        match &ring[0].1 {
+            Err(CollectiveError::Handshake {
+                rank: 0,
+                peer: 1,
+                addr,
+                ..
+            }) => assert_eq!(*addr, rank1_addr, "{name}"),
+            other => panic!("{name}: rank 0 got {other:?}"),
+        }
+        match &ring[1].1 {
+            Err(CollectiveError::Handshake {
+                rank: 1, peer: 0, ..
+            }) => {}
+            other => panic!("{name}: rank 1 got {other:?}"),
+        }
+        let message = ring[0].1.as_ref().err().map(ToString::to_string);
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains(&rank1_addr.to_string())),
+            "{name}: {message:?}"
+        );
+    }
+    Ok(())
+}
