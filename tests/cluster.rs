@@ -290,43 +290,92 @@ fn a_head_and_two_nodes_form_a_cluster_that_survives_a_killed_node_and_bad_peers
     assert!(two.daemon_pids().is_empty());
 }
 
+/// A head and one node as daemons, both alive, and a client of the head's machine in this
+/// process, for the actor tests.
+struct ActorCluster {
+    // Dropped last: the machines' folders live in it.
+    head: Machine,
+    node: Machine,
+    join: (String, String, String),
+    // Before the runtime: its connections close on that runtime.
+    client: runtime::ClusterClient,
+    tokio: tokio::runtime::Runtime,
+    _root: tempfile::TempDir,
+}
+
+/// How long any one step of the actor tests may take.
+const STEP_LIMIT: Duration = Duration::from_secs(30);
+
+impl ActorCluster {
+    fn start(gpus: &str) -> ActorCluster {
+        let root = tempfile::tempdir().expect("temp dir");
+        let head = Machine::new(root.path(), "head");
+        let node = Machine::new(root.path(), "node");
+        let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", gpus]);
+        let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", gpus]);
+        assert!(out.status.success(), "join failed:\n{}", describe(&out));
+        wait_for(Duration::from_secs(5), "two nodes alive", || {
+            let states = node_states(&head.status());
+            (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
+        });
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio");
+        let head_state = runtime::StateDir::at(&head.state);
+        let connecting = runtime::ClusterClient::connect(&head_state, None);
+        let client = block_within(&tokio, STEP_LIMIT, "connect", connecting).expect("client");
+        ActorCluster {
+            head,
+            node,
+            join,
+            client,
+            tokio,
+            _root: root,
+        }
+    }
+
+    /// Runs `future` on the test's runtime, within [`STEP_LIMIT`].
+    fn block<T>(&self, what: &str, future: impl std::future::Future<Output = T>) -> T {
+        block_within(&self.tokio, STEP_LIMIT, what, future)
+    }
+
+    /// Drops the client (its actors end with its connection), stops the cluster from the
+    /// head's machine and waits for the daemons to go.
+    fn stop(self) {
+        let daemons: Vec<u32> = [&self.head, &self.node]
+            .iter()
+            .flat_map(|m| m.daemon_pids())
+            .collect();
+        drop(self.client);
+        self.head.run_ok(&["stop", "--all"]);
+        wait_for(Duration::from_secs(10), "daemons gone", || {
+            daemons.iter().all(|&pid| !is_running(pid)).then_some(())
+        });
+    }
+}
+
 /// Actors through the real daemons: a client in this process spawns `echo` actors over a
 /// head and a node, in worker processes (the binary re-executed as `imgrun worker`), calls
 /// them, sees their reservations in `imgrun status`, and stops them.
 #[test]
 fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
-    use runtime::{ActorEventKind, ClusterClient, Resources, SpawnOptions, StateDir, Strategy};
+    use runtime::{ActorEventKind, Resources, SpawnOptions, Strategy};
 
-    let root = tempfile::tempdir().expect("temp dir");
-    let head = Machine::new(root.path(), "head");
-    let node = Machine::new(root.path(), "node");
-    let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "1"]);
-    let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "1"]);
-    assert!(out.status.success(), "join failed:\n{}", describe(&out));
-    wait_for(Duration::from_secs(5), "two nodes alive", || {
-        let states = node_states(&head.status());
-        (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
-    });
-    let daemons: Vec<u32> = [&head, &node]
+    let cluster = ActorCluster::start("1");
+    let (head, client, limit) = (&cluster.head, &cluster.client, STEP_LIMIT);
+    let daemons: Vec<u32> = [head, &cluster.node]
         .iter()
         .flat_map(|m| m.daemon_pids())
         .collect();
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let limit = Duration::from_secs(30);
-    let head_state = StateDir::at(&head.state);
-    let connecting = ClusterClient::connect(&head_state, None);
-    let client = block_within(&tokio, limit, "connect", connecting).expect("client");
     let mut actors = Vec::new();
     for _ in 0..2 {
         let options = SpawnOptions::new(runtime::ECHO_KIND)
             .resources(Resources::new().with_gpus(1))
             .strategy(Strategy::Spread)
             .process_group("diag");
-        let spawned = block_within(&tokio, limit, "spawn", client.spawn(options));
+        let spawned = cluster.block("spawn", client.spawn(options));
         actors.push(spawned.expect("spawn echo"));
     }
     assert_ne!(
@@ -337,7 +386,8 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
     let mut pids = Vec::new();
     for actor in &actors {
         let call = |method: &'static str, payload: &'static str| {
-            let reply = block_within(&tokio, limit, method, actor.call(method, payload, limit))
+            let reply = cluster
+                .block(method, actor.call(method, payload, limit))
                 .unwrap_or_else(|error| panic!("{method}: {error}"));
             String::from_utf8_lossy(&reply).into_owned()
         };
@@ -380,13 +430,13 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
 
     // Stopped: `stopped` events, nothing reserved, the workers retired.
     for actor in &actors {
-        block_within(&tokio, limit, "stop", actor.stop()).expect("stop");
+        cluster.block("stop", actor.stop()).expect("stop");
     }
     let mut stopped = 0;
     let mut seen = 0;
     while stopped < actors.len() {
         let asked = client.events(seen, Duration::from_secs(5));
-        let page = block_within(&tokio, limit, "events", asked).expect("events");
+        let page = cluster.block("events", asked).expect("events");
         for event in &page.events {
             assert_eq!(event.kind, ActorEventKind::Stopped, "{event:?}");
             stopped += 1;
@@ -402,11 +452,7 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
     wait_for(Duration::from_secs(10), "workers gone", || {
         pids.iter().all(|&pid| !is_running(pid)).then_some(())
     });
-    drop(client);
-    head.run_ok(&["stop", "--all"]);
-    wait_for(Duration::from_secs(10), "daemons gone", || {
-        daemons.iter().all(|&pid| !is_running(pid)).then_some(())
-    });
+    cluster.stop();
 }
 
 /// SIGKILL a node daemon that hosts an actor in a worker process: its worker goes with it,
@@ -414,27 +460,10 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
 /// head (its restart policy), and the same handle reaches it there.
 #[test]
 fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
-    use runtime::{ActorEventKind, ClusterClient, SpawnOptions, StateDir, Strategy};
+    use runtime::{ActorEventKind, SpawnOptions, Strategy};
 
-    let root = tempfile::tempdir().expect("temp dir");
-    let head = Machine::new(root.path(), "head");
-    let node = Machine::new(root.path(), "node");
-    let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
-    let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
-    assert!(out.status.success(), "join failed:\n{}", describe(&out));
-    wait_for(Duration::from_secs(5), "two nodes alive", || {
-        let states = node_states(&head.status());
-        (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
-    });
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let limit = Duration::from_secs(30);
-    let head_state = StateDir::at(&head.state);
-    let connecting = ClusterClient::connect(&head_state, None);
-    let client = block_within(&tokio, limit, "connect", connecting).expect("client");
+    let cluster = ActorCluster::start("0");
+    let (node, join, client, limit) = (&cluster.node, &cluster.join, &cluster.client, STEP_LIMIT);
     // Spread puts one actor on each daemon; the one on the node is the victim's.
     let mut actors = Vec::new();
     for _ in 0..2 {
@@ -442,7 +471,11 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
             .strategy(Strategy::Spread)
             .process_group("diag")
             .restart(2, Duration::from_millis(100));
-        actors.push(block_within(&tokio, limit, "spawn", client.spawn(options)).expect("spawn"));
+        actors.push(
+            cluster
+                .block("spawn", client.spawn(options))
+                .expect("spawn"),
+        );
     }
     let moving = actors
         .iter()
@@ -451,7 +484,8 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
         .clone();
     let lost_node = moving.node();
     let call = |method: &'static str| {
-        let reply = block_within(&tokio, limit, method, moving.call(method, "hi", limit))
+        let reply = cluster
+            .block(method, moving.call(method, "hi", limit))
             .unwrap_or_else(|error| panic!("{method}: {error}"));
         String::from_utf8_lossy(&reply).into_owned()
     };
@@ -475,7 +509,7 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
     let mut kinds = Vec::new();
     while !kinds.contains(&ActorEventKind::Restarted) {
         let asked = client.events(seen, Duration::from_secs(5));
-        let page = block_within(&tokio, limit, "events", asked).expect("events");
+        let page = cluster.block("events", asked).expect("events");
         for event in page.events {
             seen = event.seq;
             if event.actor != moving.id() {
@@ -504,15 +538,10 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
         .iter()
         .find(|a| a.id() != moving.id())
         .expect("other");
-    let reply = block_within(&tokio, limit, "other", other.call("echo", "still", limit));
+    let reply = cluster.block("other", other.call("echo", "still", limit));
     assert_eq!(reply.expect("the other actor still answers"), b"still");
 
-    drop(client);
-    let daemons = head.daemon_pids();
-    head.run_ok(&["stop", "--all"]);
-    wait_for(Duration::from_secs(10), "daemons gone", || {
-        daemons.iter().all(|&pid| !is_running(pid)).then_some(())
-    });
+    cluster.stop();
 }
 
 #[test]

@@ -13,7 +13,7 @@ use runtime::{
 };
 
 use crate::Options;
-use crate::measure::{CpuMeter, Latencies, Run, run_header, run_row};
+use crate::measure::{CpuMeter, Run, run_header, run_row, timed_calls};
 
 /// The actor every row talks to.
 const ACTOR: ActorId = ActorId(1);
@@ -211,37 +211,19 @@ async fn tell_pipelined(host: &Host, run_time: Duration) -> Result<Run> {
 
 /// Calls from `tasks` tasks for `run_time`, each waiting for its answer before the next.
 async fn calls(host: &Host, tasks: usize, run_time: Duration) -> Result<Run> {
-    let start = Instant::now();
-    let deadline = start + run_time;
-    let mut running = tokio::task::JoinSet::new();
+    let host = host.clone();
     let payload = Arc::new(vec![7u8; PAYLOAD]);
-    for _ in 0..tasks {
-        let host = host.clone();
-        let payload = payload.clone();
-        running.spawn(async move {
-            let mut latencies = Vec::with_capacity(1 << 16);
-            while Instant::now() < deadline {
-                let sent = Instant::now();
-                let reply = host.call("echo", payload.to_vec()).await?;
-                latencies.push(sent.elapsed());
-                if reply.len() != PAYLOAD {
-                    bail!("echo answered {} bytes", reply.len());
-                }
+    timed_calls(tasks, run_time, move |_, _| {
+        let (host, payload) = (host.clone(), payload.clone());
+        async move {
+            let reply = host.call("echo", payload.to_vec()).await?;
+            if reply.len() != PAYLOAD {
+                bail!("echo answered {} bytes", reply.len());
             }
-            Ok::<_, anyhow::Error>(latencies)
-        });
-    }
-    let mut latencies = Vec::new();
-    while let Some(done) = running.join_next().await {
-        latencies.extend(done.context("a caller task panicked")??);
-    }
-    let elapsed = start.elapsed();
-    Ok(Run {
-        messages: latencies.len() as u64,
-        elapsed,
-        latencies: Some(Latencies::new(latencies)),
-        cpu: None,
+            Ok(())
+        }
     })
+    .await
 }
 
 /// Waits (at most 5 s) until process `pid` is gone and reaped, so that no worker outlives

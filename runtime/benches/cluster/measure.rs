@@ -1,7 +1,10 @@
 //! What the sections share: latency percentiles, the CPU time of a process, the machine
 //! line and the date for the header, and the throughput rows.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
 
 /// The Linux kernel reports process times in these ticks per second (`USER_HZ`, fixed at
 /// 100 on every architecture the kernel exports to user space in /proc).
@@ -60,6 +63,42 @@ impl Run {
     pub fn per_second(&self) -> f64 {
         self.messages as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+}
+
+/// Calls from `callers` tasks for `run_time`, each waiting for its answer before the
+/// next, every call timed. `call(caller, n)` makes the `n`th call of task `caller`.
+pub async fn timed_calls<F, Fut>(callers: usize, run_time: Duration, call: F) -> Result<Run>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send,
+{
+    let start = Instant::now();
+    let deadline = start + run_time;
+    let mut running = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let call = call.clone();
+        running.spawn(async move {
+            let mut latencies = Vec::with_capacity(1 << 16);
+            let mut n = 0;
+            while Instant::now() < deadline {
+                n += 1;
+                let sent = Instant::now();
+                call(caller, n).await?;
+                latencies.push(sent.elapsed());
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        });
+    }
+    let mut latencies = Vec::new();
+    while let Some(done) = running.join_next().await {
+        latencies.extend(done.context("a caller task panicked")??);
+    }
+    Ok(Run {
+        messages: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies: Some(Latencies::new(latencies)),
+        cpu: None,
+    })
 }
 
 /// The CPU time of a few processes since it started.

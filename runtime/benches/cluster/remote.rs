@@ -5,7 +5,7 @@
 //! from 1, 8 and 64 tasks. Every call crosses QUIC from the client to the node.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use runtime::{
@@ -15,7 +15,7 @@ use runtime::{
 };
 
 use crate::Options;
-use crate::measure::{CpuMeter, Latencies, Run, run_header, run_row};
+use crate::measure::{CpuMeter, Run, run_header, run_row, timed_calls};
 
 /// Bytes of each call's payload, as in the other sections.
 const PAYLOAD: usize = 16;
@@ -128,31 +128,12 @@ pub async fn run(options: &Options) -> Result<Figures> {
 
 /// `tasks` callers on one actor for `run_time`, each waiting for its reply before the next.
 async fn calls(actor: &ActorRef, tasks: usize, run_time: Duration) -> Result<Run> {
-    let start = Instant::now();
-    let deadline = start + run_time;
-    let mut running = tokio::task::JoinSet::new();
-    for _ in 0..tasks {
+    let actor = actor.clone();
+    timed_calls(tasks, run_time, move |_, _| {
         let actor = actor.clone();
-        running.spawn(async move {
-            let mut latencies = Vec::with_capacity(1 << 16);
-            while Instant::now() < deadline {
-                let sent = Instant::now();
-                call(&actor).await?;
-                latencies.push(sent.elapsed());
-            }
-            Ok::<_, anyhow::Error>(latencies)
-        });
-    }
-    let mut latencies = Vec::new();
-    while let Some(done) = running.join_next().await {
-        latencies.extend(done.context("a caller task panicked")??);
-    }
-    Ok(Run {
-        messages: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies: Some(Latencies::new(latencies)),
-        cpu: None,
+        async move { call(&actor).await }
     })
+    .await
 }
 
 /// One call, its answer checked.

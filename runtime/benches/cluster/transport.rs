@@ -11,7 +11,7 @@ use runtime::{Client, ClientTls, ClusterCa, Connection, Peer, Server, ServerTls}
 
 use crate::Options;
 use crate::measure::{
-    CpuMeter, Latencies, Run, micros, millis, run_header, run_row, udp_receive_drops,
+    CpuMeter, Latencies, Run, micros, millis, run_header, run_row, timed_calls, udp_receive_drops,
 };
 
 const PAYLOAD: usize = 16;
@@ -161,33 +161,12 @@ async fn rows(
 /// Requests from `callers` tasks on one connection for `run_time`, each waiting for its
 /// answer before the next.
 async fn requests(connection: &Connection, callers: usize, run_time: Duration) -> Result<Run> {
-    let start = Instant::now();
-    let deadline = start + run_time;
-    let mut running = tokio::task::JoinSet::new();
-    for caller in 0..callers {
+    let connection = connection.clone();
+    timed_calls(callers, run_time, move |caller, n| {
         let connection = connection.clone();
-        running.spawn(async move {
-            let mut latencies = Vec::with_capacity(1 << 16);
-            let mut call_id = (caller as u64) << 32;
-            while Instant::now() < deadline {
-                call_id += 1;
-                let sent = Instant::now();
-                request(&connection, call_id).await?;
-                latencies.push(sent.elapsed());
-            }
-            Ok::<_, anyhow::Error>(latencies)
-        });
-    }
-    let mut latencies = Vec::new();
-    while let Some(done) = running.join_next().await {
-        latencies.extend(done.context("a caller task panicked")??);
-    }
-    Ok(Run {
-        messages: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies: Some(Latencies::new(latencies)),
-        cpu: None,
+        async move { request(&connection, ((caller as u64) << 32) + n).await }
     })
+    .await
 }
 
 /// One call, checked.
