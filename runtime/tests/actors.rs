@@ -8,29 +8,19 @@
 //! the one wait without an event (the head noticing a client's connection closed) polls
 //! the status under the same limit.
 
-use std::future::Future;
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use runtime::{
     Actor, ActorCallError, ActorContext, ActorEvent, ActorEventKind, ActorHosting, ActorRef,
-    ActorRegistry, ClusterClient, ClusterStatus, DiscoverOptions, Head, HeadConfig,
-    MembershipConfig, MethodError, Node, NodeConfig, NodeId, NodeResources, Resources,
-    SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, discover,
+    ActorRegistry, ClusterClient, ClusterStatus, Head, HeadConfig, MembershipConfig, MethodError,
+    Node, NodeConfig, NodeId, Resources, SpawnOptions, StateDir, Strategy, TransportOptions,
 };
 use tempfile::TempDir;
 
-/// Every wait of a test finishes within this, or the test fails.
-const LIMIT: Duration = Duration::from_secs(30);
-const HEARTBEAT_MS: u64 = 50;
-const DEAD_AFTER_MS: u64 = 500;
-
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(LIMIT, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("{what}: not done within {LIMIT:?}"),
-    }
-}
+use common::{DEAD_AFTER_MS, HEARTBEAT_MS, LIMIT, resources, within};
 
 /// The kinds the daemons host: `probe`, whose methods are named for what they do, and
 /// `broken`, whose constructor fails.
@@ -75,17 +65,6 @@ impl Actor for Probe {
         };
         Ok(answer.into_bytes())
     }
-}
-
-/// What a node of `cpus` CPUs and `gpus` claimed GPUs offers (the machine's GPUs hidden).
-fn resources(name: &str, cpus: usize, gpus: usize) -> NodeResources {
-    let mut resources = discover(&DiscoverOptions {
-        num_cpus: Some(cpus),
-        num_gpus: Some(gpus),
-        visible_devices: VisibleDevices::Set("-1".to_owned()),
-    });
-    resources.hostname = Some(name.to_owned());
-    resources
 }
 
 fn hosting() -> ActorHosting {

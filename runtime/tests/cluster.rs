@@ -7,7 +7,8 @@
 //! tests wait for the head's events, the daemons' `stopped()`, or requests, each under
 //! [`LIMIT`].
 
-use std::future::Future;
+mod common;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,35 +18,13 @@ use rand::{Rng, SeedableRng};
 use runtime::wire::{Message, NodeDescription, ResourcesWire};
 use runtime::{
     ActorHosting, CaHash, Client, ClientTls, ClusterCa, ClusterClient, ClusterEvent, ClusterStatus,
-    DaemonError, DiscoverOptions, Head, HeadConfig, JoinToken, LossReason, MembershipConfig, Node,
-    NodeConfig, NodeId, NodeResources, NodeState, Peer, Resources, StateDir, Strategy,
-    TransportOptions, VisibleDevices, discover,
+    DaemonError, Head, HeadConfig, JoinToken, LossReason, MembershipConfig, Node, NodeConfig,
+    NodeId, NodeState, Peer, Resources, StateDir, Strategy, TransportOptions,
 };
 use tempfile::TempDir;
+
+use common::{DEAD_AFTER_MS, HEARTBEAT_MS, LIMIT, resources, within};
 use tokio::sync::broadcast;
-
-/// Every wait of a test finishes within this, or the test fails.
-const LIMIT: Duration = Duration::from_secs(30);
-const HEARTBEAT_MS: u64 = 50;
-const DEAD_AFTER_MS: u64 = 500;
-
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(LIMIT, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("{what}: not done within {LIMIT:?}"),
-    }
-}
-
-/// What a node of `cpus` CPUs and `gpus` claimed GPUs offers (the machine's GPUs hidden).
-fn resources(name: &str, cpus: usize, gpus: usize) -> NodeResources {
-    let mut resources = discover(&DiscoverOptions {
-        num_cpus: Some(cpus),
-        num_gpus: Some(gpus),
-        visible_devices: VisibleDevices::Set("-1".to_owned()),
-    });
-    resources.hostname = Some(name.to_owned());
-    resources
-}
 
 /// A head on a free loopback port, with a state folder per simulated machine.
 struct Cluster {
