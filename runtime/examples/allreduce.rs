@@ -2,6 +2,7 @@
 //! this process: `cargo run --release -p runtime --example allreduce [WORLD...]`.
 //!
 //! busbw = 2 (n - 1) / n * bytes / time, as nccl-tests and gloo benchmarks report it.
+//! The multi-process benchmark against torch.distributed's gloo is `allreduce_procs`.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

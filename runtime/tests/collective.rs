@@ -379,3 +379,346 @@ async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// Property tests: random real-valued inputs against sums computed directly in f64.
+//
+// Every case derives its inputs from `BASE_SEED` (or `COLLECTIVE_SEED=<u64>` in the
+// environment, to explore other seeds) and names its seed in any failure message, so a
+// failing case reruns with `COLLECTIVE_SEED=<seed> cargo test -p runtime --test collective`.
+// ---------------------------------------------------------------------------------------
+
+const BASE_SEED: u64 = 0x1a2b_3c4d;
+
+fn base_seed() -> u64 {
+    std::env::var("COLLECTIVE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(BASE_SEED)
+}
+
+/// One operation of a schedule that every rank runs in order on the same group, as DDP
+/// runs its gradient buckets.
+#[derive(Clone, Debug)]
+enum Bucket {
+    /// `inputs[rank]` is allreduced with `allreduce_sum`.
+    Sum { inputs: Vec<Vec<f32>> },
+    /// `inputs[rank]` is averaged with `allreduce_mean_weighted(.., weights[rank])`.
+    Mean {
+        inputs: Vec<Vec<f32>>,
+        weights: Vec<f32>,
+    },
+}
+
+impl Bucket {
+    fn len(&self) -> usize {
+        match self {
+            Bucket::Sum { inputs } | Bucket::Mean { inputs, .. } => inputs[0].len(),
+        }
+    }
+
+    /// The exact result (in f64) and how far an f32 ring may stray from it, per element,
+    /// plus the total weight for a mean.
+    fn expected(&self) -> (Vec<f64>, Vec<f64>, Option<f64>) {
+        let world = match self {
+            Bucket::Sum { inputs } | Bucket::Mean { inputs, .. } => inputs.len(),
+        };
+        // Summing n f32 terms in any order errs by at most (n - 1) u * sum |x|, with u
+        // the unit roundoff (EPSILON / 2); the result's own rounding adds u * |sum|.
+        let eps = f64::from(f32::EPSILON);
+        match self {
+            Bucket::Sum { inputs } => {
+                let (sums, bounds) = (0..self.len())
+                    .map(|i| {
+                        let sum: f64 = inputs.iter().map(|x| f64::from(x[i])).sum();
+                        let abs: f64 = inputs.iter().map(|x| f64::from(x[i]).abs()).sum();
+                        (sum, world as f64 * eps * abs + f64::from(f32::MIN_POSITIVE))
+                    })
+                    .unzip();
+                (sums, bounds, None)
+            }
+            Bucket::Mean { inputs, weights } => {
+                let total: f64 = weights.iter().copied().map(f64::from).sum();
+                let (means, bounds) = (0..self.len())
+                    .map(|i| {
+                        if total == 0.0 {
+                            return (0.0, 0.0);
+                        }
+                        // A rank of weight 0 contributes nothing, whatever its buffer holds.
+                        let terms = || {
+                            inputs
+                                .iter()
+                                .zip(weights)
+                                .filter(|(_, w)| **w > 0.0)
+                                .map(|(x, w)| f64::from(x[i]) * f64::from(*w))
+                        };
+                        let sum: f64 = terms().sum();
+                        let abs: f64 = terms().map(f64::abs).sum();
+                        // Products, the sum of products, the sum of weights and the
+                        // division each add their rounding.
+                        (sum / total, (world as f64 + 3.0) * eps * abs / total)
+                    })
+                    .unzip();
+                (means, bounds, Some(total))
+            }
+        }
+    }
+}
+
+/// Random values of mixed sign spread over six orders of magnitude.
+fn random_values(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            let exponent = rng.random_range(-3..=3);
+            rng.random_range(-1.0f32..1.0) * 10f32.powi(exponent)
+        })
+        .collect()
+}
+
+fn sum_bucket(rng: &mut StdRng, world: usize, len: usize) -> Bucket {
+    Bucket::Sum {
+        inputs: (0..world).map(|_| random_values(rng, len)).collect(),
+    }
+}
+
+/// A weighted mean where about a third of the ranks (or, with `all_idle`, every rank)
+/// has weight 0; ranks of weight 0 hold garbage, NaN and infinities included.
+fn mean_bucket(rng: &mut StdRng, world: usize, len: usize, all_idle: bool) -> Bucket {
+    let weights: Vec<f32> = (0..world)
+        .map(|_| {
+            if all_idle || rng.random_range(0..3) == 0 {
+                0.0
+            } else if rng.random() {
+                rng.random_range(1..64) as f32
+            } else {
+                rng.random_range(0.01f32..10.0)
+            }
+        })
+        .collect();
+    let inputs = weights
+        .iter()
+        .map(|&w| {
+            let mut values = random_values(rng, len);
+            if w == 0.0 {
+                for (i, x) in values.iter_mut().enumerate() {
+                    *x = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX][i % 4];
+                }
+            }
+            values
+        })
+        .collect();
+    Bucket::Mean { inputs, weights }
+}
+
+/// Runs `schedule` on every rank of `groups` in order and checks every rank's results
+/// against [`Bucket::expected`]; all ranks must also agree bit for bit, as DDP's replicas
+/// must stay identical. `case` names the case (seed included) in failures.
+async fn check_schedule(case: &str, groups: Vec<RingGroup>, schedule: Vec<Bucket>) -> Result<()> {
+    let world = groups.len();
+    let schedule = std::sync::Arc::new(schedule);
+    let outputs = run_ranks(groups, |mut group| {
+        let schedule = schedule.clone();
+        async move {
+            let rank = group.rank();
+            let mut results = Vec::new();
+            for bucket in schedule.iter() {
+                match bucket {
+                    Bucket::Sum { inputs } => {
+                        let mut buffer = inputs[rank].clone();
+                        group.allreduce_sum(&mut buffer).await?;
+                        results.push((buffer, None));
+                    }
+                    Bucket::Mean { inputs, weights } => {
+                        let mut buffer = inputs[rank].clone();
+                        let total = group
+                            .allreduce_mean_weighted(&mut buffer, weights[rank])
+                            .await?;
+                        results.push((buffer, Some(total)));
+                    }
+                }
+            }
+            Ok::<_, CollectiveError>(results)
+        }
+    })
+    .await
+    .with_context(|| format!("{case}: world {world}"))?;
+    let outputs = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, output)| output.with_context(|| format!("{case}: world {world} rank {rank}")))
+        .collect::<Result<Vec<_>>>()?;
+    for (b, bucket) in schedule.iter().enumerate() {
+        let what = format!(
+            "{case}: world {world} bucket {b} ({} elements)",
+            bucket.len()
+        );
+        let (want, bounds, want_total) = bucket.expected();
+        let (first, first_total) = &outputs[0][b];
+        for (rank, output) in outputs.iter().enumerate() {
+            let (got, total) = &output[b];
+            anyhow::ensure!(
+                got.len() == want.len(),
+                "{what} rank {rank}: length changed"
+            );
+            anyhow::ensure!(
+                got.iter()
+                    .map(|x| x.to_bits())
+                    .eq(first.iter().map(|x| x.to_bits()))
+                    && total == first_total,
+                "{what}: rank {rank} disagrees with rank 0"
+            );
+            if let (Some(got), Some(want)) = (total, want_total) {
+                let bound = world as f64 * f64::from(f32::EPSILON) * want;
+                anyhow::ensure!(
+                    (f64::from(*got) - want).abs() <= bound,
+                    "{what} rank {rank}: total weight {got} != {want}"
+                );
+            }
+        }
+        for (i, ((&got, want), bound)) in first.iter().zip(&want).zip(&bounds).enumerate() {
+            anyhow::ensure!(
+                (f64::from(got) - want).abs() <= *bound,
+                "{what} element {i}: got {got}, want {want} (tolerance {bound:e})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Sizes that stress the ring's arithmetic for `world` ranks and chunks of `chunk`
+/// floats: empty, tiny, odd, fewer elements than ranks, and both sides of every segment
+/// and chunk boundary, plus a few random ones.
+fn interesting_sizes(rng: &mut StdRng, world: usize, chunk: usize) -> Vec<usize> {
+    let mut sizes = vec![
+        0,
+        1,
+        2,
+        3,
+        5,
+        7,
+        31,
+        97,
+        world - 1,
+        world,
+        world + 1,
+        2 * world + 1,
+    ];
+    for boundary in [
+        chunk,
+        world * chunk,
+        2 * world * chunk,
+        5 * world * chunk + chunk,
+    ] {
+        sizes.extend([boundary.saturating_sub(1), boundary, boundary + 1]);
+    }
+    sizes.extend((0..4).map(|_| rng.random_range(0..8 * world * chunk)));
+    sizes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<()> {
+    // Chunks of 1, 2 (10 bytes round down to whole floats) and 16 floats hit many chunk
+    // boundaries with small buffers.
+    for chunk_bytes in [4, 10, 64] {
+        let chunk = (chunk_bytes / 4).max(1);
+        for world in 1..=8usize {
+            let seed = base_seed() ^ ((world as u64) << 32) ^ chunk_bytes as u64;
+            let mut rng = StdRng::seed_from_u64(seed);
+            let schedule = interesting_sizes(&mut rng, world, chunk)
+                .into_iter()
+                .map(|len| sum_bucket(&mut rng, world, len))
+                .collect();
+            let case = format!("seed {seed} chunk_bytes {chunk_bytes}");
+            check_schedule(
+                &case,
+                RingGroup::in_memory(world, options(chunk_bytes)),
+                schedule,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// DDP-like: buckets of varying sizes, sums and weighted means mixed, back to back on one
+/// group, with weight-0 ranks and steps where every rank is out of data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_buckets_in_a_row_on_one_group() -> Result<()> {
+    for world in 1..=8usize {
+        let seed = base_seed().wrapping_add(world as u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let schedule = (0..16)
+            .map(|i| {
+                let len = match i % 4 {
+                    0 => rng.random_range(0..50),
+                    1 => rng.random_range(50..5_000),
+                    _ => rng.random_range(5_000..20_000),
+                };
+                match i % 3 {
+                    0 => sum_bucket(&mut rng, world, len),
+                    1 => mean_bucket(&mut rng, world, len, false),
+                    _ => mean_bucket(&mut rng, world, len, i % 5 == 0),
+                }
+            })
+            .collect();
+        let case = format!("seed {seed}");
+        // Chunks of 4 KiB, so the larger buckets span many of them.
+        check_schedule(&case, RingGroup::in_memory(world, options(4096)), schedule).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_allreduce_of_several_megabytes() -> Result<()> {
+    for (world, len) in [(2, (1 << 20) + 3), (5, (1 << 19) + 7)] {
+        let seed = base_seed().wrapping_mul(31).wrapping_add(world as u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let schedule = vec![
+            sum_bucket(&mut rng, world, len),
+            mean_bucket(&mut rng, world, len / 4, false),
+        ];
+        let case = format!("seed {seed}");
+        let groups = RingGroup::in_memory(world, CollectiveOptions::default());
+        check_schedule(&case, groups, schedule).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_buckets_over_tcp() -> Result<()> {
+    let default_chunk = runtime::DEFAULT_CHUNK_BYTES / 4;
+    let cases = [
+        (2, 64, vec![0, 1, 31, 33, 16 * 20 + 1, 300_001]),
+        (3, 4096, vec![3 * 1024 - 1, 0, 3 * 1024 + 1, 5, 40_000]),
+        (
+            4,
+            runtime::DEFAULT_CHUNK_BYTES,
+            vec![1, default_chunk + 1, 0, 300_001],
+        ),
+    ];
+    for (world, chunk_bytes, sizes) in cases {
+        let seed = base_seed().wrapping_sub(world as u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let schedule = sizes
+            .into_iter()
+            .enumerate()
+            .map(|(i, len)| match i % 2 {
+                0 => sum_bucket(&mut rng, world, len),
+                _ => mean_bucket(&mut rng, world, len, false),
+            })
+            .collect();
+        let ring = tcp_ring(
+            vec![RingSecret::random(); world],
+            vec!["props"; world],
+            options(chunk_bytes),
+        )
+        .await?;
+        let groups = ring
+            .into_iter()
+            .map(|(_, group)| group)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let case = format!("seed {seed} tcp chunk_bytes {chunk_bytes}");
+        check_schedule(&case, groups, schedule).await?;
+    }
+    Ok(())
+}

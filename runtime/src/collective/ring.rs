@@ -118,7 +118,12 @@ impl RingGroup {
         let header = self.begin(Op::WeightedMean, buffer.len(), 0)?;
         let mut scaled = std::mem::take(&mut self.weighted);
         scaled.clear();
-        scaled.extend(buffer.iter().map(|x| x * weight));
+        if weight > 0.0 {
+            scaled.extend(buffer.iter().map(|x| x * weight));
+        } else {
+            // Ignored means ignored: NaN or infinity times 0 would poison every rank.
+            scaled.resize(buffer.len(), 0.0);
+        }
         scaled.push(weight);
         let limit = self.options.op_timeout;
         let result = tokio::time::timeout(limit, self.allreduce(header, &mut scaled)).await;
@@ -221,7 +226,9 @@ impl RingGroup {
     }
 
     /// Sends `buffer[send]` to the next rank while receiving `buffer[recv]` from the
-    /// previous one, chunk by chunk, each chunk's send and receive running together.
+    /// previous one, chunk by chunk. Sending and receiving are two futures polled
+    /// together, so the sender streams ahead (as far as the socket buffers allow) while
+    /// the receiver adds what arrived, instead of both waiting for each chunk's add.
     async fn step(
         &mut self,
         buffer: &mut [f32],
@@ -230,26 +237,41 @@ impl RingGroup {
         apply: Apply,
     ) -> Result<()> {
         let chunk = self.chunk_elems();
-        let chunks = send.len().max(recv.len()).div_ceil(chunk);
-        for k in 0..chunks {
-            let s = clamp(&send, k * chunk, chunk);
-            let d = clamp(&recv, k * chunk, chunk);
-            encode(&buffer[s], &mut self.send_bytes);
-            self.recv_bytes.resize(d.len() * 4, 0);
-            let Self {
-                rank,
-                link,
-                send_bytes,
-                recv_bytes,
-                ..
-            } = self;
-            exchange(*rank, link, send_bytes, recv_bytes, "allreduce").await?;
-            let values = recv_bytes.chunks_exact(4).map(decode_one);
-            match apply {
-                Apply::Add => buffer[d].iter_mut().zip(values).for_each(|(x, v)| *x += v),
-                Apply::Copy => buffer[d].iter_mut().zip(values).for_each(|(x, v)| *x = v),
+        let Self {
+            rank,
+            link,
+            send_bytes,
+            recv_bytes,
+            ..
+        } = self;
+        let rank = *rank;
+        let Link { next, prev, tx, rx } = link_of(rank, link)?;
+        let (next, prev) = (*next, *prev);
+        let (outgoing, incoming) = split_disjoint(rank, buffer, &send, &recv)?;
+        let sending = async {
+            for part in outgoing.chunks(chunk) {
+                encode(part, send_bytes);
+                tx.write_all(send_bytes)
+                    .await
+                    .map_err(|e| io_error(rank, next, "allreduce", e))?;
             }
-        }
+            Ok::<_, CollectiveError>(())
+        };
+        let receiving = async {
+            for part in incoming.chunks_mut(chunk) {
+                recv_bytes.resize(part.len() * 4, 0);
+                rx.read_exact(recv_bytes)
+                    .await
+                    .map_err(|e| io_error(rank, prev, "allreduce", e))?;
+                let values = recv_bytes.chunks_exact(4).map(decode_one);
+                match apply {
+                    Apply::Add => part.iter_mut().zip(values).for_each(|(x, v)| *x += v),
+                    Apply::Copy => part.iter_mut().zip(values).for_each(|(x, v)| *x = v),
+                }
+            }
+            Ok(())
+        };
+        tokio::try_join!(sending, receiving)?;
         Ok(())
     }
 
@@ -404,9 +426,35 @@ fn clamp(range: &Range<usize>, offset: usize, chunk: usize) -> Range<usize> {
     start..(start + chunk).min(range.end)
 }
 
+/// `buffer[send]` to read and `buffer[recv]` to write; one step's two segments never
+/// overlap (they are different segments of the ring).
+fn split_disjoint<'a>(
+    rank: usize,
+    buffer: &'a mut [f32],
+    send: &Range<usize>,
+    recv: &Range<usize>,
+) -> Result<(&'a [f32], &'a mut [f32])> {
+    if send.end <= recv.start {
+        let (left, right) = buffer.split_at_mut(recv.start);
+        Ok((&left[send.clone()], &mut right[..recv.len()]))
+    } else if recv.end <= send.start {
+        let (left, right) = buffer.split_at_mut(send.start);
+        Ok((&right[..send.len()], &mut left[recv.clone()]))
+    } else {
+        Err(CollectiveError::InvalidArgument {
+            rank,
+            what: format!("segments {send:?} and {recv:?} overlap"),
+        })
+    }
+}
+
+/// Little-endian bytes of `values`; written element by element into a sized buffer,
+/// which compiles to a plain copy (an `extend` over bytes does not).
 fn encode(values: &[f32], bytes: &mut Vec<u8>) {
-    bytes.clear();
-    bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    bytes.resize(values.len() * 4, 0);
+    for (out, v) in bytes.chunks_exact_mut(4).zip(values) {
+        out.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 fn decode_one(bytes: &[u8]) -> f32 {
@@ -499,6 +547,35 @@ mod tests {
                 1u64 << 40
             )
         );
+    }
+
+    #[test]
+    fn split_disjoint_finds_both_segments() {
+        let mut buffer: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        for (send, recv) in [(0..3, 3..7), (5..10, 0..5), (4..4, 4..6), (2..2, 2..2)] {
+            let (s, r) = split_disjoint(0, &mut buffer, &send, &recv).expect("disjoint");
+            assert_eq!(s.len(), send.len());
+            assert_eq!(r.len(), recv.len());
+            assert_eq!(
+                s.first().copied(),
+                (!send.is_empty()).then_some(send.start as f32)
+            );
+            assert_eq!(
+                r.first().copied(),
+                (!recv.is_empty()).then_some(recv.start as f32)
+            );
+        }
+        assert!(split_disjoint(0, &mut buffer, &(0..4), &(3..6)).is_err());
+    }
+
+    #[test]
+    fn encode_is_little_endian() {
+        let mut bytes = vec![9; 3];
+        encode(&[1.0, -2.5], &mut bytes);
+        assert_eq!(bytes.len(), 8);
+        assert_eq!(decode_one(&bytes[0..4]), 1.0);
+        assert_eq!(decode_one(&bytes[4..8]), -2.5);
+        assert_eq!(bytes[0..4], 1.0f32.to_le_bytes());
     }
 
     #[test]
