@@ -37,9 +37,9 @@ pub use loader::{
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
 pub use plan::{
-    BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, Hooks, Plan,
-    PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64, WorkItem,
-    WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
+    BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, HookSources, Hooks,
+    Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
+    WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
 };
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};

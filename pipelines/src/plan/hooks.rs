@@ -149,6 +149,55 @@ pub enum HookError {
     },
 }
 
+/// The text of the user's hook scripts, as read from their folder: what a job ships to
+/// the machines that plan its epochs. Hooks the folder lacks are the built-in ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HookSources {
+    user: Vec<HookSource>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct HookSource {
+    /// The hook's name (`reseed`, ...).
+    hook: String,
+    /// Where it was read, for errors.
+    file: String,
+    source: String,
+}
+
+impl HookSources {
+    /// Reads the hook scripts in `dir` (none: the built-in hooks). Any other `.rhai` file
+    /// there is an error, so a misspelt hook never silently falls back to the default.
+    pub fn read(dir: Option<&Path>) -> Result<Self, HookError> {
+        let Some(dir) = dir else {
+            return Ok(Self::default());
+        };
+        check_folder(dir)?;
+        let mut user = Vec::new();
+        for hook in HookName::ALL {
+            let path = dir.join(format!("{}.rhai", hook.name()));
+            if !path.is_file() {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).map_err(|source| HookError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            user.push(HookSource {
+                hook: hook.name().to_string(),
+                file: path.display().to_string(),
+                source,
+            });
+        }
+        Ok(Self { user })
+    }
+
+    /// The user's scripts in use, by file.
+    pub fn files(&self) -> impl Iterator<Item = &str> {
+        self.user.iter().map(|s| s.file.as_str())
+    }
+}
+
 /// The loaded hooks: one compiled script per hook and the sandboxed engine that runs
 /// them. Cheap to share between threads (`Send + Sync`).
 pub struct Hooks {
@@ -190,29 +239,23 @@ impl Hooks {
 
     /// Hooks from an optional folder, under the given limits.
     pub fn load(dir: Option<&Path>, limits: HookLimits) -> Result<Self, HookError> {
+        Self::compile(&HookSources::read(dir)?, limits)
+    }
+
+    /// Hooks from sources read elsewhere (a trainer on another machine compiles the
+    /// scripts its job's client read from the user's folder).
+    pub fn compile(sources: &HookSources, limits: HookLimits) -> Result<Self, HookError> {
         let engine = sandboxed_engine(&limits);
-        if let Some(dir) = dir {
-            check_folder(dir)?;
-        }
         let mut scripts = Vec::with_capacity(HookName::ALL.len());
         for hook in HookName::ALL {
-            let file_name = format!("{}.rhai", hook.name());
-            let user = dir.map(|d| d.join(&file_name)).filter(|p| p.is_file());
-            let (file, source) = match user {
-                Some(path) => {
-                    let source =
-                        std::fs::read_to_string(&path).map_err(|source| HookError::Read {
-                            path: path.clone(),
-                            source,
-                        })?;
-                    (path.display().to_string(), source)
-                }
+            let (file, source) = match sources.user.iter().find(|s| s.hook == hook.name()) {
+                Some(user) => (user.file.clone(), user.source.as_str()),
                 None => (
-                    format!("scripts/{file_name} (built-in)"),
-                    hook.builtin_source().to_string(),
+                    format!("scripts/{}.rhai (built-in)", hook.name()),
+                    hook.builtin_source(),
                 ),
             };
-            scripts.push(compile(&engine, hook, file, &source)?);
+            scripts.push(compile(&engine, hook, file, source)?);
         }
         Ok(Self { engine, scripts })
     }

@@ -40,7 +40,7 @@ mod shards;
 use std::fmt;
 
 pub use config::{BatchPolicy, ClusterShape, PlanConfig, PlanError, PlanMode};
-pub use hooks::{HookError, HookLimits, HookName, Hooks};
+pub use hooks::{HookError, HookLimits, HookName, HookSources, Hooks};
 pub use planner::Planner;
 pub use policy::{Consistency, Plan, RankPlan, WorkerPlan};
 pub use render::render_plan;
