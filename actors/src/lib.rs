@@ -5,5 +5,6 @@
 //! actors grow here next.
 
 mod torch;
+pub mod train;
 
 pub use torch::{LibtorchReport, probe_libtorch};

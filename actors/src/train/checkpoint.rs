@@ -1,0 +1,248 @@
+//! Checkpoints: a folder per save under the run's `checkpoints/`, holding the model
+//! (`model.ot`: parameters and buffers by name), the optimiser's momentum
+//! (`optimizer.ot`) and `state.json` (epoch, step, schedule position and every rank's
+//! loader cursor). A save is written into a hidden partial folder and renamed into place,
+//! then the `latest` pointer is replaced the same way, so a crash at any moment leaves the
+//! previous checkpoint whole.
+
+use std::path::{Path, PathBuf};
+
+use pipelines::RankCursor;
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+pub const MODEL_FILE: &str = "model.ot";
+pub const OPTIMIZER_FILE: &str = "optimizer.ot";
+pub const STATE_FILE: &str = "state.json";
+/// The file in `checkpoints/` naming the newest complete checkpoint.
+pub const LATEST_FILE: &str = "latest";
+
+/// Where a job stands, enough to continue it exactly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    /// The epoch to continue (the next one when `cursors` is empty).
+    pub epoch: u64,
+    /// Optimiser steps taken since the job began (the schedule's position).
+    pub global_step: u64,
+    /// Steps already taken in `epoch`.
+    pub step_in_epoch: u64,
+    pub world: u32,
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    /// Each rank's loader position in `epoch`; empty at an epoch boundary.
+    pub cursors: Vec<RankCursor>,
+    /// The model's kind and classes, checked on resume.
+    pub model: String,
+    pub classes: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Bad { path: PathBuf, message: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn bad(path: &Path, message: impl ToString) -> CheckpointError {
+    CheckpointError::Bad {
+        path: path.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
+/// Writes a checkpoint named `name` into `root` (the run's `checkpoints/` folder) and
+/// makes it the latest. Returns its folder.
+pub fn write(
+    root: &Path,
+    name: &str,
+    model: &[(String, Tensor)],
+    optimizer: &[(String, Tensor)],
+    state: &CheckpointState,
+) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(root).map_err(io(root))?;
+    let partial = root.join(format!(".{name}.partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir(&partial).map_err(io(&partial))?;
+    let model_path = partial.join(MODEL_FILE);
+    Tensor::save_multi(model, &model_path).map_err(|e| bad(&model_path, e))?;
+    let optimizer_path = partial.join(OPTIMIZER_FILE);
+    Tensor::save_multi(optimizer, &optimizer_path).map_err(|e| bad(&optimizer_path, e))?;
+    let state_path = partial.join(STATE_FILE);
+    let text = serde_json::to_string_pretty(state).map_err(|e| bad(&state_path, e))?;
+    std::fs::write(&state_path, text).map_err(io(&state_path))?;
+    for file in [&model_path, &optimizer_path, &state_path] {
+        sync(file)?;
+    }
+    let done = root.join(name);
+    if done.exists() {
+        std::fs::remove_dir_all(&done).map_err(io(&done))?;
+    }
+    std::fs::rename(&partial, &done).map_err(io(&done))?;
+    let latest = root.join(LATEST_FILE);
+    let latest_partial = root.join(format!(".{LATEST_FILE}.partial-{}", std::process::id()));
+    std::fs::write(&latest_partial, format!("{name}\n")).map_err(io(&latest_partial))?;
+    std::fs::rename(&latest_partial, &latest).map_err(io(&latest))?;
+    sync(root)?;
+    Ok(done)
+}
+
+fn sync(path: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// A checkpoint folder from what the user typed: a folder holding `state.json`, a run's
+/// `checkpoints/` folder or a run folder (their latest), or `latest` under `runs_root`'s
+/// newest run.
+pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if path.join(STATE_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    for root in [path.to_path_buf(), path.join("checkpoints")] {
+        let latest = root.join(LATEST_FILE);
+        if latest.is_file() {
+            let name = std::fs::read_to_string(&latest).map_err(io(&latest))?;
+            let dir = root.join(name.trim());
+            if dir.join(STATE_FILE).is_file() {
+                return Ok(dir);
+            }
+            return Err(bad(
+                &latest,
+                format!("names `{}`, which holds no {STATE_FILE}", name.trim()),
+            ));
+        }
+    }
+    Err(bad(
+        path,
+        format!("not a checkpoint (no {STATE_FILE}) and no checkpoints/{LATEST_FILE} pointer"),
+    ))
+}
+
+/// Reads a checkpoint's state.
+pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    serde_json::from_str(&text).map_err(|e| bad(&path, e))
+}
+
+/// Reads a checkpoint's tensors: the model's and the optimiser's.
+#[allow(clippy::type_complexity)] // Two name/tensor lists, spelled out once here.
+pub fn read_tensors(
+    dir: &Path,
+) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>), CheckpointError> {
+    let model_path = dir.join(MODEL_FILE);
+    let model = Tensor::load_multi(&model_path).map_err(|e| bad(&model_path, e))?;
+    let optimizer_path = dir.join(OPTIMIZER_FILE);
+    let optimizer = Tensor::load_multi(&optimizer_path).map_err(|e| bad(&optimizer_path, e))?;
+    Ok((model, optimizer))
+}
+
+/// Copies saved values into `targets` by name; a missing name or a shape mismatch is an
+/// error naming it.
+pub fn restore(
+    path: &Path,
+    saved: &[(String, Tensor)],
+    targets: &[(String, Tensor)],
+) -> Result<(), CheckpointError> {
+    for (name, target) in targets {
+        let Some((_, value)) = saved.iter().find(|(n, _)| n == name) else {
+            return Err(bad(path, format!("has no tensor `{name}`")));
+        };
+        if value.size() != target.size() {
+            return Err(bad(
+                path,
+                format!(
+                    "`{name}` has shape {:?}, the model's is {:?}",
+                    value.size(),
+                    target.size()
+                ),
+            ));
+        }
+        let value = value.to_device(target.device()).to_kind(target.kind());
+        tch::no_grad(|| target.shallow_clone().f_copy_(&value)).map_err(|e| bad(path, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> CheckpointState {
+        CheckpointState {
+            epoch: 2,
+            global_step: 40,
+            step_in_epoch: 0,
+            world: 2,
+            nodes: 1,
+            ranks_per_node: 2,
+            cursors: Vec::new(),
+            model: "small_cnn".into(),
+            classes: 10,
+        }
+    }
+
+    #[test]
+    fn write_then_resolve_and_read_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("checkpoints");
+        let weight = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let model = vec![("w".to_string(), weight.shallow_clone())];
+        let optimizer = vec![("momentum.w".to_string(), weight.shallow_clone() * 0.5)];
+        write(&root, "epoch-0001", &model, &optimizer, &state()).expect("write");
+        let newer = CheckpointState {
+            epoch: 3,
+            ..state()
+        };
+        let path = write(&root, "epoch-0002", &model, &optimizer, &newer).expect("write");
+        for given in [dir.path().to_path_buf(), root.clone(), path.clone()] {
+            assert_eq!(resolve(&given).expect("resolve"), path, "{given:?}");
+        }
+        assert_eq!(read_state(&path).expect("state"), newer);
+        let (saved, momentum) = read_tensors(&path).expect("tensors");
+        let target = vec![("w".to_string(), Tensor::zeros([3], tch::kind::FLOAT_CPU))];
+        restore(&path, &saved, &target).expect("restore");
+        assert_eq!(
+            Vec::<f32>::try_from(&target[0].1).expect("values"),
+            [1.0, 2.0, 3.0]
+        );
+        assert_eq!(momentum[0].0, "momentum.w");
+        // Nothing partial is left behind.
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    }
+
+    #[test]
+    fn bad_checkpoints_name_the_problem() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let err = resolve(dir.path()).expect_err("empty folder");
+        assert!(err.to_string().contains("not a checkpoint"), "{err}");
+        let root = dir.path().join("checkpoints");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        std::fs::write(root.join(LATEST_FILE), "gone\n").expect("write");
+        let err = resolve(dir.path()).expect_err("dangling pointer");
+        assert!(err.to_string().contains("gone"), "{err}");
+        let target = vec![("w".to_string(), Tensor::zeros([2], tch::kind::FLOAT_CPU))];
+        let saved = vec![("w".to_string(), Tensor::zeros([3], tch::kind::FLOAT_CPU))];
+        let err = restore(dir.path(), &saved, &target).expect_err("shape");
+        assert!(err.to_string().contains("shape"), "{err}");
+        let err = restore(dir.path(), &[], &target).expect_err("missing");
+        assert!(err.to_string().contains("`w`"), "{err}");
+    }
+}

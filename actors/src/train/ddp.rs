@@ -1,0 +1,382 @@
+//! Data-parallel synchronisation of replicas: gradients flattened into buckets and
+//! averaged across ranks with imgrun's ring allreduce (`runtime::RingGroup`), weighted by
+//! the samples each rank processed; and broadcasts of parameters and buffers from rank 0.
+//!
+//! The ring runs on a communication thread of its own with a single-threaded tokio
+//! runtime, so bucket `k` is on the wire while the trainer flattens bucket `k + 1`.
+//! Buckets hold parameters in a fixed order (the model's sorted names), so every rank
+//! cuts the same buckets, and every rank receives the same reduced bytes: the replicas
+//! stay bit-identical.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use runtime::{CollectiveError, RingGroup};
+use tch::{Device, Kind, Tensor};
+
+/// Why a synchronisation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("the communication thread stopped")]
+    ThreadGone,
+    #[error("cannot start the communication thread: {0}")]
+    Thread(std::io::Error),
+    #[error("{0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Averages gradients and broadcasts state across the ranks of one ring.
+#[derive(Debug)]
+pub struct GradSync {
+    comm: Comm,
+    /// Parameter index ranges, one per bucket.
+    buckets: Vec<Range<usize>>,
+    numels: Vec<usize>,
+    /// Buffers handed back by the communication thread, reused.
+    spare: Vec<Vec<f32>>,
+    rank: usize,
+    world: usize,
+}
+
+/// What one [`GradSync::average`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SyncStats {
+    /// Samples over all ranks (the total weight).
+    pub samples: f32,
+    /// Time from the first bucket sent to the last one back.
+    pub wait: Duration,
+    pub buckets: usize,
+}
+
+impl GradSync {
+    /// Starts the communication thread, which forms its ring with `connect` (run on the
+    /// thread's own runtime, where the ring's sockets then live), and cuts `parameters`
+    /// into buckets of about `bucket_bytes`.
+    pub fn start<F, Fut>(
+        connect: F,
+        parameters: &[Tensor],
+        bucket_bytes: usize,
+    ) -> Result<Self, SyncError>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<RingGroup, CollectiveError>>,
+    {
+        let comm = Comm::start(connect)?;
+        let numels: Vec<usize> = parameters.iter().map(Tensor::numel).collect();
+        let buckets = cut_buckets(&numels, bucket_bytes / 4);
+        Ok(Self {
+            rank: comm.rank,
+            world: comm.world,
+            comm,
+            buckets,
+            numels,
+            spare: Vec::new(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Replaces each parameter's gradient with the mean over all ranks, weighted by
+    /// `samples` (this rank's batch size; 0 for a rank out of data, whose gradients are
+    /// ignored). `extra` values (a loss, an accuracy) ride along in the last bucket and
+    /// come back as weighted means too. A parameter without a gradient counts as zeros
+    /// and gets one.
+    pub fn average(
+        &mut self,
+        parameters: &[Tensor],
+        samples: f32,
+        extra: &mut [f32],
+    ) -> Result<SyncStats, SyncError> {
+        let started = Instant::now();
+        let count = self.buckets.len();
+        for (b, range) in self.buckets.iter().enumerate() {
+            let mut buffer = self.spare.pop().unwrap_or_default();
+            buffer.clear();
+            for p in range.clone() {
+                append_grad(&mut buffer, &parameters[p], self.numels[p])?;
+            }
+            if b + 1 == count {
+                buffer.extend_from_slice(extra);
+            }
+            self.comm.send(Job::Mean {
+                buffer,
+                weight: samples,
+            })?;
+        }
+        let mut total = 0.0;
+        for (b, range) in self.buckets.clone().into_iter().enumerate() {
+            let Done { buffer, total: t } = self.comm.receive()?;
+            total = t;
+            let mut offset = 0;
+            for p in range {
+                let n = self.numels[p];
+                write_grad(&parameters[p], &buffer[offset..offset + n])?;
+                offset += n;
+            }
+            if b + 1 == count {
+                extra.copy_from_slice(&buffer[offset..]);
+            }
+            self.spare.push(buffer);
+        }
+        Ok(SyncStats {
+            samples: total,
+            wait: started.elapsed(),
+            buckets: count,
+        })
+    }
+
+    /// Copies rank `root`'s values of `tensors` into every rank's (parameters at the
+    /// start, BatchNorm statistics after each step).
+    pub fn broadcast(&mut self, tensors: &[Tensor], root: usize) -> Result<(), SyncError> {
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        for t in tensors {
+            append_values(&mut buffer, t)?;
+        }
+        self.comm.send(Job::Broadcast { buffer, root })?;
+        let Done { buffer, .. } = self.comm.receive()?;
+        let mut offset = 0;
+        for t in tensors {
+            let n = t.numel();
+            write_values(t, &buffer[offset..offset + n])?;
+            offset += n;
+        }
+        self.spare.push(buffer);
+        Ok(())
+    }
+
+    /// Sums `values` over all ranks, in place.
+    pub fn sum(&mut self, values: &mut [f32]) -> Result<(), SyncError> {
+        self.comm.send(Job::Sum {
+            buffer: values.to_vec(),
+        })?;
+        let Done { buffer, .. } = self.comm.receive()?;
+        values.copy_from_slice(&buffer);
+        Ok(())
+    }
+}
+
+/// Consecutive index ranges whose sizes add up to about `limit` elements (at least one
+/// parameter per bucket, at least one bucket).
+fn cut_buckets(numels: &[usize], limit: usize) -> Vec<Range<usize>> {
+    let mut buckets = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, &n) in numels.iter().enumerate() {
+        if size > 0 && size + n > limit.max(1) {
+            buckets.push(start..i);
+            (start, size) = (i, 0);
+        }
+        size += n;
+    }
+    buckets.push(start..numels.len());
+    buckets
+}
+
+fn append_grad(buffer: &mut Vec<f32>, parameter: &Tensor, numel: usize) -> Result<(), SyncError> {
+    let grad = parameter.grad();
+    if grad.defined() {
+        append_values(buffer, &grad)
+    } else {
+        buffer.resize(buffer.len() + numel, 0.0);
+        Ok(())
+    }
+}
+
+fn append_values(buffer: &mut Vec<f32>, tensor: &Tensor) -> Result<(), SyncError> {
+    let flat = tensor
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(Kind::Float)?
+        .f_contiguous()?;
+    let start = buffer.len();
+    let n = flat.numel();
+    buffer.resize(start + n, 0.0);
+    flat.f_copy_data(&mut buffer[start..], n)?;
+    Ok(())
+}
+
+fn write_grad(parameter: &Tensor, values: &[f32]) -> Result<(), SyncError> {
+    let mut grad = parameter.grad();
+    let source = Tensor::f_from_slice(values)?
+        .f_view(parameter.size().as_slice())?
+        .f_to_device(parameter.device())?;
+    if grad.defined() {
+        grad.f_copy_(&source)?;
+    } else {
+        // A rank that ran no backward yet (out of data on its first step): give the
+        // parameter its gradient through autograd, which then owns it as usual.
+        let zero = (parameter * 0.0).f_sum(Kind::Float)?;
+        zero.f_backward()?;
+        parameter.grad().f_copy_(&source)?;
+    }
+    Ok(())
+}
+
+fn write_values(tensor: &Tensor, values: &[f32]) -> Result<(), SyncError> {
+    let source = Tensor::f_from_slice(values)?
+        .f_view(tensor.size().as_slice())?
+        .f_to_device(tensor.device())?
+        .f_to_kind(tensor.kind())?;
+    tch::no_grad(|| tensor.shallow_clone().f_copy_(&source))?;
+    Ok(())
+}
+
+enum Job {
+    Mean { buffer: Vec<f32>, weight: f32 },
+    Broadcast { buffer: Vec<f32>, root: usize },
+    Sum { buffer: Vec<f32> },
+}
+
+struct Done {
+    buffer: Vec<f32>,
+    total: f32,
+}
+
+/// The communication thread: owns the ring and runs jobs in the order sent.
+struct Comm {
+    jobs: Option<mpsc::Sender<Job>>,
+    done: mpsc::Receiver<Result<Done, CollectiveError>>,
+    thread: Option<JoinHandle<()>>,
+    rank: usize,
+    world: usize,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    fn start<F, Fut>(connect: F) -> Result<Self, SyncError>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<RingGroup, CollectiveError>>,
+    {
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ddp-comm".into())
+            .spawn(move || {
+                let tokio = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(tokio) => tokio,
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(SyncError::Thread(error)));
+                        return;
+                    }
+                };
+                let mut group = match tokio.block_on(connect()) {
+                    Ok(group) => group,
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(error.into()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((group.rank(), group.world())));
+                while let Ok(job) = job_rx.recv() {
+                    let result = tokio.block_on(run(&mut group, job));
+                    if done_tx.send(result).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(SyncError::Thread)?;
+        let (rank, world) = ready.recv().map_err(|_| SyncError::ThreadGone)??;
+        Ok(Self {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            rank,
+            world,
+        })
+    }
+
+    fn send(&self, job: Job) -> Result<(), SyncError> {
+        self.jobs
+            .as_ref()
+            .ok_or(SyncError::ThreadGone)?
+            .send(job)
+            .map_err(|_| SyncError::ThreadGone)
+    }
+
+    fn receive(&self) -> Result<Done, SyncError> {
+        Ok(self.done.recv().map_err(|_| SyncError::ThreadGone)??)
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Closing the job channel ends the thread's loop once its current job ends
+        // (which a dead peer ends with the ring's timeout at worst).
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn run(group: &mut RingGroup, job: Job) -> Result<Done, CollectiveError> {
+    match job {
+        Job::Mean { mut buffer, weight } => {
+            let total = group.allreduce_mean_weighted(&mut buffer, weight).await?;
+            Ok(Done { buffer, total })
+        }
+        Job::Broadcast { mut buffer, root } => {
+            group.broadcast(&mut buffer, root).await?;
+            Ok(Done { buffer, total: 0.0 })
+        }
+        Job::Sum { mut buffer } => {
+            group.allreduce_sum(&mut buffer).await?;
+            Ok(Done { buffer, total: 0.0 })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_parameter_in_order() {
+        // (element counts, limit, buckets as (start, end)).
+        type Case = (&'static [usize], usize, &'static [(usize, usize)]);
+        let cases: [Case; 5] = [
+            (&[], 10, &[(0, 0)]),
+            (&[5], 1, &[(0, 1)]),
+            (&[4, 4, 4], 8, &[(0, 2), (2, 3)]),
+            (&[20, 1, 1], 8, &[(0, 1), (1, 3)]),
+            (&[1, 1, 1, 1], 100, &[(0, 4)]),
+        ];
+        for (numels, limit, want) in cases {
+            let got: Vec<(usize, usize)> = cut_buckets(numels, limit)
+                .into_iter()
+                .map(|r| (r.start, r.end))
+                .collect();
+            assert_eq!(got, want, "{numels:?} limit {limit}");
+        }
+    }
+}

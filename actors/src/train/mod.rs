@@ -1,0 +1,27 @@
+//! Data-parallel training with libtorch: models, the optimiser, learning-rate schedules,
+//! losses and accuracy; the gradient sync between replicas; checkpoints; and the trainer
+//! actor that runs one rank of a job.
+
+pub mod checkpoint;
+mod ddp;
+mod loss;
+mod model;
+mod optim;
+mod schedule;
+mod spec;
+mod trainer;
+
+pub use checkpoint::CheckpointState;
+pub use ddp::{GradSync, SyncError, SyncStats};
+pub use loss::{cross_entropy_smoothed, topk_correct};
+pub use model::{Model, ModelKind};
+pub use optim::{Sgd, SgdConfig};
+pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
+pub use spec::{
+    DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, PolicySpec, ScheduleSpec, ShardSet,
+    SourceSpec, TrainerInit,
+};
+pub use trainer::{
+    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, ResumeFrom, SaveRequest,
+    StepRecord, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
+};

@@ -1,0 +1,330 @@
+//! What a trainer is told when it is spawned: the job's data, model and optimisation
+//! settings, and its place in the world. The client builds it from the configuration;
+//! it crosses the network as JSON in the actor's constructor arguments.
+
+use serde::{Deserialize, Serialize};
+
+use pipelines::{
+    BatchPolicy, ClusterShape, DecodeLimits, ErrorPolicy, EvalTransform, HookSources, LoaderConfig,
+    OutputFormat, PlanConfig, PlanMode, PlanShard, SourceOptions, TrainTransform, Transform,
+};
+
+use super::model::ModelKind;
+use super::optim::SgdConfig;
+
+/// Everything a trainer needs, the same for every rank but `rank`, `threads` and `device`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainerInit {
+    pub rank: u32,
+    pub world: u32,
+    /// The planner's view of the world: ranks are numbered node by node.
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    /// libtorch's intra-op threads for this trainer.
+    pub threads: u32,
+    /// `cpu`, or `cuda` for the actor's first reserved GPU.
+    pub device: DeviceSpec,
+    pub job: JobSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda,
+}
+
+/// The job: data, model, optimisation. Identical on every rank.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub data: DataSpec,
+    pub model: ModelSpec,
+    pub optim: OptimSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub kind: ModelKind,
+    pub classes: i64,
+    /// Channels of the small CNN's first block.
+    pub width: i64,
+    /// Seed of the initial weights (rank 0's are broadcast anyway).
+    pub seed: u64,
+}
+
+/// A set of shards with their sample counts where known.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShardSet {
+    pub urls: Vec<String>,
+    pub samples: Vec<Option<u64>>,
+}
+
+impl ShardSet {
+    pub fn plan_shards(&self) -> Vec<PlanShard> {
+        self.urls
+            .iter()
+            .zip(self.samples.iter().chain(std::iter::repeat(&None)))
+            .map(|(url, samples)| PlanShard::new(url.clone(), *samples))
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    /// Samples in all, when every count is known.
+    pub fn total(&self) -> Option<u64> {
+        if self.samples.len() != self.urls.len() {
+            return None;
+        }
+        self.samples.iter().copied().sum()
+    }
+}
+
+/// How the batch counts of ranks are made equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum PolicySpec {
+    None,
+    Join,
+    Drop {
+        nbatches: Option<u64>,
+    },
+    Repeat {
+        dsrepeat: u64,
+        nbatches: Option<u64>,
+    },
+}
+
+impl PolicySpec {
+    fn batch_policy(self) -> BatchPolicy {
+        match self {
+            Self::None => BatchPolicy::None,
+            Self::Join => BatchPolicy::Join,
+            Self::Drop { nbatches } => BatchPolicy::Drop { nbatches },
+            Self::Repeat { dsrepeat, nbatches } => BatchPolicy::Repeat { dsrepeat, nbatches },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DataSpec {
+    pub train: ShardSet,
+    pub val: ShardSet,
+    pub hooks: HookSources,
+    /// `resampled` or `split`.
+    pub split: bool,
+    pub policy: PolicySpec,
+    pub epoch_size: Option<u64>,
+    pub nominal_size: Option<u64>,
+    pub seed: u64,
+    /// Loader workers per trainer.
+    pub workers: u32,
+    pub shuffle_buffer: usize,
+    pub queue_batches: usize,
+    pub image_fields: Vec<String>,
+    pub label_field: String,
+    /// `skip` or `fail`.
+    pub errors: String,
+    /// Train crop side, by epoch: `(first epoch, size)`, sorted; the first entry is epoch 0.
+    pub sizes: Vec<(u64, u32)>,
+    pub eval_size: u32,
+    pub crop_scale: (f32, f32),
+    pub resize_ratio: f32,
+    pub flip: bool,
+    pub sources: SourceSpec,
+}
+
+/// The shard sources' settings (`[shards]` of the configuration).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SourceSpec {
+    pub read_buffer: usize,
+    pub http_timeout_secs: u64,
+    pub http_attempts: u32,
+    pub http_retry_delay_ms: u64,
+    pub cache_dir: Option<String>,
+    pub cache_max_bytes: u64,
+}
+
+impl SourceSpec {
+    pub fn options(&self) -> SourceOptions {
+        SourceOptions {
+            read_buffer: self.read_buffer,
+            http_timeout: std::time::Duration::from_secs(self.http_timeout_secs),
+            http_attempts: self.http_attempts,
+            http_retry_delay: std::time::Duration::from_millis(self.http_retry_delay_ms),
+            cache: self.cache_dir.as_ref().map(|dir| pipelines::CacheOptions {
+                dir: dir.into(),
+                max_bytes: self.cache_max_bytes,
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OptimSpec {
+    pub epochs: u64,
+    /// Samples per rank per step.
+    pub batch_size: u64,
+    /// The learning rate after the linear scaling rule.
+    pub lr: f64,
+    pub sgd: SgdConfig,
+    pub label_smoothing: f64,
+    pub warmup_epochs: f64,
+    pub warmup_start_fraction: f64,
+    pub schedule: ScheduleSpec,
+    /// Gradient bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Mixed precision (autocast) on CUDA.
+    pub amp: bool,
+}
+
+/// The decay after warm-up, in epochs (converted to steps once the epoch length is known).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ScheduleSpec {
+    Cosine { final_fraction: f64 },
+    Step { milestones: Vec<u64>, gamma: f64 },
+    Constant,
+}
+
+impl DataSpec {
+    fn error_policy(&self) -> ErrorPolicy {
+        self.errors.parse().unwrap_or_default()
+    }
+
+    /// The training plan's settings for a world of `shape`.
+    pub fn train_plan(&self, shape: ClusterShape, batch_size: u64) -> PlanConfig {
+        let mut config = PlanConfig::new(self.train.plan_shards(), shape, batch_size);
+        config.seed = self.seed;
+        config.mode = if self.split {
+            PlanMode::Split
+        } else {
+            PlanMode::Resampled
+        };
+        config.policy = self.policy.batch_policy();
+        config.epoch_size = self.epoch_size;
+        config.nominal_size = self.nominal_size;
+        config
+    }
+
+    /// The validation plan: exact (every sample once), in order, partial batches kept,
+    /// one loader worker per rank, ranks that run out joining with empty batches.
+    pub fn val_plan(&self, shape: ClusterShape, batch_size: u64) -> PlanConfig {
+        let shape = ClusterShape::new(shape.nodes, shape.ranks_per_node, 1);
+        let mut config = PlanConfig::new(self.val.plan_shards(), shape, batch_size);
+        config.mode = PlanMode::Split;
+        config.policy = BatchPolicy::Join;
+        config.drop_partial = false;
+        config.shuffle_shards = false;
+        config
+    }
+
+    pub fn train_loader(&self) -> LoaderConfig {
+        LoaderConfig {
+            image_fields: self.image_fields.clone(),
+            label_field: self.label_field.clone(),
+            shuffle_buffer: self.shuffle_buffer,
+            shuffle_initial: (self.shuffle_buffer / 10).max(1),
+            queue_batches: self.queue_batches.max(1),
+            errors: self.error_policy(),
+            ..LoaderConfig::default()
+        }
+    }
+
+    pub fn val_loader(&self) -> LoaderConfig {
+        LoaderConfig {
+            shuffle_buffer: 0,
+            shuffle_initial: 0,
+            ..self.train_loader()
+        }
+    }
+
+    /// The train crop side of `epoch` (progressive resizing).
+    pub fn size_at(&self, epoch: u64) -> u32 {
+        self.sizes
+            .iter()
+            .take_while(|(first, _)| *first <= epoch)
+            .last()
+            .map_or(self.eval_size, |(_, size)| *size)
+    }
+
+    pub fn train_transform(&self, epoch: u64) -> Transform {
+        Transform::Train(TrainTransform {
+            size: self.size_at(epoch),
+            scale: self.crop_scale,
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip: self.flip,
+            output: OutputFormat::Uint8Nhwc,
+            limits: DecodeLimits::default(),
+        })
+    }
+
+    pub fn eval_transform(&self) -> Transform {
+        Transform::Eval(EvalTransform {
+            size: self.eval_size,
+            resize_ratio: self.resize_ratio,
+            output: OutputFormat::Uint8Nhwc,
+            limits: DecodeLimits::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progressive_sizes_follow_the_epoch() {
+        let mut data = test_data();
+        data.sizes = vec![(0, 128), (3, 192), (6, 224)];
+        let got: Vec<u32> = (0..8).map(|e| data.size_at(e)).collect();
+        assert_eq!(got, [128, 128, 128, 192, 192, 192, 224, 224]);
+        data.sizes.clear();
+        assert_eq!(data.size_at(5), data.eval_size);
+    }
+
+    #[test]
+    fn shard_sets_pair_urls_with_counts() {
+        let set = ShardSet {
+            urls: vec!["a.tar".into(), "b.tar".into()],
+            samples: vec![Some(3)],
+        };
+        let shards = set.plan_shards();
+        assert_eq!(shards[0], PlanShard::new("a.tar", Some(3)));
+        assert_eq!(shards[1], PlanShard::new("b.tar", None));
+        assert_eq!(set.total(), None);
+    }
+
+    pub(crate) fn test_data() -> DataSpec {
+        DataSpec {
+            train: ShardSet::default(),
+            val: ShardSet::default(),
+            hooks: HookSources::default(),
+            split: false,
+            policy: PolicySpec::Join,
+            epoch_size: None,
+            nominal_size: None,
+            seed: 0,
+            workers: 1,
+            shuffle_buffer: 100,
+            queue_batches: 2,
+            image_fields: vec!["jpg".into()],
+            label_field: "cls".into(),
+            errors: "skip".into(),
+            sizes: vec![(0, 32)],
+            eval_size: 32,
+            crop_scale: (0.35, 1.0),
+            resize_ratio: 1.0,
+            flip: true,
+            sources: SourceSpec {
+                read_buffer: 1 << 16,
+                http_timeout_secs: 30,
+                http_attempts: 1,
+                http_retry_delay_ms: 100,
+                cache_dir: None,
+                cache_max_bytes: 0,
+            },
+        }
+    }
+}

@@ -1,0 +1,717 @@
+//! The trainer actor: one rank of a data-parallel job, hosted in a worker process of its
+//! own on its node. It owns a model replica, the optimiser, the rank's loader (whose
+//! worker threads fill a bounded in-process queue of batches) and the gradient sync.
+//!
+//! The job's client drives it with calls, all JSON:
+//! `listen` (bind the ring port) → `connect` (join the ring, restore a checkpoint, take
+//! rank 0's weights) → `train` (the next `max_steps` steps of an epoch; every rank gets
+//! the same count, so the ranks stay in step) → `evaluate` → `save` (rank 0) → `digest`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use pipelines::{
+    ClusterShape, EpochBatches, HookLimits, Hooks, Loader, Planner, Rank, RankCursor, Sources,
+};
+use runtime::{Actor, ActorContext, ActorRegistry, CollectiveOptions, MethodError, RingSecret};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tch::{Device, Kind, Tensor};
+
+use super::checkpoint::{self, CheckpointState};
+use super::ddp::GradSync;
+use super::loss::{cross_entropy_smoothed, topk_correct};
+use super::model::Model;
+use super::optim::Sgd;
+use super::schedule::{LrSchedule, ScheduleKind};
+use super::spec::{DeviceSpec, ScheduleSpec, TrainerInit};
+
+/// The actor kind of trainers.
+pub const TRAINER_KIND: &str = "trainer";
+
+/// Registers the trainer kind.
+pub fn register(registry: &mut ActorRegistry) {
+    registry.register(TRAINER_KIND, |ctx, args| {
+        Ok(Box::new(Trainer::new(ctx, args)?) as Box<dyn Actor>)
+    });
+}
+
+/// `listen`'s reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListenReply {
+    pub port: u16,
+    /// Batches per epoch (the same on every rank) and the schedule's length.
+    pub steps_per_epoch: u64,
+    pub total_steps: u64,
+    pub parameters: usize,
+    pub device: String,
+}
+
+/// `connect`'s request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnectRequest {
+    pub next: SocketAddr,
+    /// The job's ring secret, hex.
+    pub secret: String,
+    pub job: String,
+    pub op_timeout_secs: u64,
+    pub resume: Option<ResumeFrom>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResumeFrom {
+    pub dir: PathBuf,
+    pub state: CheckpointState,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnectReply {
+    pub buckets: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainRequest {
+    pub epoch: u64,
+    pub max_steps: u64,
+}
+
+/// One optimiser step, as every rank saw it (loss and accuracy are global means).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Global step number after this step (1-based).
+    pub step: u64,
+    pub loss: f32,
+    pub accuracy: f32,
+    pub lr: f64,
+    /// Samples in this step over all ranks.
+    pub samples: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainReply {
+    pub epoch: u64,
+    pub step_in_epoch: u64,
+    pub steps_in_epoch: u64,
+    pub epoch_done: bool,
+    pub global_step: u64,
+    pub steps: Vec<StepRecord>,
+    /// This rank's wall time in the call, and how it went: waiting for batches, forward
+    /// and backward, waiting for the gradient average.
+    pub seconds: f64,
+    pub data_wait_s: f64,
+    pub compute_s: f64,
+    pub allreduce_s: f64,
+    /// Samples this rank trained on.
+    pub samples: u64,
+    /// Where this rank's epoch stands (absent once the epoch is done).
+    pub cursor: Option<RankCursor>,
+    /// Bad samples and shards skipped so far this epoch, with what was wrong.
+    pub skipped: u64,
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalReply {
+    pub samples: u64,
+    pub loss_sum: f64,
+    pub top1: u64,
+    pub top5: u64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SaveRequest {
+    /// The run's `checkpoints/` folder.
+    pub root: PathBuf,
+    pub name: String,
+    pub state: CheckpointState,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DigestReply {
+    /// SHA-256 of every parameter and buffer, in order.
+    pub sha256: String,
+}
+
+struct Running {
+    epoch: u64,
+    batches: EpochBatches,
+    steps: u64,
+    planned: u64,
+}
+
+struct Trainer {
+    init: TrainerInit,
+    device: Device,
+    model: Model,
+    params: Vec<Tensor>,
+    buffers: Vec<Tensor>,
+    sgd: Sgd,
+    schedule: LrSchedule,
+    planner: Planner,
+    loader: Loader,
+    val_loader: Loader,
+    shape: ClusterShape,
+    steps_per_epoch: u64,
+    listener: Option<std::net::TcpListener>,
+    sync: Option<GradSync>,
+    running: Option<Running>,
+    /// The epoch and cursor a resumed job continues from.
+    resume_cursor: Option<RankCursor>,
+    global_step: u64,
+    mean: Tensor,
+    std: Tensor,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("rank", &self.init.rank)
+            .field("world", &self.init.world)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+fn json<T: for<'de> Deserialize<'de>>(payload: &[u8], what: &str) -> Result<T, MethodError> {
+    serde_json::from_slice(payload).map_err(|e| MethodError::new(format!("bad {what}: {e}")))
+}
+
+fn reply<T: Serialize>(value: &T) -> Result<Vec<u8>, MethodError> {
+    serde_json::to_vec(value).map_err(|e| MethodError::new(format!("encoding the reply: {e}")))
+}
+
+fn fatal(what: &str) -> impl FnOnce(String) -> MethodError + '_ {
+    move |e| MethodError::fatal(format!("{what}: {e}"))
+}
+
+impl Trainer {
+    fn new(ctx: &ActorContext, args: &[u8]) -> Result<Self, MethodError> {
+        let init: TrainerInit = json(args, "trainer arguments")?;
+        let job = &init.job;
+        if init.threads > 0 {
+            tch::set_num_threads(i32::try_from(init.threads).unwrap_or(1));
+        }
+        let device = match init.device {
+            DeviceSpec::Cpu => Device::Cpu,
+            DeviceSpec::Cuda => {
+                let ordinal = ctx.cuda_ordinals().first().copied().unwrap_or(0);
+                if !tch::Cuda::is_available() {
+                    return Err(MethodError::fatal(format!(
+                        "rank {}: a GPU was reserved but libtorch sees no CUDA device",
+                        init.rank
+                    )));
+                }
+                Device::Cuda(ordinal as usize)
+            }
+        };
+        tch::manual_seed(job.model.seed as i64);
+        let model = Model::new(job.model.kind, job.model.classes, job.model.width, device)
+            .map_err(|e| MethodError::fatal(format!("building {}: {e}", job.model.kind.name())))?;
+        let named_params = model.parameters();
+        let params: Vec<Tensor> = named_params
+            .iter()
+            .map(|(_, t)| t.shallow_clone())
+            .collect();
+        let buffers = model.buffers().into_iter().map(|(_, t)| t).collect();
+        let sgd = Sgd::new(named_params, job.optim.sgd);
+        let shape = ClusterShape::new(init.nodes, init.ranks_per_node, job.data.workers.max(1));
+        let hooks = Hooks::compile(&job.data.hooks, HookLimits::default())
+            .map_err(|e| MethodError::fatal(e.to_string()))?;
+        let planner = Planner::new(job.data.train_plan(shape, job.optim.batch_size), hooks)
+            .map_err(|e| MethodError::fatal(format!("training plan: {e}")))?;
+        let first = planner
+            .plan(0)
+            .map_err(|e| MethodError::fatal(format!("planning epoch 0: {e}")))?;
+        let steps_per_epoch = first.steps().ok_or_else(|| {
+            MethodError::fatal(
+                "the ranks' batch counts are unknown: give the shards a manifest.json with \
+                 sample counts, or choose the drop policy with a batch count",
+            )
+        })?;
+        let sources = || Sources::new(job.data.sources.options());
+        let loader = Loader::new(job.data.train_loader(), sources())
+            .map_err(|e| MethodError::fatal(e.to_string()))?;
+        let val_loader = Loader::new(job.data.val_loader(), sources())
+            .map_err(|e| MethodError::fatal(e.to_string()))?;
+        let schedule = schedule(&init, steps_per_epoch);
+        let mean = Tensor::from_slice(&pipelines::IMAGENET_MEAN)
+            .view([1, 3, 1, 1])
+            .to_device(device);
+        let std = Tensor::from_slice(&pipelines::IMAGENET_STD)
+            .view([1, 3, 1, 1])
+            .to_device(device);
+        Ok(Self {
+            device,
+            model,
+            params,
+            buffers,
+            sgd,
+            schedule,
+            planner,
+            loader,
+            val_loader,
+            shape,
+            steps_per_epoch,
+            listener: None,
+            sync: None,
+            running: None,
+            resume_cursor: None,
+            global_step: 0,
+            mean,
+            std,
+            init,
+        })
+    }
+
+    fn listen(&mut self) -> Result<ListenReply, MethodError> {
+        let listener = std::net::TcpListener::bind(("0.0.0.0", 0))
+            .map_err(|e| MethodError::new(format!("binding the ring port: {e}")))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| MethodError::new(e.to_string()))?
+            .port();
+        self.listener = Some(listener);
+        Ok(ListenReply {
+            port,
+            steps_per_epoch: self.steps_per_epoch,
+            total_steps: self.schedule.total_steps,
+            parameters: self.params.iter().map(Tensor::numel).sum(),
+            device: format!("{:?}", self.device),
+        })
+    }
+
+    fn connect(&mut self, request: ConnectRequest) -> Result<ConnectReply, MethodError> {
+        let listener = self
+            .listener
+            .take()
+            .ok_or_else(|| MethodError::new("connect before listen"))?;
+        let secret = parse_secret(&request.secret)?;
+        let (rank, world) = (self.init.rank as usize, self.init.world as usize);
+        let options = CollectiveOptions {
+            op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
+            ..CollectiveOptions::default()
+        };
+        let job = request.job.clone();
+        let next = request.next;
+        let connect = move || async move {
+            let listener = listener
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(listener))
+                .map_err(|e| runtime::CollectiveError::InvalidArgument {
+                    rank,
+                    what: format!("the ring's listening socket: {e}"),
+                })?;
+            runtime::RingGroup::connect(rank, world, listener, next, &secret, &job, options).await
+        };
+        let bucket_bytes = self.init.job.optim.bucket_bytes;
+        let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
+            .map_err(|e| MethodError::fatal(format!("rank {rank} joining the ring: {e}")))?;
+        if let Some(resume) = &request.resume {
+            self.restore(resume)?;
+        }
+        let everything: Vec<Tensor> = self
+            .params
+            .iter()
+            .chain(&self.buffers)
+            .map(Tensor::shallow_clone)
+            .collect();
+        sync.broadcast(&everything, 0)
+            .map_err(|e| MethodError::fatal(format!("rank {rank}: broadcasting weights: {e}")))?;
+        let buckets = sync.buckets();
+        self.sync = Some(sync);
+        Ok(ConnectReply { buckets })
+    }
+
+    fn restore(&mut self, resume: &ResumeFrom) -> Result<(), MethodError> {
+        let state = &resume.state;
+        if state.world != self.init.world
+            || state.nodes != self.init.nodes
+            || state.ranks_per_node != self.init.ranks_per_node
+        {
+            return Err(MethodError::fatal(format!(
+                "{}: saved by {} ranks ({} nodes x {}), this job has {} ({} x {}); resume \
+                 with the same layout",
+                resume.dir.display(),
+                state.world,
+                state.nodes,
+                state.ranks_per_node,
+                self.init.world,
+                self.init.nodes,
+                self.init.ranks_per_node
+            )));
+        }
+        let (saved, momentum) =
+            checkpoint::read_tensors(&resume.dir).map_err(|e| MethodError::fatal(e.to_string()))?;
+        let mut targets = self.model.parameters();
+        targets.extend(self.model.buffers());
+        checkpoint::restore(&resume.dir, &saved, &targets)
+            .map_err(|e| MethodError::fatal(e.to_string()))?;
+        self.sgd
+            .load_state(&momentum)
+            .map_err(|e| MethodError::fatal(format!("{}: {e}", resume.dir.display())))?;
+        self.global_step = state.global_step;
+        self.resume_cursor = state
+            .cursors
+            .iter()
+            .find(|c| c.rank == self.init.rank)
+            .cloned();
+        Ok(())
+    }
+
+    fn start_epoch(&mut self, epoch: u64) -> Result<(), MethodError> {
+        let plan = self
+            .planner
+            .plan(epoch)
+            .map_err(|e| MethodError::fatal(format!("planning epoch {epoch}: {e}")))?;
+        let planned = plan.steps().ok_or_else(|| {
+            MethodError::fatal(format!(
+                "epoch {epoch}: the ranks' batch counts are unknown"
+            ))
+        })?;
+        let cursor = self.resume_cursor.take().filter(|c| c.epoch == epoch);
+        let steps = cursor.as_ref().map_or(0, |c| c.steps);
+        let batches = self
+            .loader
+            .epoch(
+                &plan,
+                Rank(self.init.rank),
+                self.init.job.data.train_transform(epoch),
+                cursor.as_ref(),
+            )
+            .map_err(|e| MethodError::fatal(format!("starting epoch {epoch}: {e}")))?;
+        self.running = Some(Running {
+            epoch,
+            batches,
+            steps,
+            planned,
+        });
+        Ok(())
+    }
+
+    fn train(&mut self, request: TrainRequest) -> Result<TrainReply, MethodError> {
+        if self
+            .running
+            .as_ref()
+            .is_none_or(|r| r.epoch != request.epoch)
+        {
+            self.start_epoch(request.epoch)?;
+        }
+        let started = Instant::now();
+        let mut reply = TrainReply {
+            epoch: request.epoch,
+            step_in_epoch: 0,
+            steps_in_epoch: 0,
+            epoch_done: false,
+            global_step: self.global_step,
+            steps: Vec::new(),
+            seconds: 0.0,
+            data_wait_s: 0.0,
+            compute_s: 0.0,
+            allreduce_s: 0.0,
+            samples: 0,
+            cursor: None,
+            skipped: 0,
+            problems: Vec::new(),
+        };
+        for _ in 0..request.max_steps {
+            let Some(running) = self.running.as_mut() else {
+                break;
+            };
+            if running.steps >= running.planned {
+                break;
+            }
+            let waited = Instant::now();
+            let batch = match running.batches.next() {
+                Some(Ok(batch)) => batch,
+                Some(Err(e)) => {
+                    return Err(MethodError::fatal(format!(
+                        "rank {} epoch {}: {e}",
+                        self.init.rank, request.epoch
+                    )));
+                }
+                None => {
+                    return Err(MethodError::fatal(format!(
+                        "rank {} epoch {}: the loader ended after {} of {} batches",
+                        self.init.rank, request.epoch, running.steps, running.planned
+                    )));
+                }
+            };
+            running.steps += 1;
+            reply.data_wait_s += waited.elapsed().as_secs_f64();
+            let step = self.step(&batch, &mut reply)?;
+            reply.steps.push(step);
+        }
+        let running = self
+            .running
+            .as_ref()
+            .ok_or_else(|| MethodError::new("no epoch running"))?;
+        let stats = running.batches.stats();
+        reply.step_in_epoch = running.steps;
+        reply.steps_in_epoch = running.planned;
+        reply.epoch_done = running.steps >= running.planned;
+        reply.global_step = self.global_step;
+        reply.cursor = (!reply.epoch_done).then(|| running.batches.cursor().clone());
+        reply.skipped = stats.skipped();
+        reply.problems = stats.problems;
+        reply.seconds = started.elapsed().as_secs_f64();
+        if reply.epoch_done {
+            self.running = None;
+        }
+        Ok(reply)
+    }
+
+    /// One optimiser step on `batch` (empty when this rank is out of data).
+    fn step(
+        &mut self,
+        batch: &pipelines::Batch,
+        reply: &mut TrainReply,
+    ) -> Result<StepRecord, MethodError> {
+        let computing = Instant::now();
+        let n = batch.len();
+        self.sgd.zero_grad();
+        let mut extra = [0.0f32; 2];
+        if n > 0 {
+            let (images, labels) = self.tensors(batch)?;
+            let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, true));
+            let loss = cross_entropy_smoothed(
+                &logits.to_kind(Kind::Float),
+                &labels,
+                self.init.job.optim.label_smoothing,
+            );
+            loss.f_backward()
+                .map_err(|e| fatal("backward")(e.to_string()))?;
+            extra[0] = loss.double_value(&[]) as f32;
+            extra[1] = topk_correct(&logits, &labels, 1) as f32 / n as f32;
+        }
+        reply.compute_s += computing.elapsed().as_secs_f64();
+        let sync = self
+            .sync
+            .as_mut()
+            .ok_or_else(|| MethodError::new("train before connect"))?;
+        let stats = sync
+            .average(&self.params, n as f32, &mut extra)
+            .map_err(|e| {
+                MethodError::fatal(format!("rank {}: averaging gradients: {e}", self.init.rank))
+            })?;
+        let lr = self.schedule.lr_at(self.global_step);
+        if stats.samples > 0.0 {
+            self.sgd.step(lr);
+        }
+        if !self.buffers.is_empty() {
+            sync.broadcast(&self.buffers, 0).map_err(|e| {
+                MethodError::fatal(format!(
+                    "rank {}: broadcasting buffers: {e}",
+                    self.init.rank
+                ))
+            })?;
+        }
+        reply.allreduce_s += stats.wait.as_secs_f64();
+        reply.samples += n as u64;
+        self.global_step += 1;
+        Ok(StepRecord {
+            step: self.global_step,
+            loss: extra[0],
+            accuracy: extra[1],
+            lr,
+            samples: stats.samples as u64,
+        })
+    }
+
+    fn amp(&self) -> bool {
+        self.init.job.optim.amp && self.device != Device::Cpu
+    }
+
+    /// The batch as a normalised float NCHW tensor on the device, and its labels, checked
+    /// against the number of classes.
+    fn tensors(&self, batch: &pipelines::Batch) -> Result<(Tensor, Tensor), MethodError> {
+        let classes = self.model.classes();
+        if let Some(i) = batch.labels.iter().position(|&l| l < 0 || l >= classes) {
+            let id = &batch.ids[i];
+            return Err(MethodError::fatal(format!(
+                "{}: sample `{}` has label {}, outside the model's {classes} classes",
+                id.url, id.key, batch.labels[i]
+            )));
+        }
+        let pixels = batch
+            .pixels_u8()
+            .ok_or_else(|| MethodError::fatal("the loader gave float images; expected bytes"))?;
+        let size = i64::from(batch.size);
+        let n = batch.len() as i64;
+        let mut images =
+            Tensor::from_slice(&pixels[..(n * size * size * 3) as usize]).view([n, size, size, 3]);
+        if self.device != Device::Cpu {
+            images =
+                images
+                    .pin_memory(self.device)
+                    .to_device_(self.device, Kind::Uint8, true, false);
+        }
+        let images =
+            (images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 255.0 - &self.mean) / &self.std;
+        let labels = Tensor::from_slice(&batch.labels).to_device(self.device);
+        Ok((images.contiguous(), labels))
+    }
+
+    fn evaluate(&mut self) -> Result<EvalReply, MethodError> {
+        let started = Instant::now();
+        let mut reply = EvalReply {
+            samples: 0,
+            loss_sum: 0.0,
+            top1: 0,
+            top5: 0,
+            seconds: 0.0,
+        };
+        let data = &self.init.job.data;
+        if data.val.is_empty() {
+            return Ok(reply);
+        }
+        let batch_size = self.init.job.optim.batch_size;
+        let planner = Planner::new(data.val_plan(self.shape, batch_size), Hooks::builtin())
+            .map_err(|e| MethodError::new(format!("validation plan: {e}")))?;
+        let plan = planner
+            .plan(0)
+            .map_err(|e| MethodError::new(format!("validation plan: {e}")))?;
+        let batches = self
+            .val_loader
+            .epoch(&plan, Rank(self.init.rank), data.eval_transform(), None)
+            .map_err(|e| MethodError::new(format!("validation: {e}")))?;
+        let _guard = tch::no_grad_guard();
+        for batch in batches {
+            let batch = batch.map_err(|e| MethodError::new(format!("validation: {e}")))?;
+            if batch.is_empty() {
+                continue;
+            }
+            let (images, labels) = self.tensors(&batch)?;
+            let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, false))
+                .to_kind(Kind::Float);
+            let loss = cross_entropy_smoothed(&logits, &labels, 0.0);
+            reply.loss_sum += loss.double_value(&[]) * batch.len() as f64;
+            reply.top1 += topk_correct(&logits, &labels, 1) as u64;
+            reply.top5 += topk_correct(&logits, &labels, 5) as u64;
+            reply.samples += batch.len() as u64;
+        }
+        reply.seconds = started.elapsed().as_secs_f64();
+        Ok(reply)
+    }
+
+    fn save(&mut self, request: SaveRequest) -> Result<PathBuf, MethodError> {
+        let mut model = self.model.parameters();
+        model.extend(self.model.buffers());
+        checkpoint::write(
+            &request.root,
+            &request.name,
+            &model,
+            &self.sgd.state(),
+            &request.state,
+        )
+        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
+    }
+
+    fn digest(&self) -> Result<DigestReply, MethodError> {
+        let mut hasher = Sha256::new();
+        let mut values = Vec::new();
+        for tensor in self.params.iter().chain(&self.buffers) {
+            let flat = tensor
+                .to_device(Device::Cpu)
+                .to_kind(Kind::Float)
+                .contiguous();
+            values.resize(flat.numel(), 0.0f32);
+            flat.f_copy_data(&mut values, flat.numel())
+                .map_err(|e| MethodError::new(e.to_string()))?;
+            for v in &values {
+                hasher.update(v.to_le_bytes());
+            }
+        }
+        Ok(DigestReply {
+            sha256: format!("{:x}", hasher.finalize()),
+        })
+    }
+}
+
+impl Actor for Trainer {
+    fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        match method {
+            "listen" => reply(&self.listen()?),
+            "connect" => {
+                let request = json(payload, "connect request")?;
+                reply(&self.connect(request)?)
+            }
+            "train" => {
+                let request = json(payload, "train request")?;
+                reply(&self.train(request)?)
+            }
+            "evaluate" => reply(&self.evaluate()?),
+            "save" => {
+                let request = json(payload, "save request")?;
+                reply(&self.save(request)?)
+            }
+            "digest" => reply(&self.digest()?),
+            other => Err(MethodError::new(format!(
+                "trainers have no method `{other}` (listen, connect, train, evaluate, save, \
+                 digest)"
+            ))),
+        }
+    }
+}
+
+fn parse_secret(hex: &str) -> Result<RingSecret, MethodError> {
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| MethodError::new("the ring secret is not hex"))?;
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| MethodError::new("the ring secret is not 32 bytes"))?;
+    Ok(RingSecret::from_bytes(bytes))
+}
+
+/// Hex of a ring secret, as `connect` takes it.
+pub fn secret_hex(secret: &RingSecret) -> String {
+    secret
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn schedule(init: &TrainerInit, steps_per_epoch: u64) -> LrSchedule {
+    let optim = &init.job.optim;
+    let to_steps = |epochs: f64| (epochs * steps_per_epoch as f64).round() as u64;
+    let kind = match &optim.schedule {
+        ScheduleSpec::Cosine { final_fraction } => ScheduleKind::Cosine {
+            final_fraction: *final_fraction,
+        },
+        ScheduleSpec::Step { milestones, gamma } => ScheduleKind::Step {
+            milestones: milestones.iter().map(|&e| to_steps(e as f64)).collect(),
+            gamma: *gamma,
+        },
+        ScheduleSpec::Constant => ScheduleKind::Constant,
+    };
+    LrSchedule {
+        base_lr: optim.lr,
+        warmup_steps: to_steps(optim.warmup_epochs),
+        warmup_start_fraction: optim.warmup_start_fraction,
+        total_steps: optim.epochs * steps_per_epoch,
+        kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_round_trip_through_hex() {
+        let secret = RingSecret::random();
+        let back = parse_secret(&secret_hex(&secret)).expect("parse");
+        assert_eq!(back.as_bytes(), secret.as_bytes());
+        for bad in ["", "zz", &"ab".repeat(31), &"ab".repeat(33)] {
+            assert!(parse_secret(bad).is_err(), "{bad:?}");
+        }
+    }
+}
