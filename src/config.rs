@@ -18,6 +18,78 @@ pub struct Config {
     pub shards: ShardsConfig,
     pub serve: ServeConfig,
     pub cluster: ClusterConfig,
+    pub data: DataConfig,
+    pub model: ModelConfig,
+    pub train: TrainConfig,
+}
+
+/// `[data]`: what `imgrun train` reads and how.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    pub train: String,
+    pub val: String,
+    pub base: String,
+    pub hooks: String,
+    pub mode: String,
+    pub policy: String,
+    pub nbatches: u64,
+    pub dsrepeat: u64,
+    pub epoch_size: u64,
+    pub nominal_size: u64,
+    pub classes: i64,
+    pub seed: u64,
+    pub workers: u32,
+    pub shuffle_buffer: usize,
+    pub queue_batches: usize,
+    pub image_fields: Vec<String>,
+    pub label_field: String,
+    pub image_size: u32,
+    pub size_schedule: Vec<(u64, u32)>,
+    pub eval_size: u32,
+    pub crop_scale: (f32, f32),
+    pub resize_ratio: f32,
+    pub flip: bool,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    pub width: i64,
+    pub seed: u64,
+}
+
+/// `[train]`: optimisation, evaluation, checkpoints and the world.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub epochs: u64,
+    pub batch_size: u64,
+    pub lr: f64,
+    pub reference_batch: u64,
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    pub label_smoothing: f64,
+    pub warmup_epochs: f64,
+    pub warmup_start_fraction: f64,
+    pub schedule: String,
+    pub final_lr_fraction: f64,
+    pub milestones: Vec<u64>,
+    pub gamma: f64,
+    pub precision: String,
+    pub bucket_mb: f64,
+    pub eval_every_epochs: u64,
+    pub checkpoint_every_epochs: u64,
+    pub checkpoint_every_steps: u64,
+    pub runs_dir: String,
+    pub name: String,
+    pub gpus: u32,
+    pub workers: u32,
+    pub threads: u32,
+    pub step_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -67,6 +139,17 @@ pub struct Loaded {
 /// Loads the configuration. `explicit` is `--config`; without it a `cluster.toml` in the
 /// working folder is used when present.
 pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
+    load_with(explicit, None, &[])
+}
+
+/// [`load`] with a `preset` (TOML text, e.g. the demo's job) between the built-in defaults
+/// and the file, and `overrides` (`section.key=value`, the value in TOML syntax, or a
+/// bare word taken as a string) over everything else.
+pub fn load_with(
+    explicit: Option<&Path>,
+    preset: Option<&str>,
+    overrides: &[String],
+) -> anyhow::Result<Loaded> {
     let file = match explicit {
         Some(path) => {
             anyhow::ensure!(
@@ -79,6 +162,9 @@ pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
         None => Some(PathBuf::from("cluster.toml")).filter(|p| p.is_file()),
     };
     let mut figment = Figment::from(Toml::string(DEFAULTS));
+    if let Some(text) = preset {
+        figment = figment.merge(Toml::string(text));
+    }
     if let Some(path) = &file {
         figment = figment.merge(Toml::file_exact(path));
     }
@@ -89,6 +175,9 @@ pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
             .filter(|key| key.as_str().contains("__"))
             .split("__"),
     );
+    for item in overrides {
+        figment = figment.merge(Toml::string(&override_toml(item)?));
+    }
     let config: Config = figment
         .extract()
         .map_err(|e| anyhow::anyhow!(describe(e)))?;
@@ -97,6 +186,25 @@ pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
         None => "in the built-in defaults".to_string(),
     })?;
     Ok(Loaded { config, file })
+}
+
+/// `section.key=value` as a TOML table, for figment.
+fn override_toml(item: &str) -> anyhow::Result<String> {
+    let (key, value) = item
+        .split_once('=')
+        .with_context(|| format!("override `{item}`: expected SECTION.KEY=VALUE"))?;
+    let (section, name) = key
+        .trim()
+        .split_once('.')
+        .with_context(|| format!("override `{item}`: expected SECTION.KEY=VALUE"))?;
+    let value = value.trim();
+    let parsed = format!("v = {value}");
+    let value = if toml::from_str::<toml::Table>(&parsed).is_ok() {
+        value.to_string()
+    } else {
+        format!("{value:?}")
+    };
+    Ok(format!("[{section}]\n{name} = {value}\n"))
 }
 
 /// One line per figment error, each naming the key and where it was set.

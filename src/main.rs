@@ -47,6 +47,11 @@ enum Command {
     Status(commands::cluster::StatusArgs),
     /// Stops the daemons started on this machine (`--all`: the whole cluster).
     Stop(commands::cluster::StopArgs),
+    /// Trains a model data-parallel on the cluster (or an embedded one), one trainer per
+    /// GPU or CPU trainers, with evaluation, checkpoints and metrics.
+    Train(commands::train::TrainArgs),
+    /// Draws a training run's metrics (loss, accuracy, throughput, learning rate) to a PNG.
+    Plot(commands::plot::PlotArgs),
     /// Hosts the actors of one process group for the node daemon that started it; its
     /// stdin is the daemon's socket (internal: only daemons run it).
     #[command(hide = true)]
@@ -74,6 +79,8 @@ fn main() -> ExitCode {
         Command::Join(args) => commands::cluster::join(&loaded, args),
         Command::Status(args) => commands::cluster::status(&loaded, args),
         Command::Stop(args) => commands::cluster::stop(&loaded, args),
+        Command::Train(args) => commands::train::run(&loaded, args),
+        Command::Plot(args) => commands::plot::run(&loaded, args),
         // Returned above, before the configuration is read; the same if it were not.
         Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),
     });

@@ -444,7 +444,7 @@ fn log_tail(log: &Path) -> String {
     }
 }
 
-fn state_dir(cluster: &ClusterConfig) -> anyhow::Result<runtime::StateDir> {
+pub(crate) fn state_dir(cluster: &ClusterConfig) -> anyhow::Result<runtime::StateDir> {
     if cluster.state_dir.is_empty() {
         runtime::StateDir::locate().context("finding the state folder")
     } else {
@@ -480,14 +480,16 @@ fn resources(daemon: &DaemonArgs) -> runtime::NodeResources {
 }
 
 /// The kinds of actor this binary hosts, in its daemons and in their worker processes
-/// alike: the diagnostic `echo` for now; the trainer and loader kinds join it here.
+/// alike: the diagnostic `echo` and the trainers of `imgrun train`.
 pub fn actor_registry() -> runtime::ActorRegistry {
-    runtime::diagnostic_registry()
+    let mut registry = runtime::diagnostic_registry();
+    actors::train::register(&mut registry);
+    registry
 }
 
 /// How the daemons host actors: this binary's kinds, and worker processes that are this
 /// binary again (`imgrun worker`).
-fn actor_hosting() -> runtime::ActorHosting {
+pub(crate) fn actor_hosting() -> runtime::ActorHosting {
     let worker = match runtime::WorkerCommand::current_exe(["worker"]) {
         Ok(command) => Some(command),
         Err(error) => {
@@ -502,7 +504,7 @@ fn actor_hosting() -> runtime::ActorHosting {
     }
 }
 
-fn membership(cluster: &ClusterConfig) -> runtime::MembershipConfig {
+pub(crate) fn membership(cluster: &ClusterConfig) -> runtime::MembershipConfig {
     runtime::MembershipConfig {
         heartbeat_interval_ms: cluster.heartbeat_ms,
         dead_after_ms: cluster.dead_after_ms,

@@ -4,8 +4,10 @@ pub mod cluster;
 pub mod demo;
 pub mod doctor;
 pub mod plan;
+pub mod plot;
 pub mod serve;
 pub mod shards;
+pub mod train;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
