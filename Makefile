@@ -16,9 +16,11 @@ doctor:
 # webdataset; decoding and the train transform against PIL, torchvision and DataLoader.
 # The torch venv is made first (once): torchvision for the Python side runs on it. Then
 # the control plane: actor messages, QUIC round trips, joins, heartbeats of 1,000 nodes,
-# remote actor calls.
+# remote actor calls. Then the ring allreduce against torch.distributed with gloo (2 and 4
+# processes, 4 KB to 256 MB), and training throughput against PyTorch DDP.
 bench:
 	bash tools/libtorch.sh > /dev/null
 	cargo bench --locked -p pipelines --bench read
 	cargo bench --locked -p pipelines --bench loader
 	cargo bench --locked -p runtime --bench cluster
+	eval "$$(bash tools/libtorch.sh)" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH cargo run --locked --release -p runtime --example allreduce_procs

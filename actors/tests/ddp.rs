@@ -76,9 +76,10 @@ fn data_parallel(images: &Tensor, labels: &Tensor, split: i64) -> [Vec<Tensor>; 
                             extra[0] = loss.double_value(&[]) as f32;
                         }
                         let stats = sync
-                            .average(&params, len as f32, &mut extra)
+                            .average(&params, len as f32, &mut extra, 1.0)
                             .expect("average");
                         assert_eq!(stats.samples, n as f32);
+                        assert!(stats.finite);
                         sgd.step(LR);
                     }
                     params.iter().map(|p| p.copy()).collect::<Vec<Tensor>>()
@@ -118,4 +119,34 @@ fn data_parallel_steps_equal_the_single_process_step() {
             assert!(moved > 0.0 || i > 0, "the step did not move parameter {i}");
         }
     }
+}
+
+#[test]
+fn a_non_finite_gradient_on_one_rank_is_seen_by_every_rank() {
+    let groups = RingGroup::in_memory(2, CollectiveOptions::default());
+    let finite: Vec<bool> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(rank, group)| {
+                scope.spawn(move || {
+                    let weight =
+                        Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                    let scale = if rank == 1 { f64::NAN } else { 1.0 };
+                    (&weight * scale).sum(Kind::Float).backward();
+                    let params = [weight];
+                    let mut sync =
+                        GradSync::start(move || async move { Ok(group) }, &params, 1 << 20)
+                            .expect("sync");
+                    let stats = sync.average(&params, 2.0, &mut [], 0.5).expect("average");
+                    stats.finite
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    assert_eq!(finite, [false, false]);
 }

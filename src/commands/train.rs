@@ -555,6 +555,7 @@ impl Driver {
         let world = places.len() as u32;
         let global_batch = train.batch_size * u64::from(world);
         job.optim.lr = scaled_lr(train.lr, global_batch, train.reference_batch.max(1));
+        check_plan(&job, nodes, ranks_per_node)?;
         let resume = match &options.resume {
             Some(path) => Some(resume_from(path, &config.train.runs_dir)?),
             None => None,
@@ -672,6 +673,23 @@ impl Driver {
         summary.run_dir = run_dir;
         Ok(summary)
     }
+}
+
+/// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
+/// starts (each trainer plans every epoch again for itself).
+fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyhow::Result<()> {
+    let shape = pipelines::ClusterShape::new(nodes, ranks_per_node, job.data.workers);
+    let hooks = pipelines::Hooks::compile(&job.data.hooks, pipelines::HookLimits::default())?;
+    let plan = pipelines::Planner::new(job.data.train_plan(shape, job.optim.batch_size), hooks)
+        .and_then(|planner| planner.plan(0))
+        .context("planning the first epoch")?;
+    plan.check().context("planning the first epoch")?;
+    anyhow::ensure!(
+        plan.steps().is_some(),
+        "the ranks' batch counts are unknown: give the shards a manifest.json with sample \
+         counts, or choose the drop policy with data.nbatches"
+    );
+    Ok(())
 }
 
 async fn spawn_trainers(
@@ -805,7 +823,9 @@ fn new_run_dir(train: &crate::config::TrainConfig) -> anyhow::Result<PathBuf> {
     };
     let dir = Path::new(&train.runs_dir).join(name);
     anyhow::ensure!(
-        !dir.join("metrics.jsonl").exists(),
+        !dir.join("checkpoints")
+            .join(checkpoint::LATEST_FILE)
+            .exists(),
         "{} already holds a run: choose another --name, or continue it with --resume {}",
         dir.display(),
         dir.display()
@@ -1056,7 +1076,11 @@ async fn train_loop(
             done = first.epoch_done;
             bar.set_position(step_in_epoch);
             if let Some(last) = first.steps.last() {
-                bar.set_message(format!("epoch {epoch} loss {:.3}", last.loss));
+                bar.set_message(format!(
+                    "epoch {epoch} loss {:.3} {:.0} img/s",
+                    last.loss,
+                    samples as f64 / seconds
+                ));
             }
             // Calls of about a second: progress stays live, and Ctrl-C or a failure is
             // noticed between calls.

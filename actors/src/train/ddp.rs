@@ -51,6 +51,8 @@ pub struct SyncStats {
     /// Time from the first bucket sent to the last one back.
     pub wait: Duration,
     pub buckets: usize,
+    /// Whether every averaged gradient value is finite (the same answer on every rank).
+    pub finite: bool,
 }
 
 impl GradSync {
@@ -93,14 +95,16 @@ impl GradSync {
 
     /// Replaces each parameter's gradient with the mean over all ranks, weighted by
     /// `samples` (this rank's batch size; 0 for a rank out of data, whose gradients are
-    /// ignored). `extra` values (a loss, an accuracy) ride along in the last bucket and
-    /// come back as weighted means too. A parameter without a gradient counts as zeros
-    /// and gets one.
+    /// ignored), then multiplied by `unscale` (the inverse of a mixed-precision loss
+    /// scale; 1 without). `extra` values (a loss, an accuracy) ride along in the last
+    /// bucket and come back as weighted means too. A parameter without a gradient counts
+    /// as zeros and gets one.
     pub fn average(
         &mut self,
         parameters: &[Tensor],
         samples: f32,
         extra: &mut [f32],
+        unscale: f32,
     ) -> Result<SyncStats, SyncError> {
         let started = Instant::now();
         let count = self.buckets.len();
@@ -119,9 +123,18 @@ impl GradSync {
             })?;
         }
         let mut total = 0.0;
+        let mut finite = true;
         for (b, range) in self.buckets.clone().into_iter().enumerate() {
-            let Done { buffer, total: t } = self.comm.receive()?;
+            let Done {
+                mut buffer,
+                total: t,
+            } = self.comm.receive()?;
             total = t;
+            let grads = buffer.len() - if b + 1 == count { extra.len() } else { 0 };
+            if unscale != 1.0 {
+                buffer[..grads].iter_mut().for_each(|x| *x *= unscale);
+            }
+            finite &= buffer[..grads].iter().all(|x| x.is_finite());
             let mut offset = 0;
             for p in range {
                 let n = self.numels[p];
@@ -137,6 +150,7 @@ impl GradSync {
             samples: total,
             wait: started.elapsed(),
             buckets: count,
+            finite,
         })
     }
 

@@ -27,6 +27,11 @@ use super::optim::Sgd;
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{DeviceSpec, ScheduleSpec, TrainerInit};
 
+/// Mixed precision's first loss scale and how many finite steps double it (PyTorch's
+/// GradScaler defaults).
+const INITIAL_LOSS_SCALE: f64 = 65536.0;
+const LOSS_SCALE_GROWTH_INTERVAL: u32 = 2000;
+
 /// The actor kind of trainers.
 pub const TRAINER_KIND: &str = "trainer";
 
@@ -160,6 +165,10 @@ struct Trainer {
     /// The epoch and cursor a resumed job continues from.
     resume_cursor: Option<RankCursor>,
     global_step: u64,
+    /// Mixed precision's loss scale (1 without), and the finite steps since it last
+    /// changed.
+    loss_scale: f64,
+    finite_steps: u32,
     mean: Tensor,
     std: Tensor,
 }
@@ -259,6 +268,12 @@ impl Trainer {
             running: None,
             resume_cursor: None,
             global_step: 0,
+            loss_scale: if init.job.optim.amp && device != Device::Cpu {
+                INITIAL_LOSS_SCALE
+            } else {
+                1.0
+            },
+            finite_steps: 0,
             mean,
             std,
             init,
@@ -491,13 +506,38 @@ impl Trainer {
             .as_mut()
             .ok_or_else(|| MethodError::new("train before connect"))?;
         let stats = sync
-            .average(&self.params, n as f32, &mut extra)
+            .average(
+                &self.params,
+                n as f32,
+                &mut extra,
+                (1.0 / self.loss_scale) as f32,
+            )
             .map_err(|e| {
                 MethodError::fatal(format!("rank {}: averaging gradients: {e}", self.init.rank))
             })?;
         let lr = self.schedule.lr_at(self.global_step);
-        if stats.samples > 0.0 {
+        if !stats.finite && self.loss_scale == 1.0 {
+            return Err(MethodError::fatal(format!(
+                "step {}: the averaged gradients are not finite (the loss diverged; try a \
+                 lower train.lr or a longer warm-up)",
+                self.global_step + 1
+            )));
+        }
+        if !stats.finite {
+            // Mixed precision overflowed: skip the step with a smaller scale, as
+            // PyTorch's GradScaler does. Every rank sees the same averaged bits, so all
+            // skip together.
+            self.loss_scale /= 2.0;
+            self.finite_steps = 0;
+        } else if stats.samples > 0.0 {
             self.sgd.step(lr);
+            if self.loss_scale != 1.0 {
+                self.finite_steps += 1;
+                if self.finite_steps == LOSS_SCALE_GROWTH_INTERVAL {
+                    self.loss_scale *= 2.0;
+                    self.finite_steps = 0;
+                }
+            }
         }
         if !self.buffers.is_empty() {
             sync.broadcast(&self.buffers, 0).map_err(|e| {
