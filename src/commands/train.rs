@@ -276,6 +276,18 @@ fn shard_set(spec: &str, base: &str) -> anyhow::Result<ShardSet> {
         .with_context(|| format!("shard spec `{spec}`"))?
         .urls;
     anyhow::ensure!(!urls.is_empty(), "shard spec `{spec}` names no shards");
+    let missing: Vec<&String> = urls
+        .iter()
+        .filter(|u| !u.contains("://") && !u.starts_with("pipe:") && u.as_str() != "-")
+        .filter(|u| !Path::new(u.trim_start_matches("file:")).is_file())
+        .collect();
+    if let Some(first) = missing.first() {
+        bail!(
+            "no such shard: {first} ({} of the {} shards of `{spec}` are missing)",
+            missing.len(),
+            urls.len()
+        );
+    }
     let samples = match manifest_beside(&urls) {
         Some(manifest) => pipelines::PlanShard::with_manifest(&urls, &manifest)
             .into_iter()
@@ -388,6 +400,8 @@ struct RankPlace {
     ip: String,
     gpu: bool,
     threads: u32,
+    /// The node's CPUs this rank reserves, in thousandths: its share of the node.
+    cpu_millis: u64,
 }
 
 /// The world: one rank per free GPU (or `gpus` of them), else CPU trainers. Ranks are
@@ -436,6 +450,9 @@ fn plan_world(
         let node = live[i];
         let here = per_node[i];
         let cpus = node.cpus.max(1);
+        let free_cpu_millis = (u64::from(cpus) * 1000)
+            .saturating_sub(node.used.get(Resources::CPU).copied().unwrap_or(0))
+            .max(u64::from(here));
         let threads = match train.threads {
             0 => (cpus / here).max(1),
             t => t,
@@ -452,6 +469,7 @@ fn plan_world(
                 ip: ip.clone(),
                 gpu: total_gpus > 0,
                 threads,
+                cpu_millis: free_cpu_millis / u64::from(here),
             });
         }
     }
@@ -643,6 +661,19 @@ impl Driver {
             result = train_loop(config, &job, &ranks, &run_dir, &mut metrics, resume.as_ref(), steps_per_epoch, nodes, ranks_per_node) => result,
             failure = watcher.failure() => Err(anyhow::anyhow!(failure)),
         };
+        let loop_result = match loop_result {
+            // The first error is often a healthy rank seeing its ring peer go away; the
+            // head's events name the rank that failed first, once it has noticed (a lost
+            // node takes `dead_after_ms`).
+            Err(error) if format!("{error:#}").contains(actors::train::PEER_FAILURE) => {
+                let wait = Duration::from_millis(config.cluster.dead_after_ms + 2000);
+                match watcher.root_cause(wait).await {
+                    Some(cause) => Err(anyhow::anyhow!("{cause}\n  (then: {error:#})")),
+                    None => Err(error),
+                }
+            }
+            other => other,
+        };
         watcher.stop();
         let mut summary = loop_result?;
 
@@ -719,7 +750,7 @@ async fn spawn_trainers(
         let resources = if place.gpu {
             Resources::new().with_gpus(1)
         } else {
-            Resources::new().with_cpus(u64::from(place.threads))
+            Resources::new().with_cpu_millis(place.cpu_millis)
         };
         let options = SpawnOptions::new(TRAINER_KIND)
             .args(to_json(&init))
@@ -940,7 +971,7 @@ impl FailureWatcher {
                         let node = event.node.unwrap_or(*node);
                         let _ = tx
                             .send(format!(
-                                "rank {rank} on node {node} {}: {}",
+                                "rank {rank} (node {node}) {}: {}",
                                 event.kind, event.reason
                             ))
                             .await;
@@ -949,6 +980,20 @@ impl FailureWatcher {
             }
         });
         Self { failures, task }
+    }
+
+    /// Within `wait`, the failure of a rank that did not fail because a ring peer went
+    /// away (a trainer that crashed, or one on a lost node), if the head reports one.
+    async fn root_cause(&mut self, wait: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let failure = tokio::time::timeout_at(deadline, self.failures.recv())
+                .await
+                .ok()??;
+            if !failure.contains(actors::train::PEER_FAILURE) {
+                return Some(failure);
+            }
+        }
     }
 
     async fn failure(&mut self) -> String {
@@ -1006,10 +1051,14 @@ async fn train_loop(
         let mut chunk = 1u64;
         let mut done = false;
         while !done {
-            let request = TrainRequest {
-                epoch,
-                max_steps: chunk,
+            let every = train.checkpoint_every_steps;
+            let max_steps = if every > 0 {
+                // Stop at the next multiple of `every`, so each one gets its checkpoint.
+                chunk.min(every - global_step % every)
+            } else {
+                chunk
             };
+            let request = TrainRequest { epoch, max_steps };
             let called = Instant::now();
             let replies: Vec<TrainReply> = call_all(
                 ranks,

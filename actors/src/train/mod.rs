@@ -22,6 +22,6 @@ pub use spec::{
     SourceSpec, TrainerInit,
 };
 pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, ResumeFrom, SaveRequest,
-    StepRecord, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
+    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,
+    SaveRequest, StepRecord, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
 };

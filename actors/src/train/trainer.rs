@@ -14,13 +14,15 @@ use std::time::Instant;
 use pipelines::{
     ClusterShape, EpochBatches, HookLimits, Hooks, Loader, Planner, Rank, RankCursor, Sources,
 };
-use runtime::{Actor, ActorContext, ActorRegistry, CollectiveOptions, MethodError, RingSecret};
+use runtime::{
+    Actor, ActorContext, ActorRegistry, CollectiveError, CollectiveOptions, MethodError, RingSecret,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{self, CheckpointState};
-use super::ddp::GradSync;
+use super::ddp::{GradSync, SyncError};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
 use super::optim::Sgd;
@@ -31,6 +33,10 @@ use super::spec::{DeviceSpec, ScheduleSpec, TrainerInit};
 /// GradScaler defaults).
 const INITIAL_LOSS_SCALE: f64 = 65536.0;
 const LOSS_SCALE_GROWTH_INTERVAL: u32 = 2000;
+
+/// Marks a trainer failure that follows from another rank's: its ring peer went away or
+/// stopped answering. A job's client looks past these for the root cause.
+pub const PEER_FAILURE: &str = "lost its ring peer";
 
 /// The actor kind of trainers.
 pub const TRAINER_KIND: &str = "trainer";
@@ -512,9 +518,7 @@ impl Trainer {
                 &mut extra,
                 (1.0 / self.loss_scale) as f32,
             )
-            .map_err(|e| {
-                MethodError::fatal(format!("rank {}: averaging gradients: {e}", self.init.rank))
-            })?;
+            .map_err(|e| ring_failure(self.init.rank, "averaging gradients", &e))?;
         let lr = self.schedule.lr_at(self.global_step);
         if !stats.finite && self.loss_scale == 1.0 {
             return Err(MethodError::fatal(format!(
@@ -540,12 +544,8 @@ impl Trainer {
             }
         }
         if !self.buffers.is_empty() {
-            sync.broadcast(&self.buffers, 0).map_err(|e| {
-                MethodError::fatal(format!(
-                    "rank {}: broadcasting buffers: {e}",
-                    self.init.rank
-                ))
-            })?;
+            sync.broadcast(&self.buffers, 0)
+                .map_err(|e| ring_failure(self.init.rank, "broadcasting buffers", &e))?;
         }
         reply.allreduce_s += stats.wait.as_secs_f64();
         reply.samples += n as u64;
@@ -693,6 +693,26 @@ impl Actor for Trainer {
             ))),
         }
     }
+}
+
+/// A fatal error for a failed ring operation, marked with [`PEER_FAILURE`] when the
+/// cause is another rank (its link closed or failed, or it stopped answering).
+fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
+    let peer = matches!(
+        error,
+        SyncError::Collective(
+            CollectiveError::PeerClosed { .. }
+                | CollectiveError::Io { .. }
+                | CollectiveError::Timeout { .. }
+                | CollectiveError::Poisoned { .. }
+        )
+    );
+    let mark = if peer {
+        format!(" ({PEER_FAILURE})")
+    } else {
+        String::new()
+    };
+    MethodError::fatal(format!("rank {rank}: {what}{mark}: {error}"))
 }
 
 fn parse_secret(hex: &str) -> Result<RingSecret, MethodError> {

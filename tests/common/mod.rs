@@ -1,0 +1,183 @@
+//! What the end-to-end tests of the binary share: simulated machines (a state folder
+//! each, fast heartbeats) that run the real `imgrun` as separate processes, and bounded
+//! polling.
+
+// Each test file uses its own part of the fixture.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process, test_kill_process};
+use serde_json::Value;
+
+pub const HEARTBEAT_MS: &str = "100";
+pub const DEAD_AFTER_MS: &str = "1000";
+
+/// One simulated machine: a state folder, and optionally a network namespace.
+pub struct Machine {
+    pub state: PathBuf,
+    pub netns: Option<String>,
+}
+
+impl Machine {
+    pub fn new(root: &Path, name: &str) -> Machine {
+        Machine {
+            state: root.join(name),
+            netns: None,
+        }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let binary = env!("CARGO_BIN_EXE_imgrun");
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, binary]);
+                c
+            }
+            None => Command::new(binary),
+        };
+        command
+            .args(args)
+            .env_remove("IMGRUN_LOG")
+            .env("IMGRUN_STATE_DIR", &self.state)
+            .env("IMGRUN_CLUSTER__HEARTBEAT_MS", HEARTBEAT_MS)
+            .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", DEAD_AFTER_MS)
+            .env("IMGRUN_CLUSTER__START_TIMEOUT_SECS", "20")
+            .stdin(Stdio::null());
+        command
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run imgrun")
+    }
+
+    pub fn run_ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "imgrun {args:?} failed:\n{}",
+            describe(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn status(&self) -> Value {
+        let text = self.run_ok(&["status", "--json"]);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"))
+    }
+
+    /// The pids of the daemons recorded in this machine's state folder.
+    pub fn daemon_pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(self.state.join("daemons")) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                let record: Value = serde_json::from_str(&text).ok()?;
+                u32::try_from(record["pid"].as_u64()?).ok()
+            })
+            .collect()
+    }
+
+    /// Starts a head in the background; returns the printed `imgrun join ...` line split
+    /// into (address, token, ca hash).
+    pub fn start_head(&self, extra: &[&str]) -> (String, String, String) {
+        let mut args = vec!["start", "--head", "--port", "0"];
+        args.extend_from_slice(extra);
+        let out = self.run_ok(&args);
+        let line = out
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("imgrun join "))
+            .unwrap_or_else(|| panic!("no join command in:\n{out}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let flag = |name: &str| {
+            let at = words.iter().position(|w| *w == name).expect(name);
+            words[at + 1].to_string()
+        };
+        (words[2].to_string(), flag("--token"), flag("--ca-hash"))
+    }
+
+    pub fn join(&self, head: &(String, String, String), extra: &[&str]) -> Output {
+        let (address, token, ca_hash) = head;
+        let mut args = vec!["join", address, "--token", token, "--ca-hash", ca_hash];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+}
+
+impl Drop for Machine {
+    /// Whatever happened in the test, no daemon outlives it.
+    fn drop(&mut self) {
+        for pid in self.daemon_pids() {
+            if let Some(pid) = pid_of(pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+}
+
+pub fn pid_of(pid: u32) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(pid).ok()?)
+}
+
+pub fn is_running(pid: u32) -> bool {
+    // A process that exited stays a zombie until its parent reaps it; orphans (daemons
+    // whose `imgrun start` has exited, workers of a killed node) wait for init, which may
+    // reap them late. A zombie runs nothing: it counts as gone.
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state == 'Z' || state == 'X')
+        })
+        .unwrap_or(false);
+    !zombie && pid_of(pid).is_some_and(|p| test_kill_process(p).is_ok())
+}
+
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, for at most `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn nodes(status: &Value) -> Vec<Value> {
+    status["nodes"].as_array().cloned().unwrap_or_default()
+}
+
+pub fn node_states(status: &Value) -> Vec<(u64, String)> {
+    let mut states: Vec<(u64, String)> = nodes(status)
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_u64().unwrap_or(u64::MAX),
+                n["state"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    states.sort();
+    states
+}

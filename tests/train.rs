@@ -1,0 +1,910 @@
+//! End-to-end tests of `imgrun train`: a head and a joined node as background daemons
+//! (state folders of their own, fast heartbeats), the job's driver as a separate process
+//! that connects to them, and its CPU trainers in worker processes of both daemons, all on
+//! loopback, on tiny synthetic shards and the small CNN.
+//!
+//! Every wait is bounded; a job that does not end in time is killed and fails its test.
+//! Each test stops its cluster and checks that no worker process is left.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{Machine, describe, is_running, node_states, pid_of, wait_for};
+use rustix::process::{Signal, kill_process};
+use serde_json::Value;
+
+/// The longest any one job of these tests may run.
+const JOB_LIMIT: Duration = Duration::from_secs(90);
+/// How long the cluster may take to settle after a job: reservations released, workers
+/// gone.
+const SETTLE_LIMIT: Duration = Duration::from_secs(15);
+/// Per-rank batch size of every job.
+const BATCH: u64 = 16;
+
+/// Two trainers on two daemons learn, evaluate, agree bit for bit, checkpoint and plot.
+#[test]
+fn two_cpu_trainers_on_two_nodes_learn_agree_and_checkpoint() {
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("first", 3, &[], true);
+    let mut on_daemons = BTreeMap::new();
+    // Where the trainers run, seen in the process tree while the job goes on.
+    let deadline = Instant::now() + JOB_LIMIT;
+    while job.running() && Instant::now() < deadline {
+        for (name, machine) in [("head", &cluster.head), ("node", &cluster.node)] {
+            for daemon in machine.daemon_pids() {
+                for worker in workers_of(daemon) {
+                    on_daemons.insert(worker, name);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = job.finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let printed = &out.stdout;
+    assert!(
+        printed.contains(&format!("cluster: head at {}", cluster.join.0)),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!(
+            "2 CPU trainer(s) (node {}: 1, node {}: 1); planned as 2 node(s) x 1",
+            cluster.head_id, cluster.node_id
+        )),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("replicas: identical on all 2 ranks"),
+        "{printed}"
+    );
+    let mut hosts: Vec<&str> = on_daemons.values().copied().collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["head", "node"], "one worker under each daemon");
+
+    let run = cluster.runs.join("first");
+    let records = metrics(&run);
+    for kind in ["job", "step", "eval", "epoch"] {
+        assert!(
+            records.iter().any(|r| r["kind"] == kind),
+            "no {kind} record in {}",
+            run.display()
+        );
+    }
+    let losses: Vec<f64> = steps(&records).into_values().collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
+    eprintln!("loss: first 5 steps {first:.4}, last 5 steps {last:.4}");
+    assert!(last < first, "the loss did not decrease: {losses:?}");
+    assert_eq!(
+        records.iter().filter(|r| r["kind"] == "epoch").count(),
+        3,
+        "one epoch record per epoch"
+    );
+    let eval = records.iter().rfind(|r| r["kind"] == "eval").expect("eval");
+    assert_eq!(eval["samples"], 60, "every validation sample once: {eval}");
+
+    let latest = checkpoint_dir(&run);
+    for file in ["model.ot", "optimizer.ot", "state.json"] {
+        let size = std::fs::metadata(latest.join(file)).map_or(0, |m| m.len());
+        assert!(size > 0, "{} has no {file}", latest.display());
+    }
+    let state = read_json(&latest.join("state.json"));
+    assert_eq!(state["epoch"], 3, "{state}");
+    assert_eq!(
+        Some(state["global_step"].clone()),
+        last_step_value(&records)
+    );
+    let png = std::fs::read(run.join("metrics.png")).expect("metrics.png");
+    assert!(png.starts_with(b"\x89PNG"), "metrics.png is not a PNG");
+
+    cluster.assert_settled();
+}
+
+/// Split mode over an uneven number of shards (five shards of unequal size for two ranks):
+/// every rank plans the same steps, the rank out of data joins with empty batches, and
+/// user hooks change the plan: the shipped scripts reproduce the built-in behaviour bit
+/// for bit, a reversing `shard_shuffle` trains on a different order, and a failing one
+/// fails the job with its file and line.
+#[test]
+fn split_mode_with_user_hooks_that_take_effect_or_fail_the_job() {
+    let cluster = TrainCluster::start();
+    let hooks = cluster.root.path().join("hooks");
+    let (reverse, failing) = (hooks.join("reverse"), hooks.join("failing"));
+    for dir in [&reverse, &failing] {
+        std::fs::create_dir_all(dir).expect("hooks folder");
+    }
+    std::fs::write(
+        reverse.join("shard_shuffle.rhai"),
+        "fn shard_shuffle(shards, ctx) { shards.reverse(); shards }\n",
+    )
+    .expect("write hook");
+    let failing_file = failing.join("shard_shuffle.rhai");
+    std::fs::write(
+        &failing_file,
+        "fn shard_shuffle(shards, ctx) {\n    throw \"this hook refuses\";\n}\n",
+    )
+    .expect("write hook");
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
+
+    // Rank r reads shards r, r + 2, ...; whole batches only; the longer rank sets the steps.
+    let counts = cluster.train_counts();
+    let batches: Vec<u64> = (0..2)
+        .map(|r| counts.iter().skip(r).step_by(2).sum::<u64>() / BATCH)
+        .collect();
+    let steps_per_epoch = batches.iter().copied().max().unwrap_or(0);
+    assert_ne!(batches[0], batches[1], "the shards should be uneven");
+    let want_samples: Vec<u64> = (0..steps_per_epoch)
+        .map(|k| BATCH * batches.iter().filter(|&&b| b > k).count() as u64)
+        .collect();
+
+    let split = ["data.mode=split", "data.policy=join"];
+    let mut digests = BTreeMap::new();
+    let mut losses = BTreeMap::new();
+    for (name, hooks) in [
+        ("builtin", None),
+        ("shipped", Some(shipped.to_string())),
+        ("reversed", Some(reverse.display().to_string())),
+    ] {
+        let hook_set = hooks.map(|dir| format!("data.hooks={dir:?}"));
+        let extra: Vec<&str> = split.iter().copied().chain(hook_set.as_deref()).collect();
+        let out = cluster.job(name, 2, &extra, false).finish(JOB_LIMIT);
+        assert!(out.status.success(), "{name}: {}", out.describe());
+        assert!(
+            out.stdout
+                .contains(&format!("{steps_per_epoch} steps per epoch")),
+            "{name}: {}",
+            out.stdout
+        );
+        let records = metrics(&cluster.runs.join(name));
+        for epoch in 0..2 {
+            let samples: Vec<u64> = records
+                .iter()
+                .filter(|r| r["kind"] == "step" && r["epoch"] == epoch)
+                .map(|r| r["samples"].as_u64().unwrap_or(0))
+                .collect();
+            assert_eq!(
+                samples, want_samples,
+                "{name}: samples per step, epoch {epoch}"
+            );
+        }
+        digests.insert(name, replica_digest(&out.stdout));
+        losses.insert(name, steps(&records));
+    }
+    assert_eq!(
+        losses["builtin"], losses["shipped"],
+        "the shipped scripts as user hooks train exactly as the built-in ones"
+    );
+    assert_eq!(digests["builtin"], digests["shipped"]);
+    assert_ne!(
+        losses["shipped"], losses["reversed"],
+        "the reversing hook changed nothing"
+    );
+    assert_ne!(digests["shipped"], digests["reversed"]);
+
+    let failing_set = format!("data.hooks={:?}", failing.display().to_string());
+    let extra = [split[0], split[1], failing_set.as_str()];
+    let out = cluster.job("failing", 2, &extra, false).finish(JOB_LIMIT);
+    assert!(!out.status.success(), "{}", out.describe());
+    for word in [
+        format!("{}:2", failing_file.display()),
+        "shard_shuffle".to_string(),
+        "this hook refuses".to_string(),
+    ] {
+        assert!(
+            out.stderr.contains(&word),
+            "`{word}` not in:\n{}",
+            out.stderr
+        );
+    }
+    cluster.assert_settled();
+}
+
+/// A job stopped with Ctrl-C after a mid-epoch checkpoint and resumed from its run folder
+/// continues at the saved step and trains exactly as an uninterrupted job.
+#[test]
+fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one() {
+    const EPOCHS: u64 = 3;
+    // Every step: `checkpoint_every_steps` saves only when a call of several steps ends on
+    // a multiple (see `step_checkpoints_land_on_every_multiple`), so a larger interval
+    // may never save mid-epoch. No epoch checkpoints, so `latest` stays mid-epoch.
+    let every = [
+        "train.checkpoint_every_steps=1",
+        "train.checkpoint_every_epochs=0",
+    ];
+    let cluster = TrainCluster::start();
+
+    let whole = cluster
+        .job("whole", EPOCHS, &every, false)
+        .finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+    let whole_steps = steps(&metrics(&cluster.runs.join("whole")));
+    let whole_digest = replica_digest(&whole.stdout);
+
+    // Interrupted once a checkpoint in the second epoch exists.
+    let run = cluster.runs.join("cut");
+    let mut job = cluster.job("cut", EPOCHS, &every, false);
+    let checkpoints = run.join("checkpoints");
+    let deadline = Instant::now() + JOB_LIMIT;
+    loop {
+        assert!(
+            job.running(),
+            "the job ended before a checkpoint in epoch 1:\n{}",
+            job.finish(JOB_LIMIT).describe()
+        );
+        assert!(Instant::now() < deadline, "no checkpoint in epoch 1");
+        let named = std::fs::read_to_string(checkpoints.join("latest")).unwrap_or_default();
+        let state = checkpoints.join(named.trim()).join("state.json");
+        if named.starts_with("step-") && read_json(&state)["epoch"].as_u64() >= Some(1) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job.signal(Signal::INT);
+    let cut = job.finish(JOB_LIMIT);
+    assert_eq!(cut.status.code(), Some(130), "{}", cut.describe());
+    cluster.assert_settled();
+
+    let saved_dir = checkpoint_dir(&run);
+    let saved = read_json(&saved_dir.join("state.json"));
+    let saved_step = saved["global_step"].as_u64().expect("global_step");
+    assert!(
+        saved["step_in_epoch"].as_u64() > Some(0),
+        "not a mid-epoch checkpoint: {saved}"
+    );
+    let resume = ["--resume".to_string(), run.display().to_string()];
+    let resumed = cluster
+        .job_with("cut", EPOCHS, &every, false, &resume)
+        .finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+
+    let records = metrics(&run);
+    let job_at = records
+        .iter()
+        .rposition(|r| r["kind"] == "job")
+        .expect("job record");
+    assert!(
+        records[job_at]["resumed_from"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(
+                saved_dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("?")
+            )),
+        "{}",
+        records[job_at]
+    );
+    let after = steps(&records[job_at..]);
+    assert_eq!(
+        after.keys().next().copied(),
+        Some(saved_step + 1),
+        "the first step after resuming"
+    );
+    assert_eq!(
+        after.keys().last(),
+        whole_steps.keys().last(),
+        "the final global step"
+    );
+    // Same data order, same weights, same threads: the CPU math is the same to the bit,
+    // so no tolerance is needed.
+    let worst = after
+        .iter()
+        .map(|(step, loss)| (loss - whole_steps[step]).abs())
+        .fold(0.0f64, f64::max);
+    eprintln!(
+        "resumed at global step {saved_step} of {}: largest loss difference from the \
+         uninterrupted job {worst:e}",
+        whole_steps.len()
+    );
+    let whole_after: BTreeMap<u64, f64> = whole_steps
+        .range(saved_step + 1..)
+        .map(|(s, l)| (*s, *l))
+        .collect();
+    assert_eq!(after, whole_after, "step losses after resuming");
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        whole_digest,
+        "the final weights of the resumed and the uninterrupted job"
+    );
+    cluster.assert_settled();
+}
+
+/// `checkpoint_every_steps = K` saves a checkpoint at every multiple of K inside an epoch.
+#[test]
+fn step_checkpoints_land_on_every_multiple() {
+    const EVERY: u64 = 3;
+    let cluster = TrainCluster::start();
+    let every = format!("train.checkpoint_every_steps={EVERY}");
+    let out = cluster.job("every", 2, &[&every], false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let records = metrics(&cluster.runs.join("every"));
+    let per_epoch = records
+        .iter()
+        .filter(|r| r["kind"] == "step" && r["epoch"] == 0)
+        .count() as u64;
+    let total = last_step_value(&records)
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let want: Vec<String> = (1..=total)
+        .filter(|s| s % EVERY == 0 && s % per_epoch != 0)
+        .map(|s| format!("step-{s:08}"))
+        .collect();
+    let mut have: Vec<String> = std::fs::read_dir(cluster.runs.join("every/checkpoints"))
+        .expect("checkpoints")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    have.sort();
+    assert_eq!(have, want);
+}
+
+/// SIGKILL the node daemon in the middle of a job.
+#[test]
+fn a_job_whose_node_daemon_is_killed_fails_naming_the_rank_and_node() {
+    a_job_fails_when_its_node_loses(Victim::NodeDaemon);
+}
+
+/// SIGKILL the worker process that runs the node's trainer.
+#[test]
+fn a_job_whose_trainer_process_is_killed_fails_naming_the_rank_and_node() {
+    a_job_fails_when_its_node_loses(Victim::Worker);
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Victim {
+    NodeDaemon,
+    Worker,
+}
+
+fn a_job_fails_when_its_node_loses(victim: Victim) {
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("doomed", 200, &[], false);
+    cluster.wait_for_steps(&mut job, "doomed", 2);
+    let daemon = cluster.node.daemon_pids();
+    assert_eq!(daemon.len(), 1, "one daemon on the node");
+    let pid = match victim {
+        Victim::NodeDaemon => daemon[0],
+        Victim::Worker => {
+            let workers = workers_of(daemon[0]);
+            assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
+            workers[0]
+        }
+    };
+    let killed_at = Instant::now();
+    kill_process(pid_of(pid).expect("pid"), Signal::KILL).expect("kill -9");
+    let out = job.finish(Duration::from_secs(60));
+    let took = killed_at.elapsed();
+    eprintln!("{victim:?} killed: `imgrun train` exited after {took:?}");
+    assert!(!out.status.success(), "{}", out.describe());
+    assert_ne!(out.status.code(), Some(130), "{}", out.describe());
+    // The error leads with the rank that failed first and its node (the head's event
+    // for it), not with the healthy rank that lost its ring peer.
+    let error = &out.stderr;
+    let lost = format!("rank 1 (node {})", cluster.node_id);
+    assert!(
+        error.contains(&lost),
+        "the lost rank and its node (`{lost}`) are not named:\n{error}"
+    );
+    let first_line = error
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        first_line.contains(&lost),
+        "the error does not lead with the root cause:\n{error}"
+    );
+    if let Victim::NodeDaemon = victim {
+        wait_for(SETTLE_LIMIT, "the node declared dead", || {
+            let states = node_states(&cluster.head.status());
+            states
+                .iter()
+                .any(|(id, s)| *id == cluster.node_id && s == "dead")
+                .then_some(())
+        });
+    }
+    cluster.assert_settled();
+}
+
+/// Ctrl-C stops every trainer and exits with 130.
+#[test]
+fn ctrl_c_cancels_the_job_and_releases_its_trainers() {
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("interrupted", 200, &[], false);
+    cluster.wait_for_steps(&mut job, "interrupted", 1);
+    let reserved = cluster.head.status()["reservations"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(reserved, 2, "one reservation per trainer while it runs");
+    let signalled = Instant::now();
+    job.signal(Signal::INT);
+    let out = job.finish(Duration::from_secs(30));
+    eprintln!(
+        "SIGINT: `imgrun train` exited after {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(130), "{}", out.describe());
+    assert!(out.stderr.contains("cancelled"), "{}", out.stderr);
+    cluster.assert_settled();
+}
+
+/// Bad input is refused before anything runs, with a message that names it.
+#[test]
+fn bad_input_is_refused_with_a_clear_error() {
+    let root = tempfile::tempdir().expect("temp dir");
+    // No cluster: every case must fail before one is needed.
+    let lonely = Machine::new(root.path(), "lonely");
+    let data = Dataset::synth(root.path());
+    let missing = root.path().join("missing/x-{000..003}.tar");
+    let missing = format!("data.train={:?}", missing.display().to_string());
+    let cases: [(&str, &str, &[&str]); 7] = [
+        ("unknown key", "train.epoch=3", &["train.epoch", "epochs"]),
+        (
+            "empty training set",
+            "data.train=",
+            &["data.train is empty"],
+        ),
+        (
+            "a spec naming no shards",
+            "data.train=::",
+            &["data.train", "names no shards"],
+        ),
+        (
+            "unbalanced braces",
+            "data.train=a-{0..3.tar",
+            &["data.train", "unbalanced braces"],
+        ),
+        (
+            "shards that do not exist",
+            &missing,
+            &["no such shard", "missing/x-000.tar", "4 of the 4"],
+        ),
+        (
+            "a model name typo",
+            "model.name=resnet5O",
+            &["model.name", "resnet5O", "small_cnn"],
+        ),
+        ("a mode typo", "data.mode=splitt", &["data.mode", "splitt"]),
+    ];
+    let runs = root.path().join("runs");
+    for (what, set, words) in cases {
+        let mut args = data.args(&runs, "bad", 1);
+        args.extend(["--set".to_string(), set.to_string()]);
+        let out = Job::start(&lonely, &args, root.path()).finish(Duration::from_secs(30));
+        assert!(!out.status.success(), "{what}: {}", out.describe());
+        for word in words {
+            assert!(
+                out.stderr.contains(word),
+                "{what}: `{word}` not in:\n{}",
+                out.stderr
+            );
+        }
+        assert!(
+            !runs.join("bad").exists(),
+            "{what}: a run folder was made for a refused job"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixture
+
+/// A head and one joined node, with no GPUs, a dataset, and a folder for runs.
+struct TrainCluster {
+    // Dropped before the folder they live in.
+    head: Machine,
+    node: Machine,
+    /// The join line: (address, token, CA hash).
+    join: (String, String, String),
+    head_id: u64,
+    node_id: u64,
+    data: Dataset,
+    runs: PathBuf,
+    root: tempfile::TempDir,
+}
+
+impl TrainCluster {
+    fn start() -> TrainCluster {
+        let root = tempfile::tempdir().expect("temp dir");
+        let head = Machine::new(root.path(), "head");
+        let node = Machine::new(root.path(), "node");
+        let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
+        let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
+        assert!(out.status.success(), "join failed:\n{}", describe(&out));
+        let status = wait_for(Duration::from_secs(10), "two nodes alive", || {
+            let status = head.status();
+            let alive = node_states(&status)
+                .iter()
+                .filter(|(_, s)| s == "alive")
+                .count();
+            (alive == 2).then_some(status)
+        });
+        // The head is the member at the address nodes join.
+        let ids: Vec<(bool, u64)> = common::nodes(&status)
+            .iter()
+            .filter_map(|n| Some((n["address"] == join.0.as_str(), n["id"].as_u64()?)))
+            .collect();
+        let id = |head: bool| ids.iter().find(|(h, _)| *h == head).map(|(_, id)| *id);
+        let (head_id, node_id) = (id(true).expect("head id"), id(false).expect("node id"));
+        let data = Dataset::synth(root.path());
+        let runs = root.path().join("runs");
+        TrainCluster {
+            head,
+            node,
+            join,
+            head_id,
+            node_id,
+            data,
+            runs,
+            root,
+        }
+    }
+
+    /// Starts `imgrun train` on the head's machine.
+    fn job(&self, name: &str, epochs: u64, sets: &[&str], plot: bool) -> Job {
+        self.job_with(name, epochs, sets, plot, &[])
+    }
+
+    fn job_with(
+        &self,
+        name: &str,
+        epochs: u64,
+        sets: &[&str],
+        plot: bool,
+        flags: &[String],
+    ) -> Job {
+        let mut args = self.data.args(&self.runs, name, epochs);
+        for set in sets {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        if !plot {
+            args.push("--no-plot".to_string());
+        }
+        args.extend_from_slice(flags);
+        Job::start(&self.head, &args, self.root.path())
+    }
+
+    /// Waits until the run has `count` step records, failing if the job ends first.
+    fn wait_for_steps(&self, job: &mut Job, name: &str, count: usize) {
+        let run = self.runs.join(name);
+        let deadline = Instant::now() + JOB_LIMIT;
+        loop {
+            assert!(
+                job.running(),
+                "the job ended early:\n{}",
+                job.finish(JOB_LIMIT).describe()
+            );
+            let done = std::fs::read_to_string(run.join("metrics.jsonl"))
+                .map(|t| t.matches("\"kind\":\"step\"").count())
+                .unwrap_or(0);
+            if done >= count {
+                return;
+            }
+            assert!(Instant::now() < deadline, "fewer than {count} steps");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The per-shard sample counts of the training set, from its manifest.
+    fn train_counts(&self) -> Vec<u64> {
+        let manifest = read_json(&self.data.train_dir.join("manifest.json"));
+        manifest["shards"]
+            .as_array()
+            .expect("shards")
+            .iter()
+            .map(|s| s["samples"].as_u64().expect("samples"))
+            .collect()
+    }
+
+    /// After a job: no reservation left on the head, no worker process left on any
+    /// live daemon.
+    fn assert_settled(&self) {
+        wait_for(SETTLE_LIMIT, "no reservation left", || {
+            let status = self.head.status();
+            let left = status["reservations"].as_array().map_or(0, Vec::len);
+            (left == 0).then_some(())
+        });
+        let daemons: Vec<u32> = [&self.head, &self.node]
+            .iter()
+            .flat_map(|m| m.daemon_pids())
+            .filter(|&p| is_running(p))
+            .collect();
+        wait_for(SETTLE_LIMIT, "no worker process left", || {
+            daemons
+                .iter()
+                .all(|&d| workers_of(d).is_empty())
+                .then_some(())
+        });
+    }
+}
+
+impl Drop for TrainCluster {
+    /// Stops the cluster and anything it started, whatever happened in the test.
+    fn drop(&mut self) {
+        let daemons: Vec<u32> = [&self.head, &self.node]
+            .iter()
+            .flat_map(|m| m.daemon_pids())
+            .collect();
+        let workers: Vec<u32> = daemons.iter().flat_map(|&d| workers_of(d)).collect();
+        let _ = self.head.run(&["stop", "--all"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemons.iter().chain(&workers).any(|&p| is_running(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Machine's own drop kills daemons still recorded; workers are killed here.
+        for &pid in &workers {
+            if let Some(pid) = pid_of(pid).filter(|_| is_running(pid)) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+}
+
+/// Tiny synthetic shards: 5 training shards of unequal size (50, 50, 50, 50, 40 samples
+/// of 4 classes) and 2 validation shards of 30, 32-pixel images.
+struct Dataset {
+    train_dir: PathBuf,
+    train: String,
+    val: String,
+}
+
+impl Dataset {
+    fn synth(root: &Path) -> Dataset {
+        let make = |name: &str, per_class: &str, maxcount: &str, seed: &str| {
+            let dir = root.join(name);
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
+                .args(["shards", "synth"])
+                .arg(&dir)
+                .args(["--classes", "4", "--per-class", per_class, "--size", "32"])
+                .args(["--maxcount", maxcount, "--seed", seed, "--prefix", name])
+                .args(["--threads", "1"])
+                .env_remove("IMGRUN_LOG")
+                .stdin(Stdio::null())
+                .output()
+                .expect("run imgrun shards synth");
+            assert!(out.status.success(), "synth failed:\n{}", describe(&out));
+            let spec = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .expect("spec line")
+                .to_string();
+            (dir, spec)
+        };
+        let (train_dir, train) = make("train", "60", "50", "1");
+        let (_, val) = make("val", "15", "30", "2");
+        Dataset {
+            train_dir,
+            train,
+            val,
+        }
+    }
+
+    /// The arguments of a small job on this data: the small CNN of width 8 on 32-pixel
+    /// images, one loader worker, batches of 16, no warm-up.
+    fn args(&self, runs: &Path, name: &str, epochs: u64) -> Vec<String> {
+        let quoted = |key: &str, value: &str| format!("{key}={value:?}");
+        let mut args = vec![
+            "train".to_string(),
+            "--name".to_string(),
+            name.to_string(),
+            "--epochs".to_string(),
+            epochs.to_string(),
+        ];
+        let sets = [
+            quoted("data.train", &self.train),
+            quoted("data.val", &self.val),
+            quoted("train.runs_dir", &runs.display().to_string()),
+            "data.workers=1".to_string(),
+            "data.shuffle_buffer=100".to_string(),
+            "data.image_size=32".to_string(),
+            "data.eval_size=32".to_string(),
+            "data.resize_ratio=1.0".to_string(),
+            "data.crop_scale=[1.0, 1.0]".to_string(),
+            "data.flip=false".to_string(),
+            "model.name=small_cnn".to_string(),
+            "model.width=8".to_string(),
+            format!("train.batch_size={BATCH}"),
+            "train.lr=0.4".to_string(),
+            "train.reference_batch=32".to_string(),
+            "train.warmup_epochs=0.0".to_string(),
+            "train.label_smoothing=0.0".to_string(),
+            // A rank lost in a collective fails the job in seconds, not minutes.
+            "train.step_timeout_secs=20".to_string(),
+        ];
+        for set in sets {
+            args.extend(["--set".to_string(), set]);
+        }
+        args
+    }
+}
+
+/// A running `imgrun` whose output is collected by threads of its own; killed on drop.
+struct Job {
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+/// What an ended job printed.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn describe(&self) -> String {
+        format!(
+            "status {}\nstdout:\n{}\nstderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Job {
+    fn start(machine: &Machine, args: &[String], cwd: &Path) -> Job {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut child = machine
+            .command(&args)
+            .current_dir(cwd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start imgrun train");
+        let collect = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = pipe.read_to_string(&mut text);
+                text
+            })
+        };
+        let stdout = child.stdout.take().map(|p| collect(Box::new(p)));
+        let stderr = child.stderr.take().map(|p| collect(Box::new(p)));
+        Job {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = pid_of(self.child.id()).expect("pid");
+        kill_process(pid, signal).expect("signal the job");
+    }
+
+    /// Waits for the job to end within `limit`; kills it and fails the test otherwise.
+    fn finish(&mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let out = self.output_so_far();
+                panic!("imgrun did not end within {limit:?}:\n{out}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let take =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        Finished {
+            status,
+            stdout: take(self.stdout.take()),
+            stderr: take(self.stderr.take()),
+        }
+    }
+
+    fn output_so_far(&mut self) -> String {
+        let take =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        format!(
+            "stdout:\n{}\nstderr:\n{}",
+            take(self.stdout.take()),
+            take(self.stderr.take())
+        )
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The `imgrun worker` processes started by the daemon `daemon`.
+fn workers_of(daemon: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| is_running(pid))
+        .filter(|&pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            parent == Some(daemon) && cmdline.split(|&b| b == 0).any(|arg| arg == b"worker")
+        })
+        .collect()
+}
+
+fn read_json(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Every record of a run's metrics.jsonl.
+fn metrics(run: &Path) -> Vec<Value> {
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// Global step → loss of the step records.
+fn steps(records: &[Value]) -> BTreeMap<u64, f64> {
+    records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .map(|r| {
+            let step = r["step"].as_u64().expect("step");
+            (step, r["loss"].as_f64().expect("loss"))
+        })
+        .collect()
+}
+
+fn last_step_value(records: &[Value]) -> Option<Value> {
+    records
+        .iter()
+        .rfind(|r| r["kind"] == "step")
+        .map(|r| r["step"].clone())
+}
+
+/// The checkpoint folder `checkpoints/latest` names.
+fn checkpoint_dir(run: &Path) -> PathBuf {
+    let checkpoints = run.join("checkpoints");
+    let named = std::fs::read_to_string(checkpoints.join("latest"))
+        .unwrap_or_else(|e| panic!("{}/latest: {e}", checkpoints.display()));
+    let dir = checkpoints.join(named.trim());
+    assert!(
+        dir.is_dir(),
+        "latest names {named:?}, which is not a folder"
+    );
+    dir
+}
+
+/// The hash prefix of `replicas: identical on all N ranks (sha256 ...)`.
+fn replica_digest(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.split_once("(sha256 "))
+        .map(|(_, rest)| rest.trim_end_matches(')').to_string())
+        .unwrap_or_else(|| panic!("no replica digest in:\n{stdout}"))
+}
