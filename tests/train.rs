@@ -132,16 +132,28 @@ fn split_mode_with_user_hooks_that_take_effect_or_fail_the_job() {
     .expect("write hook");
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
 
-    // Rank r reads shards r, r + 2, ...; whole batches only; the longer rank sets the steps.
+    // Rank r reads shards r, r + 2, ...; with the join policy its last partial batch is
+    // kept, so every sample counts once; the longer rank sets the steps.
     let counts = cluster.train_counts();
-    let batches: Vec<u64> = (0..2)
-        .map(|r| counts.iter().skip(r).step_by(2).sum::<u64>() / BATCH)
+    let per_rank: Vec<u64> = (0..2)
+        .map(|r| counts.iter().skip(r).step_by(2).sum::<u64>())
         .collect();
+    let batches: Vec<u64> = per_rank.iter().map(|n| n.div_ceil(BATCH)).collect();
     let steps_per_epoch = batches.iter().copied().max().unwrap_or(0);
     assert_ne!(batches[0], batches[1], "the shards should be uneven");
     let want_samples: Vec<u64> = (0..steps_per_epoch)
-        .map(|k| BATCH * batches.iter().filter(|&&b| b > k).count() as u64)
+        .map(|k| {
+            per_rank
+                .iter()
+                .map(|n| n.saturating_sub(k * BATCH).min(BATCH))
+                .sum()
+        })
         .collect();
+    assert_eq!(
+        want_samples.iter().sum::<u64>(),
+        counts.iter().sum::<u64>(),
+        "every sample once per epoch"
+    );
 
     let split = ["data.mode=split", "data.policy=join"];
     let mut digests = BTreeMap::new();

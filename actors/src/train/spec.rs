@@ -203,6 +203,9 @@ impl DataSpec {
             PlanMode::Resampled
         };
         config.policy = self.policy.batch_policy();
+        // Exact epochs with the join policy train on every sample once: a worker's last,
+        // partial batch is kept (the gradient average is weighted by samples).
+        config.drop_partial = !(self.split && self.policy == PolicySpec::Join);
         config.epoch_size = self.epoch_size;
         config.nominal_size = self.nominal_size;
         config
