@@ -113,9 +113,14 @@ def param_groups(model, weight_decay):
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_at(step, total, warmup, peak):
-    """Linear warm-up from 0 to `peak` over `warmup` steps, then cosine to 0."""
+def lr_at(step, total, warmup, peak, start_fraction=None):
+    """Linear warm-up from 0 to `peak` over `warmup` steps, then cosine to 0.
+
+    With `start_fraction` (imgrun's train.warmup_start_fraction) the warm-up is imgrun's:
+    peak * (f + (1 - f) * step / warmup)."""
     if step < warmup:
+        if start_fraction is not None:
+            return peak * (start_fraction + (1.0 - start_fraction) * step / warmup)
         return peak * (step + 1) / warmup
     t = (step - warmup) / max(1, total - warmup)
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
@@ -319,6 +324,13 @@ def run(rank, world, args):
         with open(os.path.join(args.train, "classes.txt")) as f:
             classes = len([line for line in f if line.strip()])
     model = SmallCnn(args.width, classes)
+    if args.init == "tch":
+        # imgrun's (tch's) default: Kaiming-uniform with the ReLU gain, fan-in, for conv
+        # and linear weights (bound sqrt(6/fan_in), PyTorch's is 1/sqrt(fan_in)); linear
+        # bias U(+-1/sqrt(fan_in)) and BatchNorm (1, 0) are the same on both sides.
+        for module in model.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                nn.init.kaiming_uniform_(module.weight, a=0.0, mode="fan_in", nonlinearity="relu")
     ddp = nn.parallel.DistributedDataParallel(model)
     global_batch = args.batch * world
     peak_lr = args.base_lr * global_batch / 256
@@ -384,7 +396,7 @@ def run(rank, world, args):
             x, y = pending.pop() if pending else next(batches)
             t1 = time.perf_counter()
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, total_steps, warmup, peak_lr)
+                group["lr"] = lr_at(step, total_steps, warmup, peak_lr, args.warmup_start_fraction)
             out = ddp(x)
             loss = criterion(out, y)
             opt.zero_grad(set_to_none=True)
@@ -467,6 +479,10 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=64, help="batch per rank")
     p.add_argument("--base-lr", type=float, default=0.4, help="lr for a global batch of 256")
     p.add_argument("--warmup-epochs", type=float, default=0.5)
+    p.add_argument("--warmup-start-fraction", type=float, default=None,
+                   help="imgrun's warm-up: from this fraction of the peak lr (default: from 0)")
+    p.add_argument("--init", choices=("torch", "tch"), default="torch",
+                   help="conv/linear weight init: PyTorch's default or imgrun's (tch Kaiming-ReLU)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--steps", type=int, default=0, help="fixed step count (overrides --epochs)")
     p.add_argument("--weight-decay", type=float, default=5e-4)
