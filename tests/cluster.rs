@@ -12,7 +12,9 @@ use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DEAD_AFTER_MS, Machine, describe, is_running, node_states, nodes, pid_of, wait_for};
+use common::{
+    DEAD_AFTER_MS, Machine, describe, is_running, node_states, nodes, pid_of, wait_alive, wait_for,
+};
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
 
@@ -33,14 +35,7 @@ fn a_head_and_two_nodes_form_a_cluster_that_survives_a_killed_node_and_bad_peers
         let out = machine.join(&join, &[&bind[..], &["--num-gpus", gpus]].concat());
         assert!(out.status.success(), "join failed:\n{}", describe(&out));
     }
-    let status = wait_for(Duration::from_secs(5), "three nodes alive", || {
-        let status = head.status();
-        let alive = node_states(&status)
-            .iter()
-            .filter(|(_, s)| s == "alive")
-            .count();
-        (alive == 3).then_some(status)
-    });
+    let status = wait_alive(&head, 3, Duration::from_secs(5));
     assert_eq!(total_gpus(&status), 6, "{status:#}");
     let text = head.run_ok(&["status"]);
     for word in ["alive", "claimed"] {
@@ -146,10 +141,7 @@ impl ActorCluster {
         let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", gpus]);
         let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", gpus]);
         assert!(out.status.success(), "join failed:\n{}", describe(&out));
-        wait_for(Duration::from_secs(5), "two nodes alive", || {
-            let states = node_states(&head.status());
-            (states.iter().filter(|(_, s)| s == "alive").count() == 2).then_some(())
-        });
+        wait_alive(&head, 2, Duration::from_secs(5));
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -422,15 +414,7 @@ fn a_node_in_another_network_namespace_joins_over_a_veth_pair() {
     assert!(join.0.starts_with(&net.addresses[0]), "{join:?}");
     let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "1"]);
     assert!(out.status.success(), "join failed:\n{}", describe(&out));
-    let status = wait_for(Duration::from_secs(5), "two nodes alive", || {
-        let status = head.status();
-        (node_states(&status)
-            .iter()
-            .filter(|(_, s)| s == "alive")
-            .count()
-            == 2)
-            .then_some(status)
-    });
+    let status = wait_alive(&head, 2, Duration::from_secs(5));
     let addresses: Vec<String> = nodes(&status)
         .iter()
         .filter_map(|n| n["address"].as_str().map(str::to_string))

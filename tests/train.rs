@@ -15,7 +15,7 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{Machine, describe, is_running, node_states, pid_of, wait_for};
+use common::{Machine, describe, is_running, node_states, pid_of, wait_alive, wait_for};
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
 
@@ -535,14 +535,7 @@ impl TrainCluster {
         let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
         let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
         assert!(out.status.success(), "join failed:\n{}", describe(&out));
-        let status = wait_for(Duration::from_secs(10), "two nodes alive", || {
-            let status = head.status();
-            let alive = node_states(&status)
-                .iter()
-                .filter(|(_, s)| s == "alive")
-                .count();
-            (alive == 2).then_some(status)
-        });
+        let status = wait_alive(&head, 2, Duration::from_secs(10));
         // The head is the member at the address nodes join.
         let ids: Vec<(bool, u64)> = common::nodes(&status)
             .iter()

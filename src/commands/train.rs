@@ -656,9 +656,18 @@ impl Driver {
             connects[0].buckets
         );
 
+        let running = RunningJob {
+            config,
+            job: &job,
+            ranks: &ranks,
+            run_dir: &run_dir,
+            steps_per_epoch,
+            nodes,
+            ranks_per_node,
+        };
         let mut watcher = FailureWatcher::start(cluster.client.clone(), &ranks);
         let loop_result = tokio::select! {
-            result = train_loop(config, &job, &ranks, &run_dir, &mut metrics, resume.as_ref(), steps_per_epoch, nodes, ranks_per_node) => result,
+            result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
             failure = watcher.failure() => Err(anyhow::anyhow!(failure)),
         };
         let loop_result = match loop_result {
@@ -1008,18 +1017,74 @@ impl FailureWatcher {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // The loop's inputs, each used; a struct would only rename them.
-async fn train_loop(
-    config: &Config,
-    job: &JobSpec,
-    ranks: &[Rank],
-    run_dir: &Path,
-    metrics: &mut Metrics,
-    resume: Option<&ResumeFrom>,
+/// A job whose trainers are up and connected: what the step loop and its checkpoints
+/// need.
+struct RunningJob<'a> {
+    config: &'a Config,
+    job: &'a JobSpec,
+    ranks: &'a [Rank],
+    run_dir: &'a Path,
     steps_per_epoch: u64,
     nodes: u32,
     ranks_per_node: u32,
+}
+
+impl RunningJob<'_> {
+    /// Has rank 0 write checkpoint `name`: the job at `global_step`, to continue at step
+    /// `step_in_epoch` of `epoch` with the ranks' loader `cursors`.
+    async fn save(
+        &self,
+        name: &str,
+        epoch: u64,
+        global_step: u64,
+        step_in_epoch: u64,
+        cursors: Vec<pipelines::RankCursor>,
+    ) -> anyhow::Result<()> {
+        let state = CheckpointState {
+            epoch,
+            global_step,
+            step_in_epoch,
+            world: self.ranks.len() as u32,
+            nodes: self.nodes,
+            ranks_per_node: self.ranks_per_node,
+            cursors,
+            model: self.job.model.kind.name().to_string(),
+            classes: self.job.model.classes,
+        };
+        let root = std::fs::canonicalize(self.run_dir)
+            .unwrap_or_else(|_| self.run_dir.to_path_buf())
+            .join("checkpoints");
+        let request = SaveRequest {
+            root,
+            name: name.to_string(),
+            state,
+        };
+        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10));
+        let rank0 = &self.ranks[0];
+        let reply = rank0
+            .actor
+            .call("save", to_json(&request), timeout)
+            .await
+            .with_context(|| format!("{}: saving checkpoint {name}", rank0.name()))?;
+        let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
+        tracing::info!(path = %path.display(), "checkpoint saved");
+        Ok(())
+    }
+}
+
+async fn train_loop(
+    run: &RunningJob<'_>,
+    metrics: &mut Metrics,
+    resume: Option<&ResumeFrom>,
 ) -> anyhow::Result<JobSummary> {
+    let RunningJob {
+        config,
+        job,
+        ranks,
+        run_dir,
+        steps_per_epoch,
+        ..
+    } = *run;
     let train = &config.train;
     let long = Duration::from_secs(train.step_timeout_secs.max(10));
     let started = Instant::now();
@@ -1035,7 +1100,6 @@ async fn train_loop(
         last_loss: None,
         images_per_s: 0.0,
     };
-    let world = ranks.len() as u32;
     let mut global_step = resume.map_or(0, |r| r.state.global_step);
     let (mut total_images, mut total_train_s) = (0u64, 0.0f64);
     println!(
@@ -1140,24 +1204,9 @@ async fn train_loop(
                 && global_step % train.checkpoint_every_steps == 0
             {
                 let cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
-                let state = state_at(
-                    job,
-                    epoch,
-                    global_step,
-                    step_in_epoch,
-                    cursors,
-                    world,
-                    nodes,
-                    ranks_per_node,
-                );
-                save(
-                    ranks,
-                    run_dir,
-                    &format!("step-{global_step:08}"),
-                    state,
-                    long,
-                )
-                .await?;
+                let name = format!("step-{global_step:08}");
+                run.save(&name, epoch, global_step, step_in_epoch, cursors)
+                    .await?;
             }
         }
         bar.finish_and_clear();
@@ -1209,77 +1258,13 @@ async fn train_loop(
             || (train.checkpoint_every_epochs > 0
                 && (epoch + 1) % train.checkpoint_every_epochs == 0);
         if save_due {
-            let state = state_at(
-                job,
-                epoch + 1,
-                global_step,
-                0,
-                Vec::new(),
-                world,
-                nodes,
-                ranks_per_node,
-            );
-            save(
-                ranks,
-                run_dir,
-                &format!("epoch-{:04}", epoch + 1),
-                state,
-                long,
-            )
-            .await?;
+            let name = format!("epoch-{:04}", epoch + 1);
+            run.save(&name, epoch + 1, global_step, 0, Vec::new())
+                .await?;
         }
     }
     summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
     Ok(summary)
-}
-
-#[allow(clippy::too_many_arguments)] // The fields of the state, named at the call.
-fn state_at(
-    job: &JobSpec,
-    epoch: u64,
-    global_step: u64,
-    step_in_epoch: u64,
-    cursors: Vec<pipelines::RankCursor>,
-    world: u32,
-    nodes: u32,
-    ranks_per_node: u32,
-) -> CheckpointState {
-    CheckpointState {
-        epoch,
-        global_step,
-        step_in_epoch,
-        world,
-        nodes,
-        ranks_per_node,
-        cursors,
-        model: job.model.kind.name().to_string(),
-        classes: job.model.classes,
-    }
-}
-
-async fn save(
-    ranks: &[Rank],
-    run_dir: &Path,
-    name: &str,
-    state: CheckpointState,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let root = std::fs::canonicalize(run_dir)
-        .unwrap_or_else(|_| run_dir.to_path_buf())
-        .join("checkpoints");
-    let request = SaveRequest {
-        root,
-        name: name.to_string(),
-        state,
-    };
-    let reply = ranks[0]
-        .actor
-        .call("save", to_json(&request), timeout)
-        .await
-        .with_context(|| format!("{}: saving checkpoint {name}", ranks[0].name()))?;
-    let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
-    tracing::info!(path = %path.display(), "checkpoint saved");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -168,6 +168,18 @@ pub fn nodes(status: &Value) -> Vec<Value> {
     status["nodes"].as_array().cloned().unwrap_or_default()
 }
 
+/// Waits until `head`'s status shows `count` nodes alive, and returns that status.
+pub fn wait_alive(head: &Machine, count: usize, limit: Duration) -> Value {
+    wait_for(limit, &format!("{count} nodes alive"), || {
+        let status = head.status();
+        let alive = node_states(&status)
+            .iter()
+            .filter(|(_, s)| s == "alive")
+            .count();
+        (alive == count).then_some(status)
+    })
+}
+
 pub fn node_states(status: &Value) -> Vec<(u64, String)> {
     let mut states: Vec<(u64, String)> = nodes(status)
         .iter()

@@ -250,8 +250,7 @@ impl RingGroup {
         let (outgoing, incoming) = split_disjoint(rank, buffer, &send, &recv)?;
         let sending = async {
             for part in outgoing.chunks(chunk) {
-                encode(part, send_bytes);
-                tx.write_all(send_bytes)
+                tx.write_all(wire_bytes(part, send_bytes))
                     .await
                     .map_err(|e| io_error(rank, next, "allreduce", e))?;
             }
@@ -259,14 +258,18 @@ impl RingGroup {
         };
         let receiving = async {
             for part in incoming.chunks_mut(chunk) {
-                recv_bytes.resize(part.len() * 4, 0);
-                rx.read_exact(recv_bytes)
-                    .await
-                    .map_err(|e| io_error(rank, prev, "allreduce", e))?;
-                let values = recv_bytes.chunks_exact(4).map(decode_one);
                 match apply {
-                    Apply::Add => part.iter_mut().zip(values).for_each(|(x, v)| *x += v),
-                    Apply::Copy => part.iter_mut().zip(values).for_each(|(x, v)| *x = v),
+                    Apply::Add => {
+                        recv_bytes.resize(part.len() * 4, 0);
+                        rx.read_exact(recv_bytes)
+                            .await
+                            .map_err(|e| io_error(rank, prev, "allreduce", e))?;
+                        let values = recv_bytes.chunks_exact(4).map(decode_one);
+                        part.iter_mut().zip(values).for_each(|(x, v)| *x += v);
+                    }
+                    Apply::Copy => read_values(rx, part, recv_bytes)
+                        .await
+                        .map_err(|e| io_error(rank, prev, "allreduce", e))?,
                 }
             }
             Ok(())
@@ -298,22 +301,13 @@ impl RingGroup {
             } = self;
             let link = link_of(*rank, link)?;
             if *rank != root {
-                send_bytes.resize(part.len() * 4, 0);
-                link.rx
-                    .read_exact(send_bytes)
+                read_values(&mut link.rx, &mut buffer[part.clone()], send_bytes)
                     .await
                     .map_err(|e| io_error(*rank, link.prev, "broadcast", e))?;
-                let values = send_bytes.chunks_exact(4).map(decode_one);
-                buffer[part.clone()]
-                    .iter_mut()
-                    .zip(values)
-                    .for_each(|(x, v)| *x = v);
-            } else {
-                encode(&buffer[part.clone()], send_bytes);
             }
             if forward {
                 link.tx
-                    .write_all(send_bytes)
+                    .write_all(wire_bytes(&buffer[part.clone()], send_bytes))
                     .await
                     .map_err(|e| io_error(*rank, link.next, "broadcast", e))?;
             }
@@ -455,6 +449,36 @@ fn encode(values: &[f32], bytes: &mut Vec<u8>) {
     for (out, v) in bytes.chunks_exact_mut(4).zip(values) {
         out.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+/// `values` as they go on the wire (little-endian): on a little-endian machine the
+/// values' own memory, with no copy; elsewhere encoded into `scratch`.
+fn wire_bytes<'a>(values: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(values)
+    } else {
+        encode(values, scratch);
+        scratch
+    }
+}
+
+/// Reads `values.len()` wire values into `values`: straight into their memory on a
+/// little-endian machine, through `scratch` elsewhere.
+async fn read_values<R: AsyncReadExt + Unpin>(
+    rx: &mut R,
+    values: &mut [f32],
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if cfg!(target_endian = "little") {
+        rx.read_exact(bytemuck::cast_slice_mut(values)).await?;
+    } else {
+        scratch.resize(values.len() * 4, 0);
+        rx.read_exact(scratch).await?;
+        for (x, bytes) in values.iter_mut().zip(scratch.chunks_exact(4)) {
+            *x = decode_one(bytes);
+        }
+    }
+    Ok(())
 }
 
 fn decode_one(bytes: &[u8]) -> f32 {
