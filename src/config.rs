@@ -82,6 +82,7 @@ pub struct TrainConfig {
     pub precision: String,
     pub bucket_mb: f64,
     pub eval_every_epochs: u64,
+    pub eval_every_steps: u64,
     pub checkpoint_every_epochs: u64,
     pub checkpoint_every_steps: u64,
     pub runs_dir: String,

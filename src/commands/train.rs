@@ -1072,6 +1072,45 @@ impl RunningJob<'_> {
     }
 }
 
+impl RunningJob<'_> {
+    /// Evaluates on the val shards (split across ranks) and records the result:
+    /// `(top1, top5)`, or none without val samples.
+    async fn evaluate(
+        &self,
+        epoch: u64,
+        global_step: u64,
+        metrics: &mut Metrics,
+        elapsed_s: f64,
+    ) -> anyhow::Result<Option<(f64, f64)>> {
+        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10) * 6);
+        let evals: Vec<EvalReply> =
+            call_all(self.ranks, "evaluate", |_| b"{}".to_vec(), timeout).await?;
+        let samples: u64 = evals.iter().map(|e| e.samples).sum();
+        if samples == 0 {
+            return Ok(None);
+        }
+        let n = samples as f64;
+        let loss = evals.iter().map(|e| e.loss_sum).sum::<f64>() / n;
+        let top1 = evals.iter().map(|e| e.top1).sum::<u64>() as f64 / n;
+        let top5 = evals.iter().map(|e| e.top5).sum::<u64>() as f64 / n;
+        metrics.write(&serde_json::json!({
+            "kind": "eval", "epoch": epoch, "step": global_step, "loss": loss,
+            "top1": top1, "top5": top5, "samples": samples, "elapsed_s": elapsed_s,
+        }))?;
+        Ok(Some((top1, top5)))
+    }
+}
+
+/// The steps a call may run from `global_step`: at most `chunk`, and never past the next
+/// multiple of any nonzero `every` (a checkpoint or an evaluation is due there).
+fn steps_until(global_step: u64, chunk: u64, every: &[u64]) -> u64 {
+    every
+        .iter()
+        .filter(|&&e| e > 0)
+        .map(|e| e - global_step % e)
+        .fold(chunk, u64::min)
+}
+
 async fn train_loop(
     run: &RunningJob<'_>,
     metrics: &mut Metrics,
@@ -1115,13 +1154,11 @@ async fn train_loop(
         let mut chunk = 1u64;
         let mut done = false;
         while !done {
-            let every = train.checkpoint_every_steps;
-            let max_steps = if every > 0 {
-                // Stop at the next multiple of `every`, so each one gets its checkpoint.
-                chunk.min(every - global_step % every)
-            } else {
-                chunk
-            };
+            let max_steps = steps_until(
+                global_step,
+                chunk,
+                &[train.checkpoint_every_steps, train.eval_every_steps],
+            );
             let request = TrainRequest { epoch, max_steps };
             let called = Instant::now();
             let replies: Vec<TrainReply> = call_all(
@@ -1199,10 +1236,20 @@ async fn train_loop(
             // noticed between calls.
             let per_step = elapsed / first.steps.len().max(1) as f64;
             chunk = ((1.0 / per_step.max(1e-4)) as u64).clamp(1, 1000);
-            if !done
-                && train.checkpoint_every_steps > 0
-                && global_step % train.checkpoint_every_steps == 0
-            {
+            let due = |every: u64| !done && every > 0 && global_step % every == 0;
+            if due(train.eval_every_steps) && !job.data.val.is_empty() {
+                let elapsed_s = started.elapsed().as_secs_f64();
+                if let Some(top) = run.evaluate(epoch, global_step, metrics, elapsed_s).await? {
+                    bar.suspend(|| {
+                        println!(
+                            "      step {global_step}: val top-1 {:.2}%, top-5 {:.2}%",
+                            top.0 * 100.0,
+                            top.1 * 100.0
+                        );
+                    });
+                }
+            }
+            if due(train.checkpoint_every_steps) {
                 let cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
                 let name = format!("step-{global_step:08}");
                 run.save(&name, epoch, global_step, step_in_epoch, cursors)
@@ -1220,19 +1267,9 @@ async fn train_loop(
                 || (train.eval_every_epochs > 0 && (epoch + 1) % train.eval_every_epochs == 0));
         let mut top = (None, None);
         if eval_due {
-            let evals: Vec<EvalReply> =
-                call_all(ranks, "evaluate", |_| b"{}".to_vec(), long * 6).await?;
-            let samples: u64 = evals.iter().map(|e| e.samples).sum();
-            if samples > 0 {
-                let n = samples as f64;
-                let loss = evals.iter().map(|e| e.loss_sum).sum::<f64>() / n;
-                let top1 = evals.iter().map(|e| e.top1).sum::<u64>() as f64 / n;
-                let top5 = evals.iter().map(|e| e.top5).sum::<u64>() as f64 / n;
-                metrics.write(&serde_json::json!({
-                    "kind": "eval", "epoch": epoch, "step": global_step, "loss": loss,
-                    "top1": top1, "top5": top5, "samples": samples,
-                    "elapsed_s": started.elapsed().as_secs_f64(),
-                }))?;
+            let elapsed_s = started.elapsed().as_secs_f64();
+            if let Some((top1, top5)) = run.evaluate(epoch, global_step, metrics, elapsed_s).await?
+            {
                 top = (Some(top1), Some(top5));
                 summary.top1 = Some(top1);
                 summary.top5 = Some(top5);
@@ -1282,6 +1319,24 @@ mod tests {
         ];
         for (free, want, expect) in cases {
             assert_eq!(take_spread(free, want), expect, "{free:?} want {want}");
+        }
+    }
+
+    #[test]
+    fn calls_stop_at_every_due_step() {
+        let cases: [(u64, u64, &[u64], u64); 5] = [
+            (0, 100, &[0, 0], 100),
+            (0, 100, &[7, 0], 7),
+            (7, 100, &[7, 5], 3),
+            (9, 2, &[7, 5], 1),
+            (14, 100, &[7, 10], 6),
+        ];
+        for (step, chunk, every, want) in cases {
+            assert_eq!(
+                steps_until(step, chunk, every),
+                want,
+                "{step} {chunk} {every:?}"
+            );
         }
     }
 }
