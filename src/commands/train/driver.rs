@@ -1,0 +1,522 @@
+//! The job from spawning its trainers to the check of the replicas: the ring's wiring,
+//! resume, the run folder, metrics, and watching the trainers for failures.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use actors::train::{
+    ConnectReply, ConnectRequest, DeviceSpec, DigestReply, JobSpec, ListenReply, ResumeFrom,
+    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+};
+use anyhow::{Context, bail};
+use runtime::{ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::spec::check_plan;
+use super::steps::{RunningJob, train_loop};
+use super::world::{Cluster, RankPlace, plan_world};
+use super::{JobOptions, JobSummary};
+use crate::commands::plot;
+use crate::config::Config;
+
+/// A rank's handle and where it is.
+#[derive(Clone)]
+pub(super) struct Rank {
+    pub(super) rank: u32,
+    pub(super) place: RankPlace,
+    pub(super) actor: ActorRef,
+}
+
+impl Rank {
+    pub(super) fn name(&self) -> String {
+        format!("rank {} (node {})", self.rank, self.place.node)
+    }
+}
+
+/// Calls `method` on every rank at once and returns the replies in rank order; the
+/// first failure ends the call, naming the rank and node.
+pub(super) async fn call_all<Rep: DeserializeOwned + Send + 'static>(
+    ranks: &[Rank],
+    method: &'static str,
+    payload: impl Fn(&Rank) -> Vec<u8>,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Rep>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for rank in ranks {
+        let rank = rank.clone();
+        let payload = payload(&rank);
+        tasks.spawn(async move {
+            let result = rank.actor.call(method, payload, timeout).await;
+            let outcome = result
+                .map_err(|e| anyhow::anyhow!("{}: {method}: {e}", rank.name()))
+                .and_then(|bytes| {
+                    serde_json::from_slice::<Rep>(&bytes)
+                        .with_context(|| format!("{}: {method}: bad reply", rank.name()))
+                });
+            (rank.rank, outcome)
+        });
+    }
+    let mut replies: BTreeMap<u32, Rep> = BTreeMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (rank, outcome) = joined.context("a call task failed")?;
+        replies.insert(rank, outcome?);
+    }
+    Ok(replies.into_values().collect())
+}
+
+pub(super) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Invariant: these request types hold only strings, numbers and paths, which always
+    // encode.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// The job, from spawning trainers to the final checkpoint.
+pub(super) struct Driver;
+
+impl Driver {
+    pub(super) async fn start(
+        config: &Config,
+        options: &JobOptions,
+        mut job: JobSpec,
+        cluster: &Cluster,
+    ) -> anyhow::Result<JobSummary> {
+        let train = &config.train;
+        let status = cluster
+            .client
+            .status()
+            .await
+            .context("asking for the cluster's status")?;
+        let (places, nodes, ranks_per_node) = plan_world(&status, train)?;
+        let world = places.len() as u32;
+        let global_batch = train.batch_size * u64::from(world);
+        job.optim.lr = scaled_lr(train.lr, global_batch, train.reference_batch.max(1));
+        check_plan(&job, nodes, ranks_per_node)?;
+        let resume = match &options.resume {
+            Some(path) => Some(resume_from(path, &config.train.runs_dir)?),
+            None => None,
+        };
+        let run_dir = match &resume {
+            // A resumed run continues in its own folder: <run>/checkpoints/<name>.
+            Some(r) => r
+                .dir
+                .parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .context("checkpoint folder has no run folder")?,
+            None => new_run_dir(train)?,
+        };
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        print_plan(&job, &places, nodes, ranks_per_node, global_batch, &run_dir);
+        let mut metrics = Metrics::open(&run_dir.join("metrics.jsonl"))?;
+        metrics.write(&serde_json::json!({
+            "kind": "job",
+            "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            "world": world,
+            "nodes": nodes,
+            "ranks_per_node": ranks_per_node,
+            "model": job.model.kind.name(),
+            "classes": job.model.classes,
+            "global_batch": global_batch,
+            "lr": job.optim.lr,
+            "epochs": job.optim.epochs,
+            "resumed_from": resume.as_ref().map(|r| r.dir.display().to_string()),
+        }))?;
+
+        let ranks = spawn_trainers(cluster, &job, &places, nodes, ranks_per_node).await?;
+        let long = Duration::from_secs(train.step_timeout_secs.max(10));
+        let listens: Vec<ListenReply> =
+            call_all(&ranks, "listen", |_| b"{}".to_vec(), long).await?;
+        let steps_per_epoch = listens[0].steps_per_epoch;
+        if let Some(bad) = listens
+            .iter()
+            .position(|l| l.steps_per_epoch != steps_per_epoch)
+        {
+            bail!(
+                "ranks disagree on the epoch's length: rank 0 plans {steps_per_epoch} steps, \
+                 rank {bad} {}",
+                listens[bad].steps_per_epoch
+            );
+        }
+        println!(
+            "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
+            world,
+            listens[0].parameters,
+            listens[0].device,
+            steps_per_epoch,
+            listens[0].total_steps
+        );
+        let secret = runtime::RingSecret::random();
+        let job_id = format!("{}", run_dir.display());
+        let connects: Vec<ConnectReply> = call_all(
+            &ranks,
+            "connect",
+            |rank| {
+                let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
+                let port = listens[next.rank as usize].port;
+                let next_addr = format!("{}:{port}", next.place.ip)
+                    .parse()
+                    .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+                to_json(&ConnectRequest {
+                    next: next_addr,
+                    secret: secret_hex(&secret),
+                    job: job_id.clone(),
+                    op_timeout_secs: train.step_timeout_secs,
+                    resume: resume.clone(),
+                })
+            },
+            long,
+        )
+        .await?;
+        println!(
+            "ring: {world} ranks connected, {} gradient buckets",
+            connects[0].buckets
+        );
+
+        let running = RunningJob {
+            config,
+            job: &job,
+            ranks: &ranks,
+            run_dir: &run_dir,
+            steps_per_epoch,
+            nodes,
+            ranks_per_node,
+        };
+        let mut watcher = FailureWatcher::start(cluster.client.clone(), &ranks);
+        let loop_result = tokio::select! {
+            result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
+            failure = watcher.failure() => Err(anyhow::anyhow!(failure)),
+        };
+        let loop_result = match loop_result {
+            // The first error is often a healthy rank seeing its ring peer go away; the
+            // head's events name the rank that failed first, once it has noticed (a lost
+            // node takes `dead_after_ms`).
+            Err(error) if format!("{error:#}").contains(actors::train::PEER_FAILURE) => {
+                let wait = Duration::from_millis(config.cluster.dead_after_ms + 2000);
+                match watcher.root_cause(wait).await {
+                    Some(cause) => Err(anyhow::anyhow!("{cause}\n  (then: {error:#})")),
+                    None => Err(error),
+                }
+            }
+            other => other,
+        };
+        watcher.stop();
+        let mut summary = loop_result?;
+
+        let digests: Vec<DigestReply> =
+            call_all(&ranks, "digest", |_| b"{}".to_vec(), long).await?;
+        if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
+            bail!(
+                "the replicas differ after training: {}",
+                digests
+                    .iter()
+                    .enumerate()
+                    .map(|(r, d)| format!("rank {r} {}", &d.sha256[..12]))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        println!(
+            "replicas: identical on all {world} ranks (sha256 {})",
+            &digests[0].sha256[..16]
+        );
+        if options.plot {
+            let out = run_dir.join("metrics.png");
+            match plot::render(&run_dir, &out) {
+                Ok(()) => println!("plot: {}", out.display()),
+                Err(error) => eprintln!("warning: drawing the metrics failed: {error:#}"),
+            }
+        }
+        summary.run_dir = run_dir;
+        Ok(summary)
+    }
+}
+
+pub(super) async fn spawn_trainers(
+    cluster: &Cluster,
+    job: &JobSpec,
+    places: &[RankPlace],
+    nodes: u32,
+    ranks_per_node: u32,
+) -> anyhow::Result<Vec<Rank>> {
+    let world = places.len() as u32;
+    let group = format!("train-{}", std::process::id());
+    let mut tasks = tokio::task::JoinSet::new();
+    for (r, place) in places.iter().enumerate() {
+        let init = TrainerInit {
+            rank: r as u32,
+            world,
+            nodes,
+            ranks_per_node,
+            threads: place.threads,
+            device: if place.gpu {
+                DeviceSpec::Cuda
+            } else {
+                DeviceSpec::Cpu
+            },
+            job: job.clone(),
+        };
+        let resources = if place.gpu {
+            Resources::new().with_gpus(1)
+        } else {
+            Resources::new().with_cpu_millis(place.cpu_millis)
+        };
+        let options = SpawnOptions::new(TRAINER_KIND)
+            .args(to_json(&init))
+            .resources(resources)
+            .strategy(Strategy::Node(place.node))
+            .process_group(format!("{group}-rank{r}"));
+        let client = cluster.client.clone();
+        let place = place.clone();
+        tasks.spawn(async move {
+            let spawned = client.spawn(options).await;
+            (r, place, spawned)
+        });
+    }
+    let mut ranks = Vec::new();
+    let mut failure = None;
+    while let Some(joined) = tasks.join_next().await {
+        let (r, place, spawned) = joined.context("a spawn task failed")?;
+        match spawned {
+            Ok(actor) => {
+                cluster
+                    .trainers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(actor.clone());
+                ranks.push(Rank {
+                    rank: r as u32,
+                    place,
+                    actor,
+                });
+            }
+            Err(error) => {
+                failure.get_or_insert_with(|| {
+                    format!(
+                        "rank {r} (node {}): starting its trainer: {error}",
+                        place.node
+                    )
+                });
+            }
+        }
+    }
+    if let Some(failure) = failure {
+        bail!(failure);
+    }
+    ranks.sort_by_key(|r| r.rank);
+    Ok(ranks)
+}
+
+pub(super) fn resume_from(path: &Path, runs_dir: &str) -> anyhow::Result<ResumeFrom> {
+    let path = if path == Path::new("latest") {
+        newest_run(Path::new(runs_dir))?
+    } else {
+        path.to_path_buf()
+    };
+    let dir = checkpoint::resolve(&path)?;
+    let state = checkpoint::read_state(&dir)?;
+    let dir = std::fs::canonicalize(&dir).with_context(|| format!("{}", dir.display()))?;
+    println!(
+        "resuming: {} (epoch {}, step {} of the epoch, global step {})",
+        dir.display(),
+        state.epoch,
+        state.step_in_epoch,
+        state.global_step
+    );
+    Ok(ResumeFrom { dir, state })
+}
+
+/// The most recently modified run folder with a checkpoint.
+pub(super) fn newest_run(runs: &Path) -> anyhow::Result<PathBuf> {
+    let entries = std::fs::read_dir(runs)
+        .with_context(|| format!("--resume latest: reading {}", runs.display()))?;
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.join("checkpoints")
+                .join(checkpoint::LATEST_FILE)
+                .is_file()
+        })
+        .max_by_key(|p| {
+            std::fs::metadata(p.join("checkpoints").join(checkpoint::LATEST_FILE))
+                .and_then(|m| m.modified())
+                .ok()
+        })
+        .with_context(|| {
+            format!(
+                "--resume latest: no run in {} has a checkpoint",
+                runs.display()
+            )
+        })
+}
+
+pub(super) fn new_run_dir(train: &crate::config::TrainConfig) -> anyhow::Result<PathBuf> {
+    let name = if train.name.is_empty() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        format!("run-{now}")
+    } else {
+        train.name.clone()
+    };
+    let dir = Path::new(&train.runs_dir).join(name);
+    anyhow::ensure!(
+        !dir.join("checkpoints")
+            .join(checkpoint::LATEST_FILE)
+            .exists(),
+        "{} already holds a run: choose another --name, or continue it with --resume {}",
+        dir.display(),
+        dir.display()
+    );
+    Ok(dir)
+}
+
+pub(super) fn print_plan(
+    job: &JobSpec,
+    places: &[RankPlace],
+    nodes: u32,
+    ranks_per_node: u32,
+    global_batch: u64,
+    run_dir: &Path,
+) {
+    let world = places.len();
+    let device = if places.first().is_some_and(|p| p.gpu) {
+        "GPU"
+    } else {
+        "CPU"
+    };
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for p in places {
+        *per_node.entry(format!("node {}", p.node)).or_default() += 1;
+    }
+    let layout = per_node
+        .iter()
+        .map(|(n, c)| format!("{n}: {c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!("plan:");
+    println!(
+        "  world       {world} {device} trainer(s) ({layout}); planned as {nodes} node(s) x {ranks_per_node}"
+    );
+    println!(
+        "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each",
+        places.first().map_or(0, |p| p.threads),
+        job.data.workers
+    );
+    println!(
+        "  model       {} ({} classes)",
+        job.model.kind.name(),
+        job.model.classes
+    );
+    println!(
+        "  data        {} train shard(s){}, {} val shard(s), {} mode",
+        job.data.train.urls.len(),
+        job.data
+            .train
+            .total()
+            .map(|t| format!(" ({t} samples)"))
+            .unwrap_or_default(),
+        job.data.val.urls.len(),
+        if job.data.split { "split" } else { "resampled" }
+    );
+    println!(
+        "  batch       {} per rank, {global_batch} global; lr {:.4} after linear scaling",
+        job.optim.batch_size, job.optim.lr
+    );
+    println!("  epochs      {}", job.optim.epochs);
+    println!("  run         {}", run_dir.display());
+}
+
+/// The metrics file: one JSON object per line, flushed as it goes.
+pub(super) struct Metrics {
+    pub(super) file: File,
+    pub(super) path: PathBuf,
+}
+
+impl Metrics {
+    pub(super) fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub(super) fn write(&mut self, value: &serde_json::Value) -> anyhow::Result<()> {
+        writeln!(self.file, "{value}").with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// Watches the head's events for the job's trainers: any failure or stop we did not ask
+/// for ends the job, naming the rank, node and cause.
+pub(super) struct FailureWatcher {
+    pub(super) failures: tokio::sync::mpsc::Receiver<String>,
+    pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+impl FailureWatcher {
+    pub(super) fn start(client: ClusterClient, ranks: &[Rank]) -> Self {
+        let by_id: BTreeMap<u64, (u32, NodeId)> = ranks
+            .iter()
+            .map(|r| (r.actor.id().0, (r.rank, r.place.node)))
+            .collect();
+        let (tx, failures) = tokio::sync::mpsc::channel(4);
+        let task = tokio::spawn(async move {
+            let mut after = 0;
+            loop {
+                let Ok(page) = client.events(after, Duration::from_secs(30)).await else {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                };
+                for event in page.events {
+                    after = after.max(event.seq);
+                    if let Some((rank, node)) = by_id.get(&event.actor.0) {
+                        let node = event.node.unwrap_or(*node);
+                        let _ = tx
+                            .send(format!(
+                                "rank {rank} (node {node}) {}: {}",
+                                event.kind, event.reason
+                            ))
+                            .await;
+                    }
+                }
+            }
+        });
+        Self { failures, task }
+    }
+
+    /// Within `wait`, the failure of a rank that did not fail because a ring peer went
+    /// away (a trainer that crashed, or one on a lost node), if the head reports one.
+    pub(super) async fn root_cause(&mut self, wait: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let failure = tokio::time::timeout_at(deadline, self.failures.recv())
+                .await
+                .ok()??;
+            if !failure.contains(actors::train::PEER_FAILURE) {
+                return Some(failure);
+            }
+        }
+    }
+
+    pub(super) async fn failure(&mut self) -> String {
+        match self.failures.recv().await {
+            Some(failure) => failure,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub(super) fn stop(&self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,208 @@
+//! The configuration turned into the job every trainer gets, checked before anything
+//! starts.
+
+use std::path::{Path, PathBuf};
+
+use actors::train::{
+    DataSpec, JobSpec, ModelKind, ModelSpec, OptimSpec, PolicySpec, ScheduleSpec, SgdConfig,
+    ShardSet, SourceSpec,
+};
+use anyhow::{Context, bail};
+use pipelines::{HookSources, Manifest, ShardList};
+
+use crate::config::Config;
+
+/// The configuration turned into what every trainer gets.
+pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
+    let data = &config.data;
+    let model = &config.model;
+    let train = &config.train;
+    anyhow::ensure!(
+        !data.train.is_empty(),
+        "data.train is empty: name the training shards (e.g. --set data.train='\"/data/train-{{000000..000146}}.tar\"')"
+    );
+    let kind: ModelKind = model
+        .name
+        .parse()
+        .map_err(|e| anyhow::anyhow!("model.name: {e}"))?;
+    let train_set = shard_set(&data.train, &data.base).context("data.train")?;
+    let val_set = if data.val.is_empty() {
+        ShardSet::default()
+    } else {
+        shard_set(&data.val, &data.base).context("data.val")?
+    };
+    let classes = match data.classes {
+        0 => manifest_beside(&train_set.urls)
+            .map(|m| m.classes.len() as i64)
+            .filter(|&c| c > 0)
+            .context(
+                "data.classes is 0 and the training shards have no manifest.json naming the \
+                 classes: set data.classes",
+            )?,
+        n => n,
+    };
+    let hooks_dir = (!data.hooks.is_empty()).then(|| PathBuf::from(&data.hooks));
+    let hooks = HookSources::read(hooks_dir.as_deref()).context("data.hooks")?;
+    let policy = match data.policy.as_str() {
+        "none" => PolicySpec::None,
+        "join" => PolicySpec::Join,
+        "drop" => PolicySpec::Drop {
+            nbatches: (data.nbatches > 0).then_some(data.nbatches),
+        },
+        "repeat" => PolicySpec::Repeat {
+            dsrepeat: data.dsrepeat.max(1),
+            nbatches: (data.nbatches > 0).then_some(data.nbatches),
+        },
+        other => bail!("data.policy `{other}`: expected join, drop, repeat or none"),
+    };
+    let split = match data.mode.as_str() {
+        "resampled" => false,
+        "split" => true,
+        other => bail!("data.mode `{other}`: expected resampled or split"),
+    };
+    let mut sizes = vec![(0, data.image_size)];
+    sizes.extend(data.size_schedule.iter().copied().filter(|(e, _)| *e > 0));
+    sizes.sort_unstable();
+    let schedule = match train.schedule.as_str() {
+        "cosine" => ScheduleSpec::Cosine {
+            final_fraction: train.final_lr_fraction,
+        },
+        "step" => ScheduleSpec::Step {
+            milestones: train.milestones.clone(),
+            gamma: train.gamma,
+        },
+        "constant" => ScheduleSpec::Constant,
+        other => bail!("train.schedule `{other}`: expected cosine, step or constant"),
+    };
+    let amp = match train.precision.as_str() {
+        "fp32" => false,
+        "amp" => true,
+        other => bail!("train.precision `{other}`: expected fp32 or amp"),
+    };
+    anyhow::ensure!(train.batch_size > 0, "train.batch_size must be at least 1");
+    anyhow::ensure!(train.epochs > 0, "train.epochs must be at least 1");
+    let (lo, hi) = data.crop_scale;
+    anyhow::ensure!(
+        0.0 < lo && lo <= hi && hi <= 1.0,
+        "data.crop_scale [{lo}, {hi}] must satisfy 0 < min <= max <= 1"
+    );
+    let shards = &config.shards;
+    Ok(JobSpec {
+        data: DataSpec {
+            train: train_set,
+            val: val_set,
+            hooks,
+            split,
+            policy,
+            epoch_size: (data.epoch_size > 0).then_some(data.epoch_size),
+            nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
+            seed: data.seed,
+            workers: data.workers.max(1),
+            shuffle_buffer: data.shuffle_buffer,
+            queue_batches: data.queue_batches.max(1),
+            image_fields: data.image_fields.clone(),
+            label_field: data.label_field.clone(),
+            errors: shards.error_policy.clone(),
+            sizes,
+            eval_size: data.eval_size,
+            crop_scale: data.crop_scale,
+            resize_ratio: data.resize_ratio,
+            flip: data.flip,
+            sources: SourceSpec {
+                read_buffer: shards.read_buffer,
+                http_timeout_secs: shards.http_timeout_secs,
+                http_attempts: shards.http_attempts,
+                http_retry_delay_ms: shards.http_retry_delay_ms,
+                cache_dir: (!shards.cache_dir.is_empty()).then(|| shards.cache_dir.clone()),
+                cache_max_bytes: crate::units::parse_size(&shards.cache_max_size).unwrap_or(0),
+            },
+        },
+        model: ModelSpec {
+            kind,
+            classes,
+            width: model.width,
+            seed: model.seed,
+        },
+        optim: OptimSpec {
+            epochs: train.epochs,
+            batch_size: train.batch_size,
+            // Scaled once the world size is known.
+            lr: train.lr,
+            sgd: SgdConfig {
+                momentum: train.momentum,
+                nesterov: train.nesterov,
+                weight_decay: train.weight_decay,
+            },
+            label_smoothing: train.label_smoothing,
+            warmup_epochs: train.warmup_epochs,
+            warmup_start_fraction: train.warmup_start_fraction,
+            schedule,
+            bucket_bytes: (train.bucket_mb.max(0.001) * 1e6) as usize,
+            amp,
+        },
+    })
+}
+
+pub(super) fn shard_set(spec: &str, base: &str) -> anyhow::Result<ShardSet> {
+    let spec = if spec.contains("%s") && !base.is_empty() {
+        spec.replace("%s", base)
+    } else {
+        spec.to_string()
+    };
+    let urls = ShardList::from_spec(&spec)
+        .with_context(|| format!("shard spec `{spec}`"))?
+        .urls;
+    anyhow::ensure!(!urls.is_empty(), "shard spec `{spec}` names no shards");
+    let missing: Vec<&String> = urls
+        .iter()
+        .filter(|u| !u.contains("://") && !u.starts_with("pipe:") && u.as_str() != "-")
+        .filter(|u| !Path::new(u.trim_start_matches("file:")).is_file())
+        .collect();
+    if let Some(first) = missing.first() {
+        bail!(
+            "no such shard: {first} ({} of the {} shards of `{spec}` are missing)",
+            missing.len(),
+            urls.len()
+        );
+    }
+    let samples = match manifest_beside(&urls) {
+        Some(manifest) => pipelines::PlanShard::with_manifest(&urls, &manifest)
+            .into_iter()
+            .map(|s| s.samples)
+            .collect(),
+        None => vec![None; urls.len()],
+    };
+    Ok(ShardSet { urls, samples })
+}
+
+/// The manifest.json beside the first shard, when the shards are local files.
+pub(super) fn manifest_beside(urls: &[String]) -> Option<Manifest> {
+    let first = urls.first()?;
+    if first.contains("://") || first.starts_with("pipe:") {
+        return None;
+    }
+    let dir = Path::new(first.trim_start_matches("file:")).parent()?;
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    Manifest::read_from(dir).ok()
+}
+
+/// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
+/// starts (each trainer plans every epoch again for itself).
+pub(super) fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyhow::Result<()> {
+    let shape = pipelines::ClusterShape::new(nodes, ranks_per_node, job.data.workers);
+    let hooks = pipelines::Hooks::compile(&job.data.hooks, pipelines::HookLimits::default())?;
+    let plan = pipelines::Planner::new(job.data.train_plan(shape, job.optim.batch_size), hooks)
+        .and_then(|planner| planner.plan(0))
+        .context("planning the first epoch")?;
+    plan.check().context("planning the first epoch")?;
+    anyhow::ensure!(
+        plan.steps().is_some(),
+        "the ranks' batch counts are unknown: give the shards a manifest.json with sample \
+         counts, or choose the drop policy with data.nbatches"
+    );
+    Ok(())
+}

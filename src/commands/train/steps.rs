@@ -1,0 +1,325 @@
+//! The step loop: calls of the same number of steps to every rank, evaluations and
+//! checkpoints when due, metrics and progress.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use actors::train::{
+    CheckpointState, EvalReply, JobSpec, ResumeFrom, SaveRequest, TrainReply, TrainRequest,
+};
+use anyhow::{Context, bail};
+
+use super::JobSummary;
+use super::driver::{Metrics, Rank, call_all, to_json};
+use crate::commands::progress_bar;
+use crate::config::Config;
+
+/// A job whose trainers are up and connected: what the step loop and its checkpoints
+/// need.
+pub(super) struct RunningJob<'a> {
+    pub(super) config: &'a Config,
+    pub(super) job: &'a JobSpec,
+    pub(super) ranks: &'a [Rank],
+    pub(super) run_dir: &'a Path,
+    pub(super) steps_per_epoch: u64,
+    pub(super) nodes: u32,
+    pub(super) ranks_per_node: u32,
+}
+
+impl RunningJob<'_> {
+    /// Has rank 0 write checkpoint `name`: the job at `global_step`, to continue at step
+    /// `step_in_epoch` of `epoch` with the ranks' loader `cursors`.
+    pub(super) async fn save(
+        &self,
+        name: &str,
+        epoch: u64,
+        global_step: u64,
+        step_in_epoch: u64,
+        cursors: Vec<pipelines::RankCursor>,
+    ) -> anyhow::Result<()> {
+        let state = CheckpointState {
+            epoch,
+            global_step,
+            step_in_epoch,
+            world: self.ranks.len() as u32,
+            nodes: self.nodes,
+            ranks_per_node: self.ranks_per_node,
+            cursors,
+            model: self.job.model.kind.name().to_string(),
+            classes: self.job.model.classes,
+        };
+        let root = std::fs::canonicalize(self.run_dir)
+            .unwrap_or_else(|_| self.run_dir.to_path_buf())
+            .join("checkpoints");
+        let request = SaveRequest {
+            root,
+            name: name.to_string(),
+            state,
+        };
+        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10));
+        let rank0 = &self.ranks[0];
+        let reply = rank0
+            .actor
+            .call("save", to_json(&request), timeout)
+            .await
+            .with_context(|| format!("{}: saving checkpoint {name}", rank0.name()))?;
+        let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
+        tracing::info!(path = %path.display(), "checkpoint saved");
+        Ok(())
+    }
+}
+
+impl RunningJob<'_> {
+    /// Evaluates on the val shards (split across ranks) and records the result:
+    /// `(top1, top5)`, or none without val samples.
+    pub(super) async fn evaluate(
+        &self,
+        epoch: u64,
+        global_step: u64,
+        metrics: &mut Metrics,
+        elapsed_s: f64,
+    ) -> anyhow::Result<Option<(f64, f64)>> {
+        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10) * 6);
+        let evals: Vec<EvalReply> =
+            call_all(self.ranks, "evaluate", |_| b"{}".to_vec(), timeout).await?;
+        let samples: u64 = evals.iter().map(|e| e.samples).sum();
+        if samples == 0 {
+            return Ok(None);
+        }
+        let n = samples as f64;
+        let loss = evals.iter().map(|e| e.loss_sum).sum::<f64>() / n;
+        let top1 = evals.iter().map(|e| e.top1).sum::<u64>() as f64 / n;
+        let top5 = evals.iter().map(|e| e.top5).sum::<u64>() as f64 / n;
+        metrics.write(&serde_json::json!({
+            "kind": "eval", "epoch": epoch, "step": global_step, "loss": loss,
+            "top1": top1, "top5": top5, "samples": samples, "elapsed_s": elapsed_s,
+        }))?;
+        Ok(Some((top1, top5)))
+    }
+}
+
+/// The steps a call may run from `global_step`: at most `chunk`, and never past the next
+/// multiple of any nonzero `every` (a checkpoint or an evaluation is due there).
+pub(super) fn steps_until(global_step: u64, chunk: u64, every: &[u64]) -> u64 {
+    every
+        .iter()
+        .filter(|&&e| e > 0)
+        .map(|e| e - global_step % e)
+        .fold(chunk, u64::min)
+}
+
+pub(super) async fn train_loop(
+    run: &RunningJob<'_>,
+    metrics: &mut Metrics,
+    resume: Option<&ResumeFrom>,
+) -> anyhow::Result<JobSummary> {
+    let RunningJob {
+        config,
+        job,
+        ranks,
+        run_dir,
+        steps_per_epoch,
+        ..
+    } = *run;
+    let train = &config.train;
+    let long = Duration::from_secs(train.step_timeout_secs.max(10));
+    let started = Instant::now();
+    let (first_epoch, mut step_in_epoch) = match resume {
+        Some(r) => (r.state.epoch, r.state.step_in_epoch),
+        None => (0, 0),
+    };
+    let mut summary = JobSummary {
+        run_dir: run_dir.to_path_buf(),
+        top1: None,
+        top5: None,
+        first_loss: None,
+        last_loss: None,
+        images_per_s: 0.0,
+    };
+    let mut global_step = resume.map_or(0, |r| r.state.global_step);
+    let (mut total_images, mut total_train_s) = (0u64, 0.0f64);
+    println!(
+        "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
+        "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
+    );
+    for epoch in first_epoch..job.optim.epochs {
+        let bar = progress_bar(steps_per_epoch, &format!("epoch {epoch}"));
+        bar.set_position(step_in_epoch);
+        let epoch_started = Instant::now();
+        let (mut loss_sum, mut loss_steps) = (0.0f64, 0u64);
+        let (mut images, mut busy_s, mut wait_s) = (0u64, 0.0f64, 0.0f64);
+        let mut chunk = 1u64;
+        let mut done = false;
+        while !done {
+            let max_steps = steps_until(
+                global_step,
+                chunk,
+                &[train.checkpoint_every_steps, train.eval_every_steps],
+            );
+            let request = TrainRequest { epoch, max_steps };
+            let called = Instant::now();
+            let replies: Vec<TrainReply> = call_all(
+                ranks,
+                "train",
+                |_| to_json(&request),
+                long + Duration::from_secs(60),
+            )
+            .await?;
+            let elapsed = called.elapsed().as_secs_f64();
+            let first = &replies[0];
+            if let Some(bad) = replies.iter().position(|r| {
+                r.step_in_epoch != first.step_in_epoch || r.epoch_done != first.epoch_done
+            }) {
+                bail!(
+                    "ranks out of step: rank 0 at step {} of epoch {epoch}, rank {bad} at {}",
+                    first.step_in_epoch,
+                    replies[bad].step_in_epoch
+                );
+            }
+            let samples: u64 = replies.iter().map(|r| r.samples).sum();
+            let seconds = replies
+                .iter()
+                .map(|r| r.seconds)
+                .fold(0.0, f64::max)
+                .max(1e-9);
+            let data_wait = replies
+                .iter()
+                .map(|r| r.data_wait_s / r.seconds.max(1e-9))
+                .sum::<f64>()
+                / replies.len() as f64;
+            let allreduce =
+                replies.iter().map(|r| r.allreduce_s).sum::<f64>() / replies.len() as f64;
+            let steps = first.steps.len().max(1) as f64;
+            for step in &first.steps {
+                metrics.write(&serde_json::json!({
+                    "kind": "step",
+                    "epoch": epoch,
+                    "step": step.step,
+                    "loss": step.loss,
+                    "accuracy": step.accuracy,
+                    "lr": step.lr,
+                    "samples": step.samples,
+                    "images_per_s": samples as f64 / seconds,
+                    "data_wait_s": data_wait * seconds / steps,
+                    "allreduce_s": allreduce / steps,
+                    "step_s": seconds / steps,
+                    "elapsed_s": started.elapsed().as_secs_f64(),
+                }))?;
+                loss_sum += f64::from(step.loss);
+                loss_steps += 1;
+                summary.first_loss.get_or_insert(step.loss);
+                summary.last_loss = Some(step.loss);
+            }
+            for reply in &replies {
+                if reply.skipped > 0 && !reply.problems.is_empty() {
+                    tracing::warn!(skipped = reply.skipped, first = %reply.problems[0], "bad samples skipped");
+                }
+            }
+            images += samples;
+            busy_s += elapsed;
+            wait_s += data_wait * elapsed;
+            global_step = first.global_step;
+            step_in_epoch = first.step_in_epoch;
+            done = first.epoch_done;
+            bar.set_position(step_in_epoch);
+            if let Some(last) = first.steps.last() {
+                bar.set_message(format!(
+                    "epoch {epoch} loss {:.3} {:.0} img/s",
+                    last.loss,
+                    samples as f64 / seconds
+                ));
+            }
+            // Calls of about a second: progress stays live, and Ctrl-C or a failure is
+            // noticed between calls.
+            let per_step = elapsed / first.steps.len().max(1) as f64;
+            chunk = ((1.0 / per_step.max(1e-4)) as u64).clamp(1, 1000);
+            let due = |every: u64| !done && every > 0 && global_step % every == 0;
+            if due(train.eval_every_steps) && !job.data.val.is_empty() {
+                let elapsed_s = started.elapsed().as_secs_f64();
+                if let Some(top) = run.evaluate(epoch, global_step, metrics, elapsed_s).await? {
+                    bar.suspend(|| {
+                        println!(
+                            "      step {global_step}: val top-1 {:.2}%, top-5 {:.2}%",
+                            top.0 * 100.0,
+                            top.1 * 100.0
+                        );
+                    });
+                }
+            }
+            if due(train.checkpoint_every_steps) {
+                let cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
+                let name = format!("step-{global_step:08}");
+                run.save(&name, epoch, global_step, step_in_epoch, cursors)
+                    .await?;
+            }
+        }
+        bar.finish_and_clear();
+        let epoch_s = epoch_started.elapsed().as_secs_f64();
+        total_images += images;
+        total_train_s += busy_s;
+        step_in_epoch = 0;
+        let last_epoch = epoch + 1 == job.optim.epochs;
+        let eval_due = !job.data.val.is_empty()
+            && (last_epoch
+                || (train.eval_every_epochs > 0 && (epoch + 1) % train.eval_every_epochs == 0));
+        let mut top = (None, None);
+        if eval_due {
+            let elapsed_s = started.elapsed().as_secs_f64();
+            if let Some((top1, top5)) = run.evaluate(epoch, global_step, metrics, elapsed_s).await?
+            {
+                top = (Some(top1), Some(top5));
+                summary.top1 = Some(top1);
+                summary.top5 = Some(top5);
+            }
+        }
+        let train_loss = loss_sum / loss_steps.max(1) as f64;
+        let images_per_s = images as f64 / busy_s.max(1e-9);
+        let data_wait_fraction = wait_s / busy_s.max(1e-9);
+        metrics.write(&serde_json::json!({
+            "kind": "epoch", "epoch": epoch, "step": global_step, "train_loss": train_loss,
+            "images_per_s": images_per_s, "data_wait_fraction": data_wait_fraction,
+            "seconds": epoch_s, "elapsed_s": started.elapsed().as_secs_f64(),
+        }))?;
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
+        println!(
+            "{epoch:>5} {train_loss:>10.4} {:>8} {:>8} {:>8.1}s {images_per_s:>8.0} {:>9.1}%",
+            pct(top.0),
+            pct(top.1),
+            epoch_s,
+            data_wait_fraction * 100.0
+        );
+        let save_due = last_epoch
+            || (train.checkpoint_every_epochs > 0
+                && (epoch + 1) % train.checkpoint_every_epochs == 0);
+        if save_due {
+            let name = format!("epoch-{:04}", epoch + 1);
+            run.save(&name, epoch + 1, global_step, 0, Vec::new())
+                .await?;
+        }
+    }
+    summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn calls_stop_at_every_due_step() {
+        let cases: [(u64, u64, &[u64], u64); 5] = [
+            (0, 100, &[0, 0], 100),
+            (0, 100, &[7, 0], 7),
+            (7, 100, &[7, 5], 3),
+            (9, 2, &[7, 5], 1),
+            (14, 100, &[7, 10], 6),
+        ];
+        for (step, chunk, every, want) in cases {
+            assert_eq!(
+                steps_until(step, chunk, every),
+                want,
+                "{step} {chunk} {every:?}"
+            );
+        }
+    }
+}
