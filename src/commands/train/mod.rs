@@ -37,6 +37,7 @@ pub struct TrainArgs {
     /// CPU trainers when the cluster has no GPUs (0: one per node).
     #[arg(long)]
     workers: Option<u32>,
+    /// Epochs to train (train.epochs).
     #[arg(long)]
     epochs: Option<u64>,
     /// Run name (its folder is runs_dir/NAME).
