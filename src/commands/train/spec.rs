@@ -25,14 +25,18 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
         .name
         .parse()
         .map_err(|e| anyhow::anyhow!("model.name: {e}"))?;
-    let train_set = shard_set(&data.train, &data.base).context("data.train")?;
+    let sources = pipelines::Sources::new(config.shards.source_options());
+    let (train_set, manifest) =
+        shard_set(&data.train, &data.base, &sources).context("data.train")?;
     let val_set = if data.val.is_empty() {
         ShardSet::default()
     } else {
-        shard_set(&data.val, &data.base).context("data.val")?
+        shard_set(&data.val, &data.base, &sources)
+            .context("data.val")?
+            .0
     };
     let classes = match data.classes {
-        0 => manifest_beside(&train_set.urls)
+        0 => manifest
             .map(|m| m.classes.len() as i64)
             .filter(|&c| c > 0)
             .context(
@@ -143,7 +147,13 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
     })
 }
 
-pub(super) fn shard_set(spec: &str, base: &str) -> anyhow::Result<ShardSet> {
+/// The shards of `spec` with their sample counts from the manifest beside them, and
+/// that manifest.
+pub(super) fn shard_set(
+    spec: &str,
+    base: &str,
+    sources: &pipelines::Sources,
+) -> anyhow::Result<(ShardSet, Option<Manifest>)> {
     let spec = if spec.contains("%s") && !base.is_empty() {
         spec.replace("%s", base)
     } else {
@@ -165,19 +175,37 @@ pub(super) fn shard_set(spec: &str, base: &str) -> anyhow::Result<ShardSet> {
             urls.len()
         );
     }
-    let samples = match manifest_beside(&urls) {
-        Some(manifest) => pipelines::PlanShard::with_manifest(&urls, &manifest)
+    let manifest = manifest_beside(&urls, sources);
+    let samples = match &manifest {
+        Some(manifest) => pipelines::PlanShard::with_manifest(&urls, manifest)
             .into_iter()
             .map(|s| s.samples)
             .collect(),
         None => vec![None; urls.len()],
     };
-    Ok(ShardSet { urls, samples })
+    Ok((ShardSet { urls, samples }, manifest))
 }
 
-/// The manifest.json beside the first shard, when the shards are local files.
-pub(super) fn manifest_beside(urls: &[String]) -> Option<Manifest> {
+/// The manifest.json beside the first shard: in its folder for local files, at the same
+/// URL path for `http(s)://` shards (as `imgrun serve` and any static file server give
+/// it); none for `pipe:` commands.
+pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> Option<Manifest> {
     let first = urls.first()?;
+    if first.starts_with("http://") || first.starts_with("https://") {
+        let (folder, _) = first.rsplit_once('/')?;
+        let url = format!("{folder}/{}", pipelines::MANIFEST_FILE);
+        let read = sources
+            .open(&url)
+            .map_err(|e| e.to_string())
+            .and_then(|stream| serde_json::from_reader(stream).map_err(|e| e.to_string()));
+        return match read {
+            Ok(manifest) => Some(manifest),
+            Err(error) => {
+                tracing::info!(%url, %error, "no manifest beside the shards");
+                None
+            }
+        };
+    }
     if first.contains("://") || first.starts_with("pipe:") {
         return None;
     }
@@ -205,4 +233,66 @@ pub(super) fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyh
          counts, or choose the drop policy with data.nbatches"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `body` at every path once per connection, `connections` times.
+    fn serve(body: String, connections: usize) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(connections) {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                let mut path = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    if path.is_empty() {
+                        path = line.split(' ').nth(1).unwrap_or_default().to_string();
+                    }
+                    line.clear();
+                }
+                let (status, body) = if path.ends_with(pipelines::MANIFEST_FILE) && !body.is_empty()
+                {
+                    ("200 OK", body.as_str())
+                } else {
+                    ("404 Not Found", "")
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        format!("http://{address}")
+    }
+
+    #[test]
+    fn counts_and_classes_come_from_a_manifest_served_beside_http_shards() {
+        let manifest = serde_json::json!({
+            "version": 1,
+            "classes": ["cat", "dog"],
+            "shards": [
+                {"name": "d-000.tar", "samples": 7, "bytes": 100, "class_counts": {"0": 3, "1": 4}},
+                {"name": "d-001.tar", "samples": 5, "bytes": 100, "class_counts": {"0": 2, "1": 3}}
+            ]
+        });
+        let base = serve(manifest.to_string(), 4);
+        let sources = pipelines::Sources::new(pipelines::SourceOptions::default());
+        let spec = format!("{base}/data/d-{{000..001}}.tar");
+        let (set, found) = shard_set(&spec, "", &sources).expect("shard set");
+        assert_eq!(set.samples, [Some(7), Some(5)]);
+        assert_eq!(found.map(|m| m.classes.len()), Some(2));
+        // A server without one: counts unknown, no error.
+        let bare = serve(String::new(), 4);
+        let (set, found) =
+            shard_set(&format!("{bare}/d-000.tar"), "", &sources).expect("shard set");
+        assert_eq!(set.samples, [None]);
+        assert!(found.is_none());
+    }
 }
