@@ -33,7 +33,7 @@ pub struct PlanArgs {
     #[arg(long)]
     batch_size: u64,
     /// `resampled` (shards drawn with replacement) or `split` (exact epochs).
-    #[arg(long, default_value = "resampled", value_parser = parse_mode)]
+    #[arg(long, default_value = "resampled")]
     mode: PlanMode,
     /// When ranks disagree on batches: none, join, drop, repeat.
     #[arg(long, default_value = "none")]
@@ -62,31 +62,9 @@ pub struct PlanArgs {
     hooks: Option<PathBuf>,
 }
 
-fn parse_mode(text: &str) -> Result<PlanMode, String> {
-    match text {
-        "resampled" => Ok(PlanMode::Resampled),
-        "split" => Ok(PlanMode::Split),
-        other => Err(format!(
-            "unknown mode `{other}` (expected resampled or split)"
-        )),
-    }
-}
-
 fn policy(args: &PlanArgs) -> anyhow::Result<BatchPolicy> {
-    Ok(match (args.policy.as_str(), args.dsrepeat, args.nbatches) {
-        (_, Some(dsrepeat), nbatches) => BatchPolicy::Repeat { dsrepeat, nbatches },
-        ("none" | "drop", None, Some(nbatches)) => BatchPolicy::Drop {
-            nbatches: Some(nbatches),
-        },
-        ("none", None, None) => BatchPolicy::None,
-        ("join", None, None) => BatchPolicy::Join,
-        ("drop", None, None) => BatchPolicy::Drop { nbatches: None },
-        ("repeat", None, _) => anyhow::bail!("--policy repeat needs --dsrepeat N"),
-        ("join", None, Some(_)) => anyhow::bail!("--policy join cannot take --nbatches"),
-        (other, ..) => {
-            anyhow::bail!("unknown policy `{other}` (expected none, join, drop or repeat)")
-        }
-    })
+    BatchPolicy::parse(&args.policy, args.nbatches, args.dsrepeat)
+        .map_err(|e| anyhow::anyhow!("--policy: {e}"))
 }
 
 /// The manifest given, or the one beside the first shard when the shards are local.

@@ -18,8 +18,8 @@ pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{
-    DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, PolicySpec, ScheduleSpec, ShardSet,
-    SourceSpec, TrainerInit,
+    DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet, SourceSpec,
+    TrainerInit,
 };
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,

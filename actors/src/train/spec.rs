@@ -81,40 +81,14 @@ impl ShardSet {
     }
 }
 
-/// How the batch counts of ranks are made equal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum PolicySpec {
-    None,
-    Join,
-    Drop {
-        nbatches: Option<u64>,
-    },
-    Repeat {
-        dsrepeat: u64,
-        nbatches: Option<u64>,
-    },
-}
-
-impl PolicySpec {
-    fn batch_policy(self) -> BatchPolicy {
-        match self {
-            Self::None => BatchPolicy::None,
-            Self::Join => BatchPolicy::Join,
-            Self::Drop { nbatches } => BatchPolicy::Drop { nbatches },
-            Self::Repeat { dsrepeat, nbatches } => BatchPolicy::Repeat { dsrepeat, nbatches },
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DataSpec {
     pub train: ShardSet,
     pub val: ShardSet,
     pub hooks: HookSources,
-    /// `resampled` or `split`.
-    pub split: bool,
-    pub policy: PolicySpec,
+    pub mode: PlanMode,
+    /// How ranks' batch counts are made equal.
+    pub policy: BatchPolicy,
     pub epoch_size: Option<u64>,
     pub nominal_size: Option<u64>,
     pub seed: u64,
@@ -197,15 +171,11 @@ impl DataSpec {
     pub fn train_plan(&self, shape: ClusterShape, batch_size: u64) -> PlanConfig {
         let mut config = PlanConfig::new(self.train.plan_shards(), shape, batch_size);
         config.seed = self.seed;
-        config.mode = if self.split {
-            PlanMode::Split
-        } else {
-            PlanMode::Resampled
-        };
-        config.policy = self.policy.batch_policy();
+        config.mode = self.mode;
+        config.policy = self.policy;
         // Exact epochs with the join policy train on every sample once: a worker's last,
         // partial batch is kept (the gradient average is weighted by samples).
-        config.drop_partial = !(self.split && self.policy == PolicySpec::Join);
+        config.drop_partial = !(self.mode == PlanMode::Split && self.policy == BatchPolicy::Join);
         config.epoch_size = self.epoch_size;
         config.nominal_size = self.nominal_size;
         config
@@ -304,8 +274,8 @@ mod tests {
             train: ShardSet::default(),
             val: ShardSet::default(),
             hooks: HookSources::default(),
-            split: false,
-            policy: PolicySpec::Join,
+            mode: PlanMode::Resampled,
+            policy: BatchPolicy::Join,
             epoch_size: None,
             nominal_size: None,
             seed: 0,

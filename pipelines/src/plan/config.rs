@@ -36,7 +36,8 @@ impl ClusterShape {
 }
 
 /// Where each worker's shards come from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PlanMode {
     /// Each worker draws shards at random with replacement; an epoch is `epoch_size`
     /// samples (default: the dataset's size), the same number on every rank.
@@ -56,8 +57,23 @@ impl PlanMode {
     }
 }
 
+impl std::str::FromStr for PlanMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "resampled" => Ok(PlanMode::Resampled),
+            "split" => Ok(PlanMode::Split),
+            other => Err(format!(
+                "unknown mode `{other}` (expected resampled or split)"
+            )),
+        }
+    }
+}
+
 /// What to do when ranks would run different numbers of batches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
 pub enum BatchPolicy {
     /// Nothing: such a plan is inconsistent and [`Plan::check`] fails.
     #[default]
@@ -72,6 +88,32 @@ pub enum BatchPolicy {
         dsrepeat: u64,
         nbatches: Option<u64>,
     },
+}
+
+impl BatchPolicy {
+    /// The policy named `name` (`none`, `join`, `drop`, `repeat`) with its counts, as the
+    /// command line and the configuration give them: a batch count alone means `drop`,
+    /// `dsrepeat` means `repeat`.
+    pub fn parse(name: &str, nbatches: Option<u64>, dsrepeat: Option<u64>) -> Result<Self, String> {
+        Ok(match (name, dsrepeat, nbatches) {
+            (_, Some(dsrepeat), nbatches) => BatchPolicy::Repeat { dsrepeat, nbatches },
+            ("none" | "drop", None, Some(nbatches)) => BatchPolicy::Drop {
+                nbatches: Some(nbatches),
+            },
+            ("none", None, None) => BatchPolicy::None,
+            ("join", None, None) => BatchPolicy::Join,
+            ("drop", None, None) => BatchPolicy::Drop { nbatches: None },
+            ("repeat", None, _) => return Err("the repeat policy needs a dsrepeat count".into()),
+            ("join", None, Some(_)) => {
+                return Err("the join policy cannot take a batch count".into());
+            }
+            (other, ..) => {
+                return Err(format!(
+                    "unknown policy `{other}` (expected none, join, drop or repeat)"
+                ));
+            }
+        })
+    }
 }
 
 /// Everything a plan depends on except the epoch.

@@ -423,7 +423,7 @@ pub(super) fn print_plan(
             .map(|t| format!(" ({t} samples)"))
             .unwrap_or_default(),
         job.data.val.urls.len(),
-        if job.data.split { "split" } else { "resampled" }
+        job.data.mode.name()
     );
     println!(
         "  batch       {} per rank, {global_batch} global; lr {:.4} after linear scaling",

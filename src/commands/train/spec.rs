@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use actors::train::{
-    DataSpec, JobSpec, ModelKind, ModelSpec, OptimSpec, PolicySpec, ScheduleSpec, SgdConfig,
-    ShardSet, SourceSpec,
+    DataSpec, JobSpec, ModelKind, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet,
+    SourceSpec,
 };
 use anyhow::{Context, bail};
 use pipelines::{HookSources, Manifest, ShardList};
@@ -47,23 +47,16 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
     };
     let hooks_dir = (!data.hooks.is_empty()).then(|| PathBuf::from(&data.hooks));
     let hooks = HookSources::read(hooks_dir.as_deref()).context("data.hooks")?;
-    let policy = match data.policy.as_str() {
-        "none" => PolicySpec::None,
-        "join" => PolicySpec::Join,
-        "drop" => PolicySpec::Drop {
-            nbatches: (data.nbatches > 0).then_some(data.nbatches),
-        },
-        "repeat" => PolicySpec::Repeat {
-            dsrepeat: data.dsrepeat.max(1),
-            nbatches: (data.nbatches > 0).then_some(data.nbatches),
-        },
-        other => bail!("data.policy `{other}`: expected join, drop, repeat or none"),
-    };
-    let split = match data.mode.as_str() {
-        "resampled" => false,
-        "split" => true,
-        other => bail!("data.mode `{other}`: expected resampled or split"),
-    };
+    let policy = pipelines::BatchPolicy::parse(
+        &data.policy,
+        (data.nbatches > 0).then_some(data.nbatches),
+        (data.dsrepeat > 0).then_some(data.dsrepeat),
+    )
+    .map_err(|e| anyhow::anyhow!("data.policy: {e}"))?;
+    let mode: pipelines::PlanMode = data
+        .mode
+        .parse()
+        .map_err(|e| anyhow::anyhow!("data.mode: {e}"))?;
     let mut sizes = vec![(0, data.image_size)];
     sizes.extend(data.size_schedule.iter().copied().filter(|(e, _)| *e > 0));
     sizes.sort_unstable();
@@ -96,7 +89,7 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             train: train_set,
             val: val_set,
             hooks,
-            split,
+            mode,
             policy,
             epoch_size: (data.epoch_size > 0).then_some(data.epoch_size),
             nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
