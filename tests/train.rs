@@ -334,6 +334,104 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
     cluster.assert_settled();
 }
 
+/// Loss scaling multiplies the loss by a power of two before backward and the averaged
+/// gradients by its inverse, which is exact in fp32: a job with dynamic scaling trains bit
+/// for bit as one without. From a scale so large that the scaled gradients overflow, the
+/// first steps are skipped, each halving the scale, until steps apply. NCCL, asked for
+/// between CPU trainers, is refused before anything starts.
+#[test]
+fn loss_scaling_is_exact_and_an_overflow_skips_steps() {
+    const EPOCHS: u64 = 2;
+    let cluster = TrainCluster::start();
+    let plain = cluster.job("plain", EPOCHS, &[], false).finish(JOB_LIMIT);
+    assert!(plain.status.success(), "{}", plain.describe());
+    let dynamic = r#"train.loss_scaling="dynamic""#;
+    let scaled = cluster
+        .job(
+            "scaled",
+            EPOCHS,
+            &[dynamic, "train.loss_scale_init=1048576.0"],
+            false,
+        )
+        .finish(JOB_LIMIT);
+    assert!(scaled.status.success(), "{}", scaled.describe());
+    let plain_records = metrics(&cluster.runs.join("plain"));
+    let scaled_records = metrics(&cluster.runs.join("scaled"));
+    assert_eq!(
+        steps(&scaled_records),
+        steps(&plain_records),
+        "step losses with and without loss scaling"
+    );
+    assert_eq!(
+        replica_digest(&scaled.stdout),
+        replica_digest(&plain.stdout),
+        "final weights with and without loss scaling"
+    );
+    let step_records = |records: &[Value]| -> Vec<Value> {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "step")
+            .cloned()
+            .collect()
+    };
+    assert!(
+        step_records(&plain_records)
+            .iter()
+            .all(|r| r.get("loss_scale").is_none()),
+        "a job without loss scaling records no scale"
+    );
+    for record in step_records(&scaled_records) {
+        assert_eq!(record["loss_scale"], 1048576.0, "{record}");
+        assert_eq!(record["skipped"], false, "{record}");
+    }
+
+    let huge = 2f64.powi(127);
+    let init = format!("train.loss_scale_init={huge:e}");
+    let overflow = cluster
+        .job("overflow", EPOCHS, &[dynamic, &init], false)
+        .finish(JOB_LIMIT);
+    assert!(overflow.status.success(), "{}", overflow.describe());
+    let records = step_records(&metrics(&cluster.runs.join("overflow")));
+    let scales: Vec<(f64, bool)> = records
+        .iter()
+        .map(|r| {
+            let scale = r["loss_scale"].as_f64().expect("loss_scale");
+            (scale, r["skipped"].as_bool().expect("skipped"))
+        })
+        .collect();
+    eprintln!("overflow run, (scale, skipped) per step: {scales:?}");
+    assert_eq!(scales[0], (huge, true), "the first step overflows");
+    for pair in scales.windows(2) {
+        let ((scale, skipped), (next, _)) = (pair[0], pair[1]);
+        let want = if skipped { scale / 2.0 } else { scale };
+        assert_eq!(next, want, "a skipped step halves the scale: {scales:?}");
+    }
+    let applied = scales.iter().filter(|(_, skipped)| !skipped).count();
+    assert!(applied > 0, "no step applied: {scales:?}");
+    assert!(
+        !scales.last().expect("steps").1,
+        "the last step still overflowed: {scales:?}"
+    );
+    assert!(
+        overflow
+            .stdout
+            .contains("replicas: identical on all 2 ranks"),
+        "{}",
+        overflow.stdout
+    );
+
+    let nccl = cluster
+        .job("nccl", 1, &[r#"train.allreduce="nccl""#], false)
+        .finish(JOB_LIMIT);
+    assert!(!nccl.status.success(), "{}", nccl.describe());
+    assert!(
+        nccl.stderr.contains("train.allreduce") && nccl.stderr.contains("CUDA"),
+        "{}",
+        nccl.stderr
+    );
+    cluster.assert_settled();
+}
+
 /// `checkpoint_every_steps = K` saves a checkpoint at every multiple of K inside an epoch.
 #[test]
 fn step_checkpoints_land_on_every_multiple() {
@@ -461,7 +559,7 @@ fn bad_input_is_refused_with_a_clear_error() {
     let data = Dataset::synth(root.path());
     let missing = root.path().join("missing/x-{000..003}.tar");
     let missing = format!("data.train={:?}", missing.display().to_string());
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 10] = [
         ("unknown key", "train.epoch=3", &["train.epoch", "epochs"]),
         (
             "empty training set",
@@ -489,6 +587,21 @@ fn bad_input_is_refused_with_a_clear_error() {
             &["model.name", "resnet5O", "small_cnn"],
         ),
         ("a mode typo", "data.mode=splitt", &["data.mode", "splitt"]),
+        (
+            "a loss scaling typo",
+            "train.loss_scaling=static",
+            &["train.loss_scaling", "static", "dynamic"],
+        ),
+        (
+            "a scale that is not positive",
+            "train.loss_scale_init=0.0",
+            &["train.loss_scale_init", "positive"],
+        ),
+        (
+            "an allreduce typo",
+            "train.allreduce=mpi",
+            &["train.allreduce", "mpi", "nccl"],
+        ),
     ];
     let runs = root.path().join("runs");
     for (what, set, words) in cases {

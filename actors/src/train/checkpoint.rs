@@ -11,6 +11,8 @@ use pipelines::RankCursor;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::scaler::ScalerState;
+
 pub const MODEL_FILE: &str = "model.ot";
 pub const OPTIMIZER_FILE: &str = "optimizer.ot";
 pub const STATE_FILE: &str = "state.json";
@@ -34,6 +36,9 @@ pub struct CheckpointState {
     /// The model's kind and classes, checked on resume.
     pub model: String,
     pub classes: i64,
+    /// The dynamic loss scale, when the job scales its loss.
+    #[serde(default)]
+    pub loss_scale: Option<ScalerState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +197,10 @@ mod tests {
             cursors: Vec::new(),
             model: "small_cnn".into(),
             classes: 10,
+            loss_scale: Some(ScalerState {
+                scale: 1024.0,
+                finite_steps: 7,
+            }),
         }
     }
 

@@ -7,6 +7,7 @@ mod ddp;
 mod loss;
 mod model;
 mod optim;
+mod scaler;
 mod schedule;
 mod spec;
 mod trainer;
@@ -16,10 +17,11 @@ pub use ddp::{GradSync, SyncError, SyncStats};
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
+pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{
-    DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet, SourceSpec,
-    TrainerInit,
+    AllreduceChoice, DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet,
+    SourceSpec, TrainerInit,
 };
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,

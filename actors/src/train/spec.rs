@@ -11,6 +11,7 @@ use pipelines::{
 
 use super::model::ModelKind;
 use super::optim::SgdConfig;
+use super::scaler::LossScaling;
 
 /// Everything a trainer needs, the same for every rank but `rank`, `threads` and `device`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,6 +152,38 @@ pub struct OptimSpec {
     pub bucket_bytes: usize,
     /// Mixed precision (autocast) on CUDA.
     pub amp: bool,
+    pub loss_scaling: LossScaling,
+    /// The dynamic loss scale's first value.
+    pub loss_scale_init: f64,
+    /// How gradients are averaged.
+    pub allreduce: AllreduceChoice,
+}
+
+/// Which collective averages the gradients (`train.allreduce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AllreduceChoice {
+    /// NCCL between CUDA trainers when it loads and starts on every rank, otherwise
+    /// imgrun's ring.
+    #[default]
+    Auto,
+    /// NCCL or fail.
+    Nccl,
+    /// imgrun's ring, through host memory on CUDA trainers too.
+    Ring,
+}
+
+impl std::str::FromStr for AllreduceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "nccl" => Ok(Self::Nccl),
+            "ring" => Ok(Self::Ring),
+            other => Err(format!("`{other}`: expected auto, nccl or ring")),
+        }
+    }
 }
 
 /// The decay after warm-up, in epochs (converted to steps once the epoch length is known).

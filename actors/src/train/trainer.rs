@@ -26,13 +26,9 @@ use super::ddp::{GradSync, SyncError};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
 use super::optim::Sgd;
+use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{DeviceSpec, ScheduleSpec, TrainerInit};
-
-/// Mixed precision's first loss scale and how many finite steps double it (PyTorch's
-/// GradScaler defaults).
-const INITIAL_LOSS_SCALE: f64 = 65536.0;
-const LOSS_SCALE_GROWTH_INTERVAL: u32 = 2000;
 
 /// Marks a trainer failure that follows from another rank's: its ring peer went away or
 /// stopped answering. A job's client looks past these for the root cause.
@@ -97,6 +93,12 @@ pub struct StepRecord {
     pub lr: f64,
     /// Samples in this step over all ranks.
     pub samples: u64,
+    /// The loss scale this step ran with, under loss scaling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Whether the step was skipped (its scaled gradients overflowed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -171,10 +173,7 @@ struct Trainer {
     /// The epoch and cursor a resumed job continues from.
     resume_cursor: Option<RankCursor>,
     global_step: u64,
-    /// Mixed precision's loss scale (1 without), and the finite steps since it last
-    /// changed.
-    loss_scale: f64,
-    finite_steps: u32,
+    scaler: LossScaler,
     mean: Tensor,
     std: Tensor,
 }
@@ -274,12 +273,11 @@ impl Trainer {
             running: None,
             resume_cursor: None,
             global_step: 0,
-            loss_scale: if init.job.optim.amp && device != Device::Cpu {
-                INITIAL_LOSS_SCALE
-            } else {
-                1.0
-            },
-            finite_steps: 0,
+            scaler: LossScaler::for_job(
+                init.job.optim.loss_scaling,
+                init.job.optim.loss_scale_init,
+                init.job.optim.amp && device != Device::Cpu,
+            ),
             mean,
             std,
             init,
@@ -373,6 +371,9 @@ impl Trainer {
             .load_state(&momentum)
             .map_err(|e| MethodError::fatal(format!("{}: {e}", resume.dir.display())))?;
         self.global_step = state.global_step;
+        if let Some(saved) = state.loss_scale {
+            self.scaler.restore(saved);
+        }
         self.resume_cursor = state
             .cursors
             .iter()
@@ -501,7 +502,13 @@ impl Trainer {
                 &labels,
                 self.init.job.optim.label_smoothing,
             );
-            loss.f_backward()
+            let scaled = if self.scaler.enabled() {
+                &loss * self.scaler.scale()
+            } else {
+                loss.shallow_clone()
+            };
+            scaled
+                .f_backward()
                 .map_err(|e| fatal("backward")(e.to_string()))?;
             extra[0] = loss.double_value(&[]) as f32;
             extra[1] = topk_correct(&logits, &labels, 1) as f32 / n as f32;
@@ -516,32 +523,26 @@ impl Trainer {
                 &self.params,
                 n as f32,
                 &mut extra,
-                (1.0 / self.loss_scale) as f32,
+                (1.0 / self.scaler.scale()) as f32,
             )
             .map_err(|e| ring_failure(self.init.rank, "averaging gradients", &e))?;
         let lr = self.schedule.lr_at(self.global_step);
-        if !stats.finite && self.loss_scale == 1.0 {
-            return Err(MethodError::fatal(format!(
-                "step {}: the averaged gradients are not finite (the loss diverged; try a \
-                 lower train.lr or a longer warm-up)",
-                self.global_step + 1
-            )));
-        }
-        if !stats.finite {
-            // Mixed precision overflowed: skip the step with a smaller scale, as
-            // PyTorch's GradScaler does. Every rank sees the same averaged bits, so all
-            // skip together.
-            self.loss_scale /= 2.0;
-            self.finite_steps = 0;
-        } else if stats.samples > 0.0 {
-            self.sgd.step(lr);
-            if self.loss_scale != 1.0 {
-                self.finite_steps += 1;
-                if self.finite_steps == LOSS_SCALE_GROWTH_INTERVAL {
-                    self.loss_scale *= 2.0;
-                    self.finite_steps = 0;
-                }
+        let loss_scale = self.scaler.scale();
+        // Every rank sees the same averaged bits, so all take the same verdict.
+        let verdict = self.scaler.update(stats.finite);
+        match verdict {
+            StepVerdict::Diverged => {
+                return Err(MethodError::fatal(format!(
+                    "step {}: the averaged gradients are not finite (the loss diverged; \
+                     try a lower train.lr or a longer warm-up)",
+                    self.global_step + 1
+                )));
             }
+            // An overflow under loss scaling: the step is skipped, as PyTorch's
+            // GradScaler does, and the scale was halved.
+            StepVerdict::Skip => {}
+            StepVerdict::Apply if stats.samples > 0.0 => self.sgd.step(lr),
+            StepVerdict::Apply => {}
         }
         if !self.buffers.is_empty() {
             sync.broadcast(&self.buffers, 0)
@@ -556,6 +557,8 @@ impl Trainer {
             accuracy: extra[1],
             lr,
             samples: stats.samples as u64,
+            loss_scale: self.scaler.enabled().then_some(loss_scale),
+            skipped: verdict == StepVerdict::Skip,
         })
     }
 
@@ -638,12 +641,16 @@ impl Trainer {
     fn save(&mut self, request: SaveRequest) -> Result<PathBuf, MethodError> {
         let mut model = self.model.parameters();
         model.extend(self.model.buffers());
+        let state = CheckpointState {
+            loss_scale: self.scaler.state(),
+            ..request.state
+        };
         checkpoint::write(
             &request.root,
             &request.name,
             &model,
             &self.sgd.state(),
-            &request.state,
+            &state,
         )
         .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
     }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use actors::train::{
-    ConnectReply, ConnectRequest, DeviceSpec, DigestReply, JobSpec, ListenReply, ResumeFrom,
-    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+    AllreduceChoice, ConnectReply, ConnectRequest, DeviceSpec, DigestReply, JobSpec, ListenReply,
+    ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
@@ -91,6 +91,12 @@ impl Driver {
             .await
             .context("asking for the cluster's status")?;
         let (places, nodes, ranks_per_node) = plan_world(&status, train)?;
+        if job.optim.allreduce == AllreduceChoice::Nccl && places.iter().any(|p| !p.gpu) {
+            bail!(
+                "train.allreduce = \"nccl\" needs CUDA trainers, and this job's trainers run \
+                 on CPUs (the cluster has no free GPU): use \"auto\" or \"ring\""
+            );
+        }
         let world = places.len() as u32;
         let global_batch = train.batch_size * u64::from(world);
         job.optim.lr = scaled_lr(train.lr, global_batch, train.reference_batch.max(1));

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use actors::train::{
-    DataSpec, JobSpec, ModelKind, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet,
-    SourceSpec,
+    AllreduceChoice, DataSpec, JobSpec, LossScaling, ModelKind, ModelSpec, OptimSpec, ScheduleSpec,
+    SgdConfig, ShardSet, SourceSpec,
 };
 use anyhow::{Context, bail};
 use pipelines::{HookSources, Manifest, ShardList};
@@ -76,6 +76,19 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
         "amp" => true,
         other => bail!("train.precision `{other}`: expected fp32 or amp"),
     };
+    let loss_scaling: LossScaling = train
+        .loss_scaling
+        .parse()
+        .map_err(|e| anyhow::anyhow!("train.loss_scaling: {e}"))?;
+    anyhow::ensure!(
+        train.loss_scale_init.is_finite() && train.loss_scale_init > 0.0,
+        "train.loss_scale_init must be a positive number (it is {})",
+        train.loss_scale_init
+    );
+    let allreduce: AllreduceChoice = train
+        .allreduce
+        .parse()
+        .map_err(|e| anyhow::anyhow!("train.allreduce: {e}"))?;
     anyhow::ensure!(train.batch_size > 0, "train.batch_size must be at least 1");
     anyhow::ensure!(train.epochs > 0, "train.epochs must be at least 1");
     let (lo, hi) = data.crop_scale;
@@ -136,6 +149,9 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             schedule,
             bucket_bytes: (train.bucket_mb.max(0.001) * 1e6) as usize,
             amp,
+            loss_scaling,
+            loss_scale_init: train.loss_scale_init,
+            allreduce,
         },
     })
 }

@@ -47,6 +47,8 @@ impl RunningJob<'_> {
             cursors,
             model: self.job.model.kind.name().to_string(),
             classes: self.job.model.classes,
+            // Rank 0 fills in its scaler.
+            loss_scale: None,
         };
         let root = std::fs::canonicalize(self.run_dir)
             .unwrap_or_else(|_| self.run_dir.to_path_buf())
@@ -191,7 +193,7 @@ pub(super) async fn train_loop(
                 replies.iter().map(|r| r.allreduce_s).sum::<f64>() / replies.len() as f64;
             let steps = first.steps.len().max(1) as f64;
             for step in &first.steps {
-                metrics.write(&serde_json::json!({
+                let mut record = serde_json::json!({
                     "kind": "step",
                     "epoch": epoch,
                     "step": step.step,
@@ -204,7 +206,12 @@ pub(super) async fn train_loop(
                     "allreduce_s": allreduce / steps,
                     "step_s": seconds / steps,
                     "elapsed_s": started.elapsed().as_secs_f64(),
-                }))?;
+                });
+                if let Some(scale) = step.loss_scale {
+                    record["loss_scale"] = scale.into();
+                    record["skipped"] = step.skipped.into();
+                }
+                metrics.write(&record)?;
                 loss_sum += f64::from(step.loss);
                 loss_steps += 1;
                 summary.first_loss.get_or_insert(step.loss);
