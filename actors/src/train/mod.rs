@@ -6,6 +6,7 @@ pub mod checkpoint;
 mod ddp;
 mod loss;
 mod model;
+pub mod nccl;
 mod optim;
 mod scaler;
 mod schedule;
