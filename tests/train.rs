@@ -63,13 +63,18 @@ fn two_cpu_trainers_on_two_nodes_learn_agree_and_checkpoint() {
         printed.contains("replicas: identical on all 2 ranks"),
         "{printed}"
     );
+    // CPU trainers average through the ring, and say so.
+    assert!(
+        printed.contains("gradients averaged with imgrun's ring"),
+        "{printed}"
+    );
     let mut hosts: Vec<&str> = on_daemons.values().copied().collect();
     hosts.sort_unstable();
     assert_eq!(hosts, ["head", "node"], "one worker under each daemon");
 
     let run = cluster.runs.join("first");
     let records = metrics(&run);
-    for kind in ["job", "step", "eval", "epoch"] {
+    for kind in ["job", "connect", "step", "eval", "epoch"] {
         assert!(
             records.iter().any(|r| r["kind"] == kind),
             "no {kind} record in {}",

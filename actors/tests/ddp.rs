@@ -3,11 +3,19 @@
 //! the parameters one process gets from the whole batch, for even and uneven splits and
 //! for a rank with no data at all (the `join` policy).
 //!
+//! The same cases run through the on-device path that NCCL drives on CUDA (buckets
+//! flattened where the gradients live, weighted, summed in place, divided after), with a
+//! stand-in collective that sums CPU tensors between the two rank threads.
+//!
 //! BatchNorm runs in eval mode here: in train mode each replica normalises with its own
 //! part's statistics, so no data-parallel scheme without synchronised BatchNorm (PyTorch's
 //! DDP included) equals the single-process step there.
 
-use actors::train::{GradSync, Model, ModelKind, Sgd, SgdConfig, cross_entropy_smoothed};
+use std::sync::{Arc, Barrier, Mutex};
+
+use actors::train::{
+    DeviceCollective, GradSync, Model, ModelKind, Sgd, SgdConfig, SyncError, cross_entropy_smoothed,
+};
 use runtime::{CollectiveOptions, RingGroup};
 use tch::{Device, Kind, Tensor};
 
@@ -43,19 +51,103 @@ fn single(images: &Tensor, labels: &Tensor) -> Vec<Tensor> {
     model.parameters().into_iter().map(|(_, t)| t).collect()
 }
 
+/// How the replicas average.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Path {
+    Ring,
+    Device,
+}
+
+/// What NCCL does between GPUs, for CPU tensors between threads: every rank puts its
+/// tensor in a slot, and all add the slots up in rank order, so all get the same bits.
+#[derive(Debug)]
+struct ThreadCollective {
+    rank: usize,
+    shared: Arc<(Barrier, Mutex<Vec<Option<Tensor>>>)>,
+}
+
+impl ThreadCollective {
+    fn group(world: usize) -> Vec<ThreadCollective> {
+        let shared = Arc::new((
+            Barrier::new(world),
+            Mutex::new((0..world).map(|_| None).collect()),
+        ));
+        (0..world)
+            .map(|rank| ThreadCollective {
+                rank,
+                shared: shared.clone(),
+            })
+            .collect()
+    }
+
+    /// Publishes `tensor` (or nothing), then returns every rank's.
+    fn exchange(&self, tensor: Option<&Tensor>) -> Vec<Option<Tensor>> {
+        let (barrier, slots) = &*self.shared;
+        slots.lock().expect("slots")[self.rank] = tensor.map(Tensor::copy);
+        barrier.wait();
+        let all: Vec<Option<Tensor>> = slots
+            .lock()
+            .expect("slots")
+            .iter()
+            .map(|t| t.as_ref().map(Tensor::copy))
+            .collect();
+        // Nobody overwrites a slot before everyone has read it.
+        barrier.wait();
+        all
+    }
+}
+
+impl DeviceCollective for ThreadCollective {
+    fn all_reduce_sum(&self, tensor: &Tensor) -> Result<(), SyncError> {
+        let all = self.exchange(Some(tensor));
+        let mut sum = all[0].as_ref().expect("rank 0's part").copy();
+        for part in all[1..].iter().flatten() {
+            sum += part;
+        }
+        tensor.shallow_clone().copy_(&sum);
+        Ok(())
+    }
+
+    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<(), SyncError> {
+        let all = self.exchange((self.rank == root).then_some(tensor));
+        tensor
+            .shallow_clone()
+            .copy_(all[root].as_ref().expect("the root's tensor"));
+        Ok(())
+    }
+}
+
+/// A rank's `GradSync` over `group`, on `path`.
+fn grad_sync(
+    group: RingGroup,
+    device: ThreadCollective,
+    path: Path,
+    params: &[Tensor],
+    bucket_bytes: usize,
+) -> GradSync {
+    let mut sync =
+        GradSync::start(move || async move { Ok(group) }, params, bucket_bytes).expect("sync");
+    if path == Path::Device {
+        sync.use_device_collective(Box::new(device));
+    }
+    sync
+}
+
 /// Two steps on two replicas, rank 0 taking the first `split` samples.
-fn data_parallel(images: &Tensor, labels: &Tensor, split: i64) -> [Vec<Tensor>; 2] {
+fn data_parallel(images: &Tensor, labels: &Tensor, split: i64, path: Path) -> [Vec<Tensor>; 2] {
     let n = images.size()[0];
     let parts = [(0, split), (split, n - split)];
     let groups = RingGroup::in_memory(2, CollectiveOptions::default());
+    let devices = ThreadCollective::group(2);
     // Built here, one after the other: libtorch's random generator is one per process.
     let models = [model(), model()];
     let results: Vec<Vec<Tensor>> = std::thread::scope(|scope| {
         let handles: Vec<_> = groups
             .into_iter()
+            .zip(devices)
             .zip(parts)
             .zip(models)
-            .map(|((group, (start, len)), model)| {
+            .map(|(((group, device), (start, len)), model)| {
                 let images = images.narrow(0, start, len);
                 let labels = labels.narrow(0, start, len);
                 scope.spawn(move || {
@@ -63,9 +155,10 @@ fn data_parallel(images: &Tensor, labels: &Tensor, split: i64) -> [Vec<Tensor>; 
                     let params: Vec<Tensor> =
                         model.parameters().into_iter().map(|(_, t)| t).collect();
                     // Small buckets, so the step crosses several of them.
-                    let mut sync = GradSync::start(move || async move { Ok(group) }, &params, 4096)
-                        .expect("sync");
+                    let mut sync = grad_sync(group, device, path, &params, 4096);
                     assert!(sync.buckets() > 1);
+                    // The replicas start from rank 0's weights, as in a job.
+                    sync.broadcast(&params, 0).expect("broadcast");
                     for _ in 0..2 {
                         sgd.zero_grad();
                         let mut extra = [0.0f32];
@@ -103,50 +196,78 @@ fn data_parallel_steps_equal_the_single_process_step() {
     let labels = Tensor::randint(CLASSES, [8], (Kind::Int64, Device::Cpu));
     let want = single(&images, &labels);
     let start: Vec<Tensor> = model().parameters().into_iter().map(|(_, t)| t).collect();
-    for split in [4, 6, 8] {
-        let [rank0, rank1] = data_parallel(&images, &labels, split);
+    for (split, path) in [4, 6, 8]
+        .into_iter()
+        .flat_map(|split| [(split, Path::Ring), (split, Path::Device)])
+    {
+        let [rank0, rank1] = data_parallel(&images, &labels, split, path);
         for (i, ((a, b), w)) in rank0.iter().zip(&rank1).zip(&want).enumerate() {
             assert!(
                 a.equal(b),
-                "split {split}: parameter {i} differs between the replicas"
+                "split {split} on {path:?}: parameter {i} differs between the replicas"
             );
             let diff = (a - w).abs().max().double_value(&[]);
             let moved = (w - &start[i]).abs().max().double_value(&[]);
             assert!(
                 diff <= 1e-5 * (1.0 + w.abs().max().double_value(&[])),
-                "split {split}: parameter {i} is {diff} away from the single-process step"
+                "split {split} on {path:?}: parameter {i} is {diff} away from the single-process step"
             );
             assert!(moved > 0.0 || i > 0, "the step did not move parameter {i}");
         }
     }
 }
 
+/// A NaN gradient on a rank with samples makes the average non-finite on every rank; on
+/// a rank without samples (weight 0) it is ignored. Both paths, with a loss scale to undo.
 #[test]
-fn a_non_finite_gradient_on_one_rank_is_seen_by_every_rank() {
-    let groups = RingGroup::in_memory(2, CollectiveOptions::default());
-    let finite: Vec<bool> = std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .enumerate()
-            .map(|(rank, group)| {
-                scope.spawn(move || {
-                    let weight =
-                        Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-                    let scale = if rank == 1 { f64::NAN } else { 1.0 };
-                    (&weight * scale).sum(Kind::Float).backward();
-                    let params = [weight];
-                    let mut sync =
-                        GradSync::start(move || async move { Ok(group) }, &params, 1 << 20)
-                            .expect("sync");
-                    let stats = sync.average(&params, 2.0, &mut [], 0.5).expect("average");
-                    stats.finite
+fn a_non_finite_gradient_counts_only_on_a_rank_with_samples() {
+    // (path, rank 1's samples, finite on both ranks)
+    let cases = [
+        (Path::Ring, 2.0, false),
+        (Path::Device, 2.0, false),
+        (Path::Ring, 0.0, true),
+        (Path::Device, 0.0, true),
+    ];
+    for (path, samples1, want) in cases {
+        let groups = RingGroup::in_memory(2, CollectiveOptions::default());
+        let devices = ThreadCollective::group(2);
+        let results: Vec<(bool, f32, Vec<f32>, [f32; 1])> = std::thread::scope(|scope| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .zip(devices)
+                .enumerate()
+                .map(|(rank, (group, device))| {
+                    scope.spawn(move || {
+                        let weight =
+                            Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                        // Rank 0's gradient is 4 (a loss scale of 2 on 2), rank 1's NaN.
+                        let factor = if rank == 1 { f64::NAN } else { 4.0 };
+                        (&weight * factor).sum(Kind::Float).backward();
+                        let params = [weight];
+                        let mut sync = grad_sync(group, device, path, &params, 1 << 20);
+                        let samples = if rank == 0 { 2.0 } else { samples1 };
+                        let mut extra = [if rank == 0 { 3.0 } else { 5.0 }];
+                        let stats = sync
+                            .average(&params, samples, &mut extra, 0.5)
+                            .expect("average");
+                        let grad = Vec::<f32>::try_from(params[0].grad()).expect("grad");
+                        (stats.finite, stats.samples, grad, extra)
+                    })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank"))
-            .collect()
-    });
-    assert_eq!(finite, [false, false]);
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank"))
+                .collect()
+        });
+        for (rank, (finite, total, grad, extra)) in results.into_iter().enumerate() {
+            let what = format!("{path:?}, rank 1 with {samples1} samples, rank {rank}");
+            assert_eq!(finite, want, "{what}");
+            assert_eq!(total, 2.0 + samples1, "{what}");
+            if want {
+                assert_eq!(grad, [2.0; 3], "{what}: the average, unscaled");
+                assert_eq!(extra, [3.0], "{what}: rank 0's value alone");
+            }
+        }
+    }
 }

@@ -1,9 +1,15 @@
 //! Data-parallel synchronisation of replicas: gradients flattened into buckets and
-//! averaged across ranks with imgrun's ring allreduce (`runtime::RingGroup`), weighted by
-//! the samples each rank processed; and broadcasts of parameters and buffers from rank 0.
+//! averaged across ranks, weighted by the samples each rank processed; and broadcasts of
+//! parameters and buffers from rank 0.
 //!
-//! The ring runs on a communication thread of its own with a single-threaded tokio
-//! runtime, so bucket `k` is on the wire while the trainer flattens bucket `k + 1`.
+//! Two transports. imgrun's ring allreduce (`runtime::RingGroup`) over TCP runs on a
+//! communication thread of its own with a single-threaded tokio runtime, so bucket `k` is
+//! on the wire while the trainer flattens bucket `k + 1`; CUDA tensors are staged through
+//! host memory a bucket at a time. Between CUDA trainers, NCCL (once [`GradSync::use_nccl`]
+//! hands it a communicator) reduces buckets flattened on the device, on the default
+//! stream, and takes over broadcasts; the ring stays for small host-side sums and for the
+//! ranks to agree on things.
+//!
 //! Buckets hold parameters in a fixed order (the model's sorted names), so every rank
 //! cuts the same buckets, and every rank receives the same reduced bytes: the replicas
 //! stay bit-identical.
@@ -17,6 +23,8 @@ use std::time::{Duration, Instant};
 use runtime::{CollectiveError, RingGroup};
 use tch::{Device, Kind, Tensor};
 
+use super::nccl::{Communicator, NcclError};
+
 /// Why a synchronisation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -28,6 +36,8 @@ pub enum SyncError {
     Thread(std::io::Error),
     #[error("{0}")]
     Tensor(#[from] tch::TchError),
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
 }
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
@@ -39,6 +49,8 @@ pub struct GradSync {
     numels: Vec<usize>,
     /// Buffers handed back by the communication thread, reused.
     spare: Vec<Vec<f32>>,
+    /// Averages and broadcasts on the device, when every rank has one (NCCL).
+    device: Option<Box<dyn DeviceCollective>>,
     rank: usize,
     world: usize,
 }
@@ -78,7 +90,15 @@ impl GradSync {
             buckets,
             numels,
             spare: Vec::new(),
+            device: None,
         })
+    }
+
+    /// From now on, gradients are averaged and tensors broadcast on the device through
+    /// `collective` (NCCL). Every rank must switch at the same point (the ranks agree
+    /// over the ring first).
+    pub fn use_device_collective(&mut self, collective: Box<dyn DeviceCollective>) {
+        self.device = Some(collective);
     }
 
     pub fn rank(&self) -> usize {
@@ -106,13 +126,31 @@ impl GradSync {
         extra: &mut [f32],
         unscale: f32,
     ) -> Result<SyncStats, SyncError> {
+        if let Some(device) = &self.device {
+            return average_on_device(
+                device.as_ref(),
+                &self.buckets,
+                parameters,
+                samples,
+                extra,
+                unscale,
+            );
+        }
         let started = Instant::now();
         let count = self.buckets.len();
+        let on_device = parameters
+            .first()
+            .is_some_and(|p| p.device() != Device::Cpu);
         for (b, range) in self.buckets.iter().enumerate() {
             let mut buffer = self.spare.pop().unwrap_or_default();
             buffer.clear();
-            for p in range.clone() {
-                append_grad(&mut buffer, &parameters[p], self.numels[p])?;
+            if on_device {
+                // One copy to the host per bucket, not one per parameter.
+                append_values(&mut buffer, &flatten_grads(parameters, range.clone())?)?;
+            } else {
+                for p in range.clone() {
+                    append_grad(&mut buffer, &parameters[p], self.numels[p])?;
+                }
             }
             if b + 1 == count {
                 buffer.extend_from_slice(extra);
@@ -160,6 +198,11 @@ impl GradSync {
         if tensors.is_empty() {
             return Ok(());
         }
+        if let Some(device) = &self.device {
+            let flat = flatten_values(tensors)?;
+            device.broadcast(&flat, root)?;
+            return scatter_values(&flat, tensors);
+        }
         let mut buffer = self.spare.pop().unwrap_or_default();
         buffer.clear();
         for t in tensors {
@@ -186,6 +229,143 @@ impl GradSync {
         values.copy_from_slice(&buffer);
         Ok(())
     }
+}
+
+/// In-place collectives on flat float tensors where they live (NCCL's on CUDA), with the
+/// ring's guarantee: every rank gets the same bits.
+pub trait DeviceCollective: Send + std::fmt::Debug {
+    fn all_reduce_sum(&self, tensor: &Tensor) -> Result<(), SyncError>;
+    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<(), SyncError>;
+}
+
+impl DeviceCollective for Communicator {
+    fn all_reduce_sum(&self, tensor: &Tensor) -> Result<(), SyncError> {
+        Ok(Communicator::all_reduce_sum(self, tensor)?)
+    }
+
+    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<(), SyncError> {
+        Ok(Communicator::broadcast(self, tensor, root)?)
+    }
+}
+
+/// [`GradSync::average`] on the device (NCCL): each bucket is flattened on the device, multiplied
+/// by this rank's weight (zeroed at weight 0, so a rank without data cannot spread a NaN)
+/// and summed in place; the last bucket carries the extra values and the weight. After the
+/// one sync that reads the total weight back, every bucket is divided by it and copied
+/// into the gradients, all on the device.
+fn average_on_device(
+    collective: &dyn DeviceCollective,
+    buckets: &[Range<usize>],
+    parameters: &[Tensor],
+    samples: f32,
+    extra: &mut [f32],
+    unscale: f32,
+) -> Result<SyncStats, SyncError> {
+    let started = Instant::now();
+    let Some(device) = parameters.first().map(Tensor::device) else {
+        return Ok(SyncStats {
+            finite: true,
+            ..SyncStats::default()
+        });
+    };
+    let count = buckets.len();
+    let mut flats = Vec::with_capacity(count);
+    for (b, range) in buckets.iter().enumerate() {
+        let mut flat = flatten_grads(parameters, range.clone())?;
+        if b + 1 == count {
+            let mut tail = extra.to_vec();
+            tail.push(1.0);
+            let tail = Tensor::f_from_slice(&tail)?.f_to_device(device)?;
+            flat = Tensor::f_cat(&[flat, tail], 0)?;
+        }
+        if samples > 0.0 {
+            let _ = flat.f_mul_scalar_(f64::from(samples))?;
+        } else {
+            let _ = flat.f_zero_()?;
+        }
+        collective.all_reduce_sum(&flat)?;
+        flats.push(flat);
+    }
+    // Reading the sums back waits for every reduction queued above.
+    let last = flats.last().ok_or(SyncError::ThreadGone)?;
+    let length = last.numel();
+    let tail_length = extra.len() + 1;
+    let tail: Vec<f32> = Vec::<f32>::try_from(
+        last.f_narrow(0, (length - tail_length) as i64, tail_length as i64)?
+            .f_to_device(Device::Cpu)?,
+    )?;
+    let total = tail[extra.len()];
+    for (value, sum) in extra.iter_mut().zip(&tail) {
+        *value = if total > 0.0 { sum / total } else { 0.0 };
+    }
+    let factor = if total > 0.0 {
+        f64::from(unscale) / f64::from(total)
+    } else {
+        0.0
+    };
+    let mut finite = Tensor::f_ones([], (Kind::Bool, device))?;
+    for (b, (range, flat)) in buckets.iter().zip(&flats).enumerate() {
+        let grads = flat.numel() - if b + 1 == count { tail_length } else { 0 };
+        let mut values = flat.f_narrow(0, 0, grads as i64)?;
+        let _ = values.f_mul_scalar_(factor)?;
+        finite = finite.f_logical_and(&values.f_isfinite()?.f_all()?)?;
+        let mut offset = 0;
+        for p in range.clone() {
+            let n = parameters[p].numel();
+            let part = values.f_narrow(0, offset as i64, n as i64)?;
+            write_grad_tensor(&parameters[p], &part)?;
+            offset += n;
+        }
+    }
+    let finite = finite.f_int64_value(&[])? != 0;
+    Ok(SyncStats {
+        samples: total,
+        wait: started.elapsed(),
+        buckets: count,
+        finite,
+    })
+}
+
+/// The gradients of `parameters[range]` as one flat float tensor on their device (zeros
+/// for a parameter without a gradient).
+fn flatten_grads(parameters: &[Tensor], range: Range<usize>) -> Result<Tensor, SyncError> {
+    let mut parts = Vec::with_capacity(range.len());
+    for parameter in &parameters[range] {
+        let grad = parameter.grad();
+        parts.push(if grad.defined() {
+            grad.f_flatten(0, -1)?.f_to_kind(Kind::Float)?
+        } else {
+            Tensor::f_zeros(
+                [parameter.numel() as i64],
+                (Kind::Float, parameter.device()),
+            )?
+        });
+    }
+    Ok(Tensor::f_cat(&parts, 0)?)
+}
+
+/// `tensors` as one flat float tensor on their device.
+fn flatten_values(tensors: &[Tensor]) -> Result<Tensor, SyncError> {
+    let parts = tensors
+        .iter()
+        .map(|t| t.f_detach()?.f_flatten(0, -1)?.f_to_kind(Kind::Float))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Tensor::f_cat(&parts, 0)?)
+}
+
+/// Copies consecutive slices of `flat` back into `tensors`, in their own kinds.
+fn scatter_values(flat: &Tensor, tensors: &[Tensor]) -> Result<(), SyncError> {
+    let mut offset = 0i64;
+    for tensor in tensors {
+        let n = tensor.numel() as i64;
+        let part = flat
+            .f_narrow(0, offset, n)?
+            .f_view(tensor.size().as_slice())?
+            .f_to_kind(tensor.kind())?;
+        tch::no_grad(|| tensor.shallow_clone().f_copy_(&part))?;
+        offset += n;
+    }
+    Ok(())
 }
 
 /// Consecutive index ranges whose sizes add up to about `limit` elements (at least one
@@ -227,10 +407,14 @@ fn append_values(buffer: &mut Vec<f32>, tensor: &Tensor) -> Result<(), SyncError
 }
 
 fn write_grad(parameter: &Tensor, values: &[f32]) -> Result<(), SyncError> {
+    let source = Tensor::f_from_slice(values)?.f_to_device(parameter.device())?;
+    write_grad_tensor(parameter, &source)
+}
+
+/// Sets `parameter`'s gradient to the flat `values` (on its device).
+fn write_grad_tensor(parameter: &Tensor, values: &Tensor) -> Result<(), SyncError> {
     let mut grad = parameter.grad();
-    let source = Tensor::f_from_slice(values)?
-        .f_view(parameter.size().as_slice())?
-        .f_to_device(parameter.device())?;
+    let source = values.f_view(parameter.size().as_slice())?;
     if grad.defined() {
         grad.f_copy_(&source)?;
     } else {

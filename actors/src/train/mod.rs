@@ -6,7 +6,7 @@ pub mod checkpoint;
 mod ddp;
 mod loss;
 mod model;
-pub mod nccl;
+pub(crate) mod nccl;
 mod optim;
 mod scaler;
 mod schedule;
@@ -14,7 +14,7 @@ mod spec;
 mod trainer;
 
 pub use checkpoint::CheckpointState;
-pub use ddp::{GradSync, SyncError, SyncStats};
+pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};

@@ -25,10 +25,11 @@ use super::checkpoint::{self, CheckpointState};
 use super::ddp::{GradSync, SyncError};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
+use super::nccl;
 use super::optim::Sgd;
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::spec::{DeviceSpec, ScheduleSpec, TrainerInit};
+use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainerInit};
 
 /// Marks a trainer failure that follows from another rank's: its ring peer went away or
 /// stopped answering. A job's client looks past these for the root cause.
@@ -53,6 +54,9 @@ pub struct ListenReply {
     pub total_steps: u64,
     pub parameters: usize,
     pub device: String,
+    /// Rank 0's NCCL unique id (hex) for CUDA trainers that may use NCCL.
+    #[serde(default)]
+    pub nccl_id: Option<String>,
 }
 
 /// `connect`'s request.
@@ -64,6 +68,9 @@ pub struct ConnectRequest {
     pub job: String,
     pub op_timeout_secs: u64,
     pub resume: Option<ResumeFrom>,
+    /// Rank 0's NCCL unique id, passed on to every rank.
+    #[serde(default)]
+    pub nccl_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -75,6 +82,8 @@ pub struct ResumeFrom {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConnectReply {
     pub buckets: usize,
+    /// How gradients are averaged: `nccl 2.28.9`, or `ring` with why NCCL is not used.
+    pub allreduce: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -168,6 +177,8 @@ struct Trainer {
     shape: ClusterShape,
     steps_per_epoch: u64,
     listener: Option<std::net::TcpListener>,
+    /// Why rank 0 made no NCCL id, for the reply that explains the fallback.
+    nccl_problem: Option<String>,
     sync: Option<GradSync>,
     running: Option<Running>,
     /// The epoch and cursor a resumed job continues from.
@@ -269,6 +280,7 @@ impl Trainer {
             shape,
             steps_per_epoch,
             listener: None,
+            nccl_problem: None,
             sync: None,
             running: None,
             resume_cursor: None,
@@ -292,7 +304,19 @@ impl Trainer {
             .map_err(|e| MethodError::new(e.to_string()))?
             .port();
         self.listener = Some(listener);
+        let nccl_id = if self.init.rank == 0 && self.may_use_nccl() {
+            match nccl::library().and_then(|lib| lib.unique_id()) {
+                Ok(id) => Some(id.to_hex()),
+                Err(error) => {
+                    self.nccl_problem = Some(error.to_string());
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(ListenReply {
+            nccl_id,
             port,
             steps_per_epoch: self.steps_per_epoch,
             total_steps: self.schedule.total_steps,
@@ -327,6 +351,7 @@ impl Trainer {
         let bucket_bytes = self.init.job.optim.bucket_bytes;
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
             .map_err(|e| MethodError::fatal(format!("rank {rank} joining the ring: {e}")))?;
+        let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
         if let Some(resume) = &request.resume {
             self.restore(resume)?;
         }
@@ -340,7 +365,73 @@ impl Trainer {
             .map_err(|e| MethodError::fatal(format!("rank {rank}: broadcasting weights: {e}")))?;
         let buckets = sync.buckets();
         self.sync = Some(sync);
-        Ok(ConnectReply { buckets })
+        Ok(ConnectReply { buckets, allreduce })
+    }
+
+    /// Whether this job's gradients may go through NCCL on this rank.
+    fn may_use_nccl(&self) -> bool {
+        self.device != Device::Cpu && self.init.job.optim.allreduce != AllreduceChoice::Ring
+    }
+
+    /// Moves `sync` onto NCCL when every rank can: each loads the library and takes rank
+    /// 0's id, joins the communicator, and checks a sum and a broadcast of known values;
+    /// after each stage the ranks agree over the ring, so all switch or none does. Returns
+    /// what averages the gradients, with why NCCL is not used when it is not. Under
+    /// `train.allreduce = "nccl"` a failed stage fails the rank.
+    fn start_nccl(&self, sync: &mut GradSync, id: Option<&str>) -> Result<String, MethodError> {
+        let Device::Cuda(ordinal) = self.device else {
+            return Ok("imgrun's ring".to_string());
+        };
+        if !self.may_use_nccl() {
+            return Ok("imgrun's ring (train.allreduce = \"ring\")".to_string());
+        }
+        let rank = self.init.rank;
+        let required = self.init.job.optim.allreduce == AllreduceChoice::Nccl;
+        let fall_back = |stage: &str, why: String| -> Result<String, MethodError> {
+            let message = format!("NCCL {stage}: {why}");
+            if required {
+                return Err(MethodError::fatal(format!(
+                    "rank {rank}: {message} (train.allreduce = \"nccl\"; \"auto\" falls back \
+                     to imgrun's ring)"
+                )));
+            }
+            tracing::warn!(rank, %message, "gradients go through imgrun's ring");
+            Ok(format!("imgrun's ring ({message})"))
+        };
+        let loaded = match id {
+            Some(hex) => nccl::UniqueId::from_hex(hex)
+                .and_then(|id| nccl::library().map(|lib| (lib, id)))
+                .map_err(|e| e.to_string()),
+            None => Err(self
+                .nccl_problem
+                .clone()
+                .unwrap_or_else(|| "rank 0 made no unique id".to_string())),
+        };
+        let (lib, id) = match (agree(sync, rank, loaded.as_ref().err())?, loaded) {
+            (None, Ok(loaded)) => loaded,
+            (Some(why), _) | (None, Err(why)) => return fall_back("not loaded", why),
+        };
+        let world = self.init.world as usize;
+        let joined = nccl::Communicator::init(lib, &id, world, rank as usize, ordinal);
+        let problem = agree(sync, rank, joined.as_ref().err())?;
+        let communicator = match (problem, joined) {
+            (None, Ok(communicator)) => communicator,
+            (Some(why), _) => return fall_back("not started", why),
+            (None, Err(error)) => return fall_back("not started", error.to_string()),
+        };
+        let checked = self_check(&communicator, rank, world);
+        if let Some(why) = agree(sync, rank, checked.err())? {
+            return fall_back("failed its check", why);
+        }
+        let version = lib.version();
+        sync.use_device_collective(Box::new(communicator));
+        tracing::info!(
+            rank,
+            version,
+            library = lib.library_name(),
+            "gradients go through NCCL"
+        );
+        Ok(format!("NCCL {version}"))
     }
 
     fn restore(&mut self, resume: &ResumeFrom) -> Result<(), MethodError> {
@@ -704,6 +795,51 @@ impl Actor for Trainer {
 
 /// A fatal error for a failed ring operation, marked with [`PEER_FAILURE`] when the
 /// cause is another rank (its link closed or failed, or it stopped answering).
+/// Whether any rank saw a problem (this rank's is `problem`): the ranks sum their
+/// failures over the ring. Returns the reason to report, this rank's own when it has one.
+fn agree(
+    sync: &mut GradSync,
+    rank: u32,
+    problem: Option<impl ToString>,
+) -> Result<Option<String>, MethodError> {
+    let mut failures = [f32::from(u8::from(problem.is_some()))];
+    sync.sum(&mut failures)
+        .map_err(|e| ring_failure(rank, "agreeing on NCCL", &e))?;
+    Ok(match (problem, failures[0]) {
+        (Some(problem), _) => Some(problem.to_string()),
+        (None, n) if n > 0.0 => Some(format!("it failed on {n} other rank(s)")),
+        (None, _) => None,
+    })
+}
+
+/// Sums and broadcasts known values through `communicator` and checks what comes back.
+fn self_check(communicator: &nccl::Communicator, rank: u32, world: usize) -> Result<(), String> {
+    let device = Device::Cuda(communicator.device());
+    let run = || -> Result<(), String> {
+        // Odd sizes cross NCCL's chunking without being large.
+        let sum = Tensor::f_full([4099], f64::from(rank + 1), (Kind::Float, device))
+            .map_err(|e| e.to_string())?;
+        communicator
+            .all_reduce_sum(&sum)
+            .map_err(|e| e.to_string())?;
+        let want = (world * (world + 1) / 2) as f64;
+        let root = Tensor::f_full([1031], f64::from(rank), (Kind::Float, device))
+            .map_err(|e| e.to_string())?;
+        communicator
+            .broadcast(&root, 0)
+            .map_err(|e| e.to_string())?;
+        let sum_ok = sum.eq(want).all().int64_value(&[]) != 0;
+        let root_ok = root.eq(0.0).all().int64_value(&[]) != 0;
+        communicator.check().map_err(|e| e.to_string())?;
+        match (sum_ok, root_ok) {
+            (true, true) => Ok(()),
+            (false, _) => Err(format!("a sum over {world} ranks did not give {want}")),
+            (_, false) => Err("a broadcast from rank 0 did not arrive".to_string()),
+        }
+    };
+    run()
+}
+
 fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
     let peer = matches!(
         error,

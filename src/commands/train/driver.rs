@@ -173,15 +173,21 @@ impl Driver {
                     job: job_id.clone(),
                     op_timeout_secs: train.step_timeout_secs,
                     resume: resume.clone(),
+                    nccl_id: listens[0].nccl_id.clone(),
                 })
             },
             long,
         )
         .await?;
         println!(
-            "ring: {world} ranks connected, {} gradient buckets",
-            connects[0].buckets
+            "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
+            connects[0].buckets, connects[0].allreduce
         );
+        metrics.write(&serde_json::json!({
+            "kind": "connect",
+            "buckets": connects[0].buckets,
+            "allreduce": connects[0].allreduce,
+        }))?;
 
         let running = RunningJob {
             config,
