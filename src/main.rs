@@ -65,6 +65,16 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     install_logging(cli.log.as_deref().unwrap_or(default_log));
+    if matches!(
+        cli.command,
+        Command::Doctor
+            | Command::Plan(_)
+            | Command::Shards(_)
+            | Command::Status(_)
+            | Command::Plot(_)
+    ) {
+        exit_quietly_on_closed_pipe();
+    }
     if let Command::Worker = cli.command {
         // No configuration: the daemon that started this process has read it.
         return runtime::worker_main(commands::cluster::actor_registry());
@@ -104,4 +114,17 @@ fn install_logging(filter: &str) {
         // Colours only on a terminal: a daemon's standard error is its log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// Report commands end quietly when their reader goes away (`imgrun shards ls | head`), as
+/// `cat` does. Rust ignores SIGPIPE, so `println!` to a closed pipe would panic. Commands
+/// that hold sockets (daemons, `train`, `serve`) keep ignoring it: a peer closing a TCP
+/// stream must be an error there, not the end of the process.
+#[allow(unsafe_code)] // one libc call: no safe wrapper sets a signal's disposition
+fn exit_quietly_on_closed_pipe() {
+    // SAFETY: called from main before this process starts any thread; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

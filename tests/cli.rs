@@ -229,6 +229,40 @@ fn files_http_and_pipes_yield_identical_samples() {
     );
 }
 
+/// A report piped into a reader that stops early (`| head -1`) ends quietly, as `cat`
+/// does: killed by SIGPIPE, no panic on stderr.
+#[test]
+fn a_report_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = imgrun()
+        .args(["shards", "synth"])
+        .arg(dir.path().join("many"))
+        .args(["--classes", "2", "--per-class", "1500", "--size", "8"])
+        .args(["--maxcount", "1", "--threads", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run imgrun");
+    // Read one line, then close the pipe while 3000 report lines (more than a pipe holds) are still to come.
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("first line");
+    drop(stdout);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    let status = child.wait().expect("wait");
+    assert!(first.starts_with("wrote 3000 samples"), "{first}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status}: {stderr}");
+}
+
 #[test]
 fn doctor_runs_a_tensor_op() {
     let dir = tempfile::tempdir().expect("temp dir");

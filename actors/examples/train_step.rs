@@ -1,0 +1,158 @@
+//! The trainer's compute ceiling: forward, backward and SGD steps of one replica on a
+//! fixed random batch, with no loader and no gradient averaging, the same code
+//! `imgrun train` runs per step (models, loss, loss scaling, autocast on CUDA). Compared
+//! with the images/s of a real `imgrun train` job of the same model, size and batch, the
+//! gap is what the loader and the synchronisation cost (`tools/gpu_bench.sh`).
+//!
+//!     cargo run --release -p actors --example train_step -- \
+//!         --device cuda --model resnet50 --size 224 --batch 128 --amp --steps 60
+//!
+//! Prints one line of figures (after `--warmup` steps that are not timed) and a JSON line.
+
+use std::time::Instant;
+
+use actors::train::{LossScaler, Model, ModelKind, Sgd, SgdConfig, cross_entropy_smoothed};
+use anyhow::{Context, bail};
+use tch::{Device, Kind, Tensor};
+
+struct Args {
+    device: Device,
+    model: ModelKind,
+    width: i64,
+    size: i64,
+    batch: i64,
+    classes: i64,
+    amp: bool,
+    steps: u32,
+    warmup: u32,
+}
+
+fn parse() -> anyhow::Result<Args> {
+    let mut args = Args {
+        device: Device::Cpu,
+        model: ModelKind::SmallCnn,
+        width: 16,
+        size: 48,
+        batch: 64,
+        classes: 1000,
+        amp: false,
+        steps: 30,
+        warmup: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--amp" {
+            args.amp = true;
+            continue;
+        }
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<i64>()
+                .with_context(|| format!("{flag} {value}"))
+        };
+        match flag.as_str() {
+            "--device" => {
+                args.device = match value.as_str() {
+                    "cpu" => Device::Cpu,
+                    "cuda" => Device::Cuda(0),
+                    other => bail!("--device {other}: expected cpu or cuda"),
+                }
+            }
+            "--model" => args.model = value.parse().map_err(|e| anyhow::anyhow!("{e}"))?,
+            "--width" => args.width = number()?,
+            "--size" => args.size = number()?,
+            "--batch" => args.batch = number()?,
+            "--classes" => args.classes = number()?,
+            "--steps" => args.steps = u32::try_from(number()?)?,
+            "--warmup" => args.warmup = u32::try_from(number()?)?,
+            other => bail!(
+                "unknown flag {other} (--device, --model, --width, --size, --batch, --classes, \
+                 --amp, --steps, --warmup)"
+            ),
+        }
+    }
+    if args.device != Device::Cpu && !tch::Cuda::is_available() {
+        bail!("--device cuda: libtorch sees no CUDA device");
+    }
+    Ok(args)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse()?;
+    tch::manual_seed(0);
+    let model = Model::new(args.model, args.classes, args.width, args.device)?;
+    let mut sgd = Sgd::new(
+        model.parameters(),
+        SgdConfig {
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 5e-5,
+        },
+    );
+    let autocast = args.amp && args.device != Device::Cpu;
+    let mut scaler = LossScaler::for_job(actors::train::LossScaling::Auto, 65536.0, autocast);
+    let images = Tensor::randn(
+        [args.batch, 3, args.size, args.size],
+        (Kind::Float, args.device),
+    );
+    let labels = Tensor::randint(args.classes, [args.batch], (Kind::Int64, args.device));
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let mut started = Instant::now();
+    let mut skipped = 0;
+    for step in 0..args.warmup + args.steps {
+        if step == args.warmup {
+            sync(args.device);
+            started = Instant::now();
+        }
+        sgd.zero_grad();
+        let logits = tch::autocast(autocast, || model.forward_t(&images, true));
+        let loss = cross_entropy_smoothed(&logits.to_kind(Kind::Float), &labels, 0.1);
+        (&loss * scaler.scale()).backward();
+        let unscale = 1.0 / scaler.scale();
+        let mut finite = Tensor::ones([], (Kind::Bool, args.device));
+        for p in &params {
+            let mut grad = p.grad();
+            if grad.defined() {
+                let _ = grad.g_mul_scalar_(unscale);
+                finite = finite.logical_and(&grad.isfinite().all());
+            }
+        }
+        // One read back per step, as the trainer's gradient average does.
+        let finite = finite.int64_value(&[]) != 0;
+        match scaler.update(finite) {
+            actors::train::StepVerdict::Apply => sgd.step(0.01),
+            _ => skipped += 1,
+        }
+    }
+    sync(args.device);
+    let seconds = started.elapsed().as_secs_f64();
+    let images_per_s = f64::from(args.steps) * args.batch as f64 / seconds;
+    println!(
+        "{} {}px batch {} on {:?}{}: {:.1} images/s, {:.1} ms/step over {} steps ({} skipped)",
+        args.model.name(),
+        args.size,
+        args.batch,
+        args.device,
+        if autocast { " amp" } else { "" },
+        images_per_s,
+        seconds * 1e3 / f64::from(args.steps),
+        args.steps,
+        skipped
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "model": args.model.name(), "size": args.size, "batch": args.batch,
+            "device": format!("{:?}", args.device), "amp": autocast,
+            "images_per_s": images_per_s, "steps": args.steps, "skipped": skipped,
+        })
+    );
+    Ok(())
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
