@@ -1,5 +1,5 @@
 # The two commands of the README. Both install what they need on first use.
-.PHONY: demo test doctor bench
+.PHONY: demo test doctor bench bench-gpu
 
 # Runs the main job on the embedded default dataset.
 demo:
@@ -25,3 +25,10 @@ bench:
 	cargo bench --locked -p runtime --bench cluster
 	eval "$$(bash tools/libtorch.sh)" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH cargo run --locked --release -p runtime --example allreduce_procs
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release --bin imgrun && PY=$${IMGRUN_CACHE:-$$HOME/.cache/imgrun}/torch-2.11.0/bin/python && { $$PY -c 'import webdataset, PIL' 2>/dev/null || $$PY -m pip install --quiet webdataset pillow; } && $$PY actors/benches/python/compare_train.py --epochs 3 --repeat 2
+
+# One trainer on one GPU: ResNet-50 at 224 px with mixed precision, images/s on real
+# shards against a fixed random batch, and whether NCCL ran (tools/gpu_bench.sh). Without
+# a GPU, `tools/gpu_bench.sh small_cnn 48 32 fp32` checks the script on the CPU.
+bench-gpu:
+	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release -p imgrun -p actors --bin imgrun --example train_step
+	bash tools/gpu_bench.sh resnet50 224 128 amp
