@@ -304,6 +304,10 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         "{}",
         records[job_at]
     );
+    assert_eq!(
+        records[job_at]["resumed_at_step"], saved_step,
+        "the job record names the step it continues after (imgrun plot cuts there)"
+    );
     let after = steps(&records[job_at..]);
     assert_eq!(
         after.keys().next().copied(),

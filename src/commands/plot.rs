@@ -2,9 +2,10 @@
 //! loss, eval accuracy, throughput and learning rate.
 //!
 //! The file is read leniently where a run's history makes it messy (unknown kinds and
-//! keys are ignored, a resumed run's repeated steps are resolved by the later line, a
-//! last line cut short by a kill is skipped) and strictly everywhere else: any other bad
-//! line is an error that names the file and line.
+//! keys are ignored, a resumed run drops what the earlier run wrote past its checkpoint and
+//! its repeated steps are resolved by the later line, a last line cut short by a kill is
+//! skipped) and strictly everywhere else: any other bad line is an error that names the
+//! file and line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -158,6 +159,17 @@ impl Metrics {
         let fields = Fields { kind, record };
         match kind {
             "job" => {
+                // A resumed job continues after the checkpoint's step: what an earlier
+                // run wrote past it is history that did not happen in this run.
+                if let Some(at) = record.get("resumed_at_step") {
+                    let at = at
+                        .as_u64()
+                        .ok_or(r#"job record's "resumed_at_step" is not a non-negative integer"#)?;
+                    self.steps.split_off(&(at + 1));
+                    self.evals.split_off(&(at + 1));
+                    let epoch = fields.count("resumed_epoch")?;
+                    self.epochs.split_off(&epoch);
+                }
                 self.job = Some(Job {
                     model: record
                         .get("model")
@@ -694,9 +706,13 @@ mod tests {
             step(1, 0, 2.0),
             step(2, 0, 1.9),
             step(3, 0, 1.8),
+            step(4, 1, 1.7),
+            r#"{"kind":"eval","epoch":1,"step":4,"loss":1.2,"top1":0.4,"top5":0.8,"samples":10,"elapsed_s":1}"#.to_string(),
+            r#"{"kind":"epoch","epoch":1,"step":4,"train_loss":1.3,"images_per_s":1,"data_wait_fraction":0,"seconds":1,"elapsed_s":1}"#.to_string(),
             r#"{"kind":"checkpoint","step":3,"path":"ckpt-3"}"#.to_string(),
-            // Resumed from step 1: steps 2 and 3 are written again.
-            r#"{"kind":"job","time":2,"world":4,"model":"small_cnn"}"#.to_string(),
+            // Resumed from step 1: steps 2 and 3 are written again, and what the first
+            // run wrote past step 1 (step 4, its eval and epoch 1) is gone.
+            r#"{"kind":"job","time":2,"world":4,"model":"small_cnn","resumed_at_step":1,"resumed_epoch":0}"#.to_string(),
             step(2, 0, 1.5),
             step(3, 1, 1.4),
             String::new(),
@@ -753,6 +769,16 @@ mod tests {
                 "not JSON",
                 format!("{good}\nnot json\n{good}"),
                 "run/metrics.jsonl:2: invalid JSON",
+            ),
+            (
+                "a resume point that is not a step",
+                format!("{good}\n{{\"kind\":\"job\",\"resumed_at_step\":-1,\"resumed_epoch\":0}}"),
+                r#"run/metrics.jsonl:2: job record's "resumed_at_step" is not a non-negative integer"#,
+            ),
+            (
+                "a resume without its epoch",
+                format!("{good}\n{{\"kind\":\"job\",\"resumed_at_step\":1}}"),
+                r#"run/metrics.jsonl:2: job record has no "resumed_epoch""#,
             ),
             (
                 "truncated line in the middle",

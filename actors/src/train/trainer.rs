@@ -379,12 +379,6 @@ impl Trainer {
     /// what averages the gradients, with why NCCL is not used when it is not. Under
     /// `train.allreduce = "nccl"` a failed stage fails the rank.
     fn start_nccl(&self, sync: &mut GradSync, id: Option<&str>) -> Result<String, MethodError> {
-        let Device::Cuda(ordinal) = self.device else {
-            return Ok("imgrun's ring".to_string());
-        };
-        if !self.may_use_nccl() {
-            return Ok("imgrun's ring (train.allreduce = \"ring\")".to_string());
-        }
         let rank = self.init.rank;
         let required = self.init.job.optim.allreduce == AllreduceChoice::Nccl;
         let fall_back = |stage: &str, why: String| -> Result<String, MethodError> {
@@ -398,16 +392,25 @@ impl Trainer {
             tracing::warn!(rank, %message, "gradients go through imgrun's ring");
             Ok(format!("imgrun's ring ({message})"))
         };
-        let loaded = match id {
-            Some(hex) => nccl::UniqueId::from_hex(hex)
-                .and_then(|id| nccl::library().map(|lib| (lib, id)))
-                .map_err(|e| e.to_string()),
-            None => Err(self
-                .nccl_problem
-                .clone()
-                .unwrap_or_else(|| "rank 0 made no unique id".to_string())),
+        // Every rank gets the same id or none, so all take part in the agreement below or
+        // none does, whatever device each has.
+        let Some(hex) = id else {
+            return match (&self.nccl_problem, self.device) {
+                (Some(why), _) => fall_back("not loaded", why.clone()),
+                (None, Device::Cpu) => Ok("imgrun's ring".to_string()),
+                (None, _) if !self.may_use_nccl() => {
+                    Ok("imgrun's ring (train.allreduce = \"ring\")".to_string())
+                }
+                (None, _) => fall_back("not loaded", "rank 0 made no unique id".to_string()),
+            };
         };
-        let (lib, id) = match (agree(sync, rank, loaded.as_ref().err())?, loaded) {
+        let loaded = match self.device {
+            Device::Cuda(ordinal) => nccl::UniqueId::from_hex(hex)
+                .and_then(|id| nccl::library().map(|lib| (lib, id, ordinal)))
+                .map_err(|e| e.to_string()),
+            other => Err(format!("rank {rank} runs on {other:?}")),
+        };
+        let (lib, id, ordinal) = match (agree(sync, rank, loaded.as_ref().err())?, loaded) {
             (None, Ok(loaded)) => loaded,
             (Some(why), _) | (None, Err(why)) => return fall_back("not loaded", why),
         };

@@ -119,7 +119,7 @@ impl Driver {
             .with_context(|| format!("creating {}", run_dir.display()))?;
         print_plan(&job, &places, nodes, ranks_per_node, global_batch, &run_dir);
         let mut metrics = Metrics::open(&run_dir.join("metrics.jsonl"))?;
-        metrics.write(&serde_json::json!({
+        let mut record = serde_json::json!({
             "kind": "job",
             "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             "world": world,
@@ -131,7 +131,13 @@ impl Driver {
             "lr": job.optim.lr,
             "epochs": job.optim.epochs,
             "resumed_from": resume.as_ref().map(|r| r.dir.display().to_string()),
-        }))?;
+        });
+        if let Some(resume) = &resume {
+            // `imgrun plot` drops what an earlier run wrote past this point.
+            record["resumed_at_step"] = resume.state.global_step.into();
+            record["resumed_epoch"] = resume.state.epoch.into();
+        }
+        metrics.write(&record)?;
 
         let ranks = spawn_trainers(cluster, &job, &places, nodes, ranks_per_node).await?;
         let long = Duration::from_secs(train.step_timeout_secs.max(10));
