@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One trainer on one GPU: images/s of `imgrun train` on real shards against the same
-# model, size, batch and precision on a fixed random batch (actors/examples/train_step.rs,
-# no loader and no gradient averaging). The gap is the loader's share (and, with one
-# rank, the synchronisation's). Also prints how gradients were averaged (NCCL or the
+# model, size, batch and precision on a fixed random batch (actors/examples/train_step.rs:
+# no loader, and the trainer's on-device gradient average with nothing to communicate).
+# The gap is the loader's share (and, with one rank, the synchronisation's). Also prints how gradients were averaged (NCCL or the
 # ring) from the job's metrics.
 #
 #   tools/gpu_bench.sh [MODEL] [SIZE] [BATCH] [PRECISION]     # resnet50 224 128 amp

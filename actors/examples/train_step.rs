@@ -1,6 +1,7 @@
 //! The trainer's compute ceiling: forward, backward and SGD steps of one replica on a
-//! fixed random batch, with no loader and no gradient averaging, the same code
-//! `imgrun train` runs per step (models, loss, loss scaling, autocast on CUDA). Compared
+//! fixed random batch, with no loader and no communication, the same code `imgrun train`
+//! runs per step (models, loss, loss scaling, autocast on CUDA, and `GradSync`'s
+//! on-device average, here over a world of one whose sums are no-ops). Compared
 //! with the images/s of a real `imgrun train` job of the same model, size and batch, the
 //! gap is what the loader and the synchronisation cost (`tools/gpu_bench.sh`).
 //!
@@ -11,9 +12,27 @@
 
 use std::time::Instant;
 
-use actors::train::{LossScaler, Model, ModelKind, Sgd, SgdConfig, cross_entropy_smoothed};
+use actors::train::{
+    DeviceCollective, GradSync, LossScaler, Model, ModelKind, Sgd, SgdConfig, SyncError,
+    cross_entropy_smoothed,
+};
 use anyhow::{Context, bail};
+use runtime::{CollectiveOptions, RingGroup};
 use tch::{Device, Kind, Tensor};
+
+/// The collective of a world of one: every sum and broadcast leaves the tensor as it is.
+#[derive(Debug)]
+struct WorldOfOne;
+
+impl DeviceCollective for WorldOfOne {
+    fn all_reduce_sum(&self, _tensor: &Tensor) -> Result<(), SyncError> {
+        Ok(())
+    }
+
+    fn broadcast(&self, _tensor: &Tensor, _root: usize) -> Result<(), SyncError> {
+        Ok(())
+    }
+}
 
 struct Args {
     device: Device,
@@ -98,6 +117,11 @@ fn main() -> anyhow::Result<()> {
     );
     let labels = Tensor::randint(args.classes, [args.batch], (Kind::Int64, args.device));
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let ring = RingGroup::in_memory(1, CollectiveOptions::default())
+        .pop()
+        .context("a ring of one")?;
+    let mut grads = GradSync::start(move || async move { Ok(ring) }, &params, 25_000_000)?;
+    grads.use_device_collective(Box::new(WorldOfOne));
     let mut started = Instant::now();
     let mut skipped = 0;
     for step in 0..args.warmup + args.steps {
@@ -109,18 +133,13 @@ fn main() -> anyhow::Result<()> {
         let logits = tch::autocast(autocast, || model.forward_t(&images, true));
         let loss = cross_entropy_smoothed(&logits.to_kind(Kind::Float), &labels, 0.1);
         (&loss * scaler.scale()).backward();
-        let unscale = 1.0 / scaler.scale();
-        let mut finite = Tensor::ones([], (Kind::Bool, args.device));
-        for p in &params {
-            let mut grad = p.grad();
-            if grad.defined() {
-                let _ = grad.g_mul_scalar_(unscale);
-                finite = finite.logical_and(&grad.isfinite().all());
-            }
-        }
-        // One read back per step, as the trainer's gradient average does.
-        let finite = finite.int64_value(&[]) != 0;
-        match scaler.update(finite) {
+        let stats = grads.average(
+            &params,
+            args.batch as f32,
+            &mut [],
+            (1.0 / scaler.scale()) as f32,
+        )?;
+        match scaler.update(stats.finite) {
             actors::train::StepVerdict::Apply => sgd.step(0.01),
             _ => skipped += 1,
         }

@@ -161,10 +161,7 @@ impl Metrics {
             "job" => {
                 // A resumed job continues after the checkpoint's step: what an earlier
                 // run wrote past it is history that did not happen in this run.
-                if let Some(at) = record.get("resumed_at_step") {
-                    let at = at
-                        .as_u64()
-                        .ok_or(r#"job record's "resumed_at_step" is not a non-negative integer"#)?;
+                if let Some(at) = fields.optional_count("resumed_at_step")? {
                     self.steps.split_off(&(at + 1));
                     self.evals.split_off(&(at + 1));
                     let epoch = fields.count("resumed_epoch")?;
@@ -259,15 +256,23 @@ impl Fields<'_> {
 
     /// A required count (step, epoch).
     fn count(&self, key: &str) -> Result<u64, String> {
-        match self.record.get(key) {
-            Some(value) => value.as_u64().ok_or_else(|| {
-                format!(
-                    r#"{} record's "{key}" is not a non-negative integer"#,
-                    self.kind
-                )
-            }),
-            None => Err(format!(r#"{} record has no "{key}""#, self.kind)),
-        }
+        self.optional_count(key)?
+            .ok_or_else(|| format!(r#"{} record has no "{key}""#, self.kind))
+    }
+
+    /// A count that may be absent.
+    fn optional_count(&self, key: &str) -> Result<Option<u64>, String> {
+        self.record
+            .get(key)
+            .map(|value| {
+                value.as_u64().ok_or_else(|| {
+                    format!(
+                        r#"{} record's "{key}" is not a non-negative integer"#,
+                        self.kind
+                    )
+                })
+            })
+            .transpose()
     }
 }
 

@@ -287,7 +287,8 @@ fn average_on_device(
         flats.push(flat);
     }
     // Reading the sums back waits for every reduction queued above.
-    let last = flats.last().ok_or(SyncError::ThreadGone)?;
+    // `cut_buckets` always makes at least one bucket.
+    let last = flats.last().expect("at least one bucket");
     let length = last.numel();
     let tail_length = extra.len() + 1;
     let tail: Vec<f32> = Vec::<f32>::try_from(

@@ -85,16 +85,9 @@ type RawStream = *mut c_void;
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueIdFn = unsafe extern "C" fn(*mut RawUniqueId) -> c_int;
 type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, RawUniqueId, c_int) -> c_int;
-type AllReduceFn = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    RawComm,
-    RawStream,
-) -> c_int;
-type BroadcastFn = unsafe extern "C" fn(
+/// `ncclAllReduce` (the fifth argument is the `ncclRedOp_t`) and `ncclBroadcast` (the
+/// root rank): (send, receive, count, data type, op or root, communicator, stream).
+type CollectiveFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
     usize,
@@ -121,8 +114,8 @@ pub struct Nccl {
     version_code: i32,
     get_unique_id: GetUniqueIdFn,
     comm_init_rank: CommInitRankFn,
-    all_reduce: AllReduceFn,
-    broadcast: BroadcastFn,
+    all_reduce: CollectiveFn,
+    broadcast: CollectiveFn,
     comm_destroy: CommFn,
     comm_abort: CommFn,
     comm_get_async_error: CommGetAsyncErrorFn,
@@ -485,47 +478,45 @@ impl Communicator {
     /// Sums a float tensor over all ranks, in place. Enqueued on the legacy default CUDA
     /// stream: asynchronous to the host, ordered with libtorch's work on that stream.
     pub fn all_reduce_sum(&self, tensor: &Tensor) -> Result<(), NcclError> {
-        let count = self.check_tensor(tensor)?;
-        let data = tensor.data_ptr();
-        // SAFETY: `data` is the start of `count` contiguous f32 values on this
-        // communicator's device (checked), alive while the stream uses them because
-        // libtorch's caching allocator orders frees on the default stream; send and receive
-        // buffers may be the same (in place); the null stream is the legacy default stream.
-        let result = unsafe {
-            (self.lib.all_reduce)(
-                data,
-                data,
-                count,
-                NCCL_FLOAT32,
-                NCCL_SUM,
-                self.comm,
-                std::ptr::null_mut(),
-            )
-        };
-        self.lib
-            .nccl_result("ncclAllReduce", result, Some(self.comm))
+        self.in_place("ncclAllReduce", self.lib.all_reduce, tensor, NCCL_SUM)
     }
 
     /// Copies `root`'s tensor to every rank, in place; like [`Self::all_reduce_sum`] on the
     /// default stream.
     pub fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<(), NcclError> {
         let (_, root_c) = check_ranks(self.world, root)?;
+        self.in_place("ncclBroadcast", self.lib.broadcast, tensor, root_c)
+    }
+
+    /// Runs `collective` (`call`) in place on `tensor` with `op_or_root` as its fifth
+    /// argument, on the legacy default stream.
+    fn in_place(
+        &self,
+        call: &'static str,
+        collective: CollectiveFn,
+        tensor: &Tensor,
+        op_or_root: c_int,
+    ) -> Result<(), NcclError> {
         let count = self.check_tensor(tensor)?;
         let data = tensor.data_ptr();
-        // SAFETY: as in `all_reduce_sum`; `root` is a rank of this communicator.
+        // SAFETY: `collective` is ncclAllReduce or ncclBroadcast (their C declarations
+        // share this shape), and `op_or_root` is a valid op or a checked rank. `data` is
+        // the start of `count` contiguous f32 values on this communicator's device
+        // (checked), alive while the stream uses them because libtorch's caching
+        // allocator orders frees on the default stream; send and receive buffers may be
+        // the same (in place); the null stream is the legacy default stream.
         let result = unsafe {
-            (self.lib.broadcast)(
+            collective(
                 data,
                 data,
                 count,
                 NCCL_FLOAT32,
-                root_c,
+                op_or_root,
                 self.comm,
                 std::ptr::null_mut(),
             )
         };
-        self.lib
-            .nccl_result("ncclBroadcast", result, Some(self.comm))
+        self.lib.nccl_result(call, result, Some(self.comm))
     }
 
     /// The communicator's asynchronous error, if any (a peer died, a network failure).
