@@ -818,29 +818,26 @@ fn agree(
 /// Sums and broadcasts known values through `communicator` and checks what comes back.
 fn self_check(communicator: &nccl::Communicator, rank: u32, world: usize) -> Result<(), String> {
     let device = Device::Cuda(communicator.device());
-    let run = || -> Result<(), String> {
-        // Odd sizes cross NCCL's chunking without being large.
-        let sum = Tensor::f_full([4099], f64::from(rank + 1), (Kind::Float, device))
-            .map_err(|e| e.to_string())?;
-        communicator
-            .all_reduce_sum(&sum)
-            .map_err(|e| e.to_string())?;
-        let want = (world * (world + 1) / 2) as f64;
-        let root = Tensor::f_full([1031], f64::from(rank), (Kind::Float, device))
-            .map_err(|e| e.to_string())?;
-        communicator
-            .broadcast(&root, 0)
-            .map_err(|e| e.to_string())?;
-        let sum_ok = sum.eq(want).all().int64_value(&[]) != 0;
-        let root_ok = root.eq(0.0).all().int64_value(&[]) != 0;
-        communicator.check().map_err(|e| e.to_string())?;
-        match (sum_ok, root_ok) {
-            (true, true) => Ok(()),
-            (false, _) => Err(format!("a sum over {world} ranks did not give {want}")),
-            (_, false) => Err("a broadcast from rank 0 did not arrive".to_string()),
-        }
-    };
-    run()
+    // Odd sizes cross NCCL's chunking without being large.
+    let sum = Tensor::f_full([4099], f64::from(rank + 1), (Kind::Float, device))
+        .map_err(|e| e.to_string())?;
+    communicator
+        .all_reduce_sum(&sum)
+        .map_err(|e| e.to_string())?;
+    let root = Tensor::f_full([1031], f64::from(rank), (Kind::Float, device))
+        .map_err(|e| e.to_string())?;
+    communicator
+        .broadcast(&root, 0)
+        .map_err(|e| e.to_string())?;
+    let want = (world * (world + 1) / 2) as f64;
+    let sum_ok = sum.eq(want).all().int64_value(&[]) != 0;
+    let root_ok = root.eq(0.0).all().int64_value(&[]) != 0;
+    communicator.check().map_err(|e| e.to_string())?;
+    match (sum_ok, root_ok) {
+        (true, true) => Ok(()),
+        (false, _) => Err(format!("a sum over {world} ranks did not give {want}")),
+        (_, false) => Err("a broadcast from rank 0 did not arrive".to_string()),
+    }
 }
 
 fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
