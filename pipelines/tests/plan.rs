@@ -952,6 +952,35 @@ fn hook_failures_name_the_hook_the_file_and_the_problem() {
             source: "fn node_selection(shards, ctx) { 42 }",
             check: |e| matches!(e, HookError::WrongReturnType { hook: HookName::NodeSelection, found, .. } if found == "i64"),
         },
+        // A hook whose list holds something other than shards is named, not the next
+        // hook that reads the element (nor shard_shuffle, which passes it on).
+        Failure {
+            file: "node_selection.rhai",
+            source: "fn node_selection(shards, ctx) { [1, 2] }",
+            check: |e| {
+                matches!(
+                    e,
+                    HookError::BadShard {
+                        hook: HookName::NodeSelection,
+                        index: 0,
+                        ..
+                    }
+                )
+            },
+        },
+        Failure {
+            file: "shard_selection.rhai",
+            source: "fn shard_selection(shards, ctx) { shards + [()] }",
+            check: |e| {
+                matches!(
+                    e,
+                    HookError::BadShard {
+                        hook: HookName::ShardSelection,
+                        ..
+                    }
+                )
+            },
+        },
         Failure {
             file: "shard_shuffle.rhai",
             source: "fn shard_shuffle(shards, ctx) { [#{ url: \"x.tar\", stride: 0 }] }",

@@ -280,7 +280,13 @@ impl Hooks {
         let mut list: Array = shards.iter().map(slice_to_dynamic).collect();
         for hook in &HookName::ALL[1..] {
             let out = self.call(*hook, (list, ctx_map.clone()))?;
-            list = self.script(*hook).check_list(out, &self.engine)?;
+            let script = self.script(*hook);
+            list = script.check_list(out, &self.engine)?;
+            // Every hook's list is checked as it returns, so a bad element is blamed on
+            // the hook that made it, not on the next one that trips over it.
+            if *hook != HookName::ShardShuffle {
+                script.slices(list.clone(), known)?;
+            }
         }
         let slices = self.script(HookName::ShardShuffle).slices(list, known)?;
         Ok((slices, rng.snapshot()))
