@@ -450,7 +450,15 @@ def run(rank, world, args):
     }
     log(json.dumps(summary))
     dist.barrier()
+    # The DDP reducer holds gloo work; drop it before the group, then leave without the
+    # interpreter's teardown: gloo's worker threads dying during finalisation abort the
+    # process ("terminate called without an active exception", SIGABRT) now and then,
+    # which failed `make bench` after every figure had been printed.
+    del ddp
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port():
