@@ -45,11 +45,55 @@ pub struct DataConfig {
     pub image_fields: Vec<String>,
     pub label_field: String,
     pub image_size: u32,
-    pub size_schedule: Vec<(u64, u32)>,
+    pub size_schedule: Vec<SizePhase>,
     pub eval_size: u32,
     pub crop_scale: (f32, f32),
     pub resize_ratio: f32,
     pub flip: bool,
+}
+
+/// One entry of `data.size_schedule`: `[epoch, size]`, or a table that may also name the
+/// phase's own training shards, read from that epoch on instead of `data.train`:
+/// `{ epoch = 0, size = 128, train = "small/train-{000000..000146}.tar" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizePhase {
+    Pair(u64, u32),
+    Table(SizePhaseTable),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SizePhaseTable {
+    pub epoch: u64,
+    pub size: u32,
+    /// Shard spec; empty: `data.train`.
+    #[serde(default)]
+    pub train: String,
+}
+
+impl SizePhase {
+    pub fn epoch(&self) -> u64 {
+        match self {
+            SizePhase::Pair(epoch, _) => *epoch,
+            SizePhase::Table(table) => table.epoch,
+        }
+    }
+
+    pub fn size(&self) -> u32 {
+        match self {
+            SizePhase::Pair(_, size) => *size,
+            SizePhase::Table(table) => table.size,
+        }
+    }
+
+    /// The phase's own training shards, if it names any.
+    pub fn train(&self) -> Option<&str> {
+        match self {
+            SizePhase::Table(table) if !table.train.is_empty() => Some(&table.train),
+            _ => None,
+        }
+    }
 }
 
 /// `[model]`.
@@ -133,11 +177,31 @@ pub struct ClusterConfig {
     pub start_timeout_secs: u64,
 }
 
-/// Where the configuration came from, for `imgrun doctor`.
+/// Where the configuration came from, for `imgrun doctor` and the line every command
+/// prints about the file it read.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub config: Config,
     pub file: Option<PathBuf>,
+    /// The job sections the file sets that a job preset replaced (see [`JobPreset`]).
+    pub ignored_sections: Vec<&'static str>,
+    /// `IMGRUN_*` variables of the job sections that a job preset replaced.
+    pub ignored_variables: Vec<String>,
+}
+
+/// The sections that describe a training job rather than the machines and shards.
+pub const JOB_SECTIONS: [&str; 3] = ["data", "model", "train"];
+
+/// A job that a command brings with it (the demo's): its `[data]`, `[model]` and `[train]`
+/// are the built-in defaults with the preset over them, then `--set` overrides. Job keys
+/// of the configuration file and of `IMGRUN_*` variables do not apply, so a `cluster.toml`
+/// in the working folder (the checkout's own, or a user's ImageNet job) never turns the
+/// demo into another job; its `[cluster]`, `[shards]` and `[serve]` still apply.
+#[derive(Debug, Clone, Copy)]
+pub struct JobPreset<'a> {
+    /// How errors name it, e.g. `the demo's job (examples/demo.toml)`.
+    pub name: &'static str,
+    pub text: &'a str,
 }
 
 /// Loads the configuration. `explicit` is `--config`; without it a `cluster.toml` in the
@@ -146,12 +210,11 @@ pub fn load(explicit: Option<&Path>) -> anyhow::Result<Loaded> {
     load_with(explicit, None, &[])
 }
 
-/// [`load`] with a `preset` (TOML text, e.g. the demo's job) between the built-in defaults
-/// and the file, and `overrides` (`section.key=value`, the value in TOML syntax, or a
-/// bare word taken as a string) over everything else.
+/// [`load`] with a job `preset` (see [`JobPreset`]) and `overrides` (`section.key=value`,
+/// the value in TOML syntax, or a bare word taken as a string) over everything else.
 pub fn load_with(
     explicit: Option<&Path>,
-    preset: Option<&str>,
+    preset: Option<JobPreset<'_>>,
     overrides: &[String],
 ) -> anyhow::Result<Loaded> {
     let file = match explicit {
@@ -165,10 +228,7 @@ pub fn load_with(
         }
         None => Some(PathBuf::from("cluster.toml")).filter(|p| p.is_file()),
     };
-    let mut figment = Figment::from(Toml::string(DEFAULTS));
-    if let Some(text) = preset {
-        figment = figment.merge(Toml::string(text));
-    }
+    let mut figment = Figment::from(Named::new(Toml::string(DEFAULTS), "the built-in defaults"));
     if let Some(path) = &file {
         figment = figment.merge(Toml::file_exact(path));
     }
@@ -179,17 +239,159 @@ pub fn load_with(
             .filter(|key| key.as_str().contains("__"))
             .split("__"),
     );
+    let mut ignored_sections = Vec::new();
+    let mut ignored_variables = Vec::new();
+    if let Some(preset) = preset {
+        let job = preset_job(preset)?;
+        if let Some(path) = &file {
+            ignored_sections = job_sections_in(path);
+        }
+        ignored_variables = job_variables();
+        figment = figment.merge(Named::new(Toml::string(&job), preset.name));
+    }
     for item in overrides {
-        figment = figment.merge(Toml::string(&override_toml(item)?));
+        figment = figment.merge(Named::new(
+            Toml::string(&override_toml(item)?),
+            format!("`--set {item}`"),
+        ));
     }
     let config: Config = figment
         .extract()
         .map_err(|e| anyhow::anyhow!(describe(e)))?;
-    validate(&config).with_context(|| match &file {
-        Some(path) => format!("in {}", path.display()),
-        None => "in the built-in defaults".to_string(),
+    validate(&config).map_err(|e| {
+        let origin = figment
+            .find_metadata(e.key)
+            .map_or_else(|| "the configuration".to_string(), |m| origin(m, e.key));
+        anyhow::anyhow!(
+            "bad configuration key `{}` in {origin}: {}",
+            e.key,
+            e.message
+        )
     })?;
-    Ok(Loaded { config, file })
+    Ok(Loaded {
+        config,
+        file,
+        ignored_sections,
+        ignored_variables,
+    })
+}
+
+impl Loaded {
+    /// The line a command prints about the configuration it read, or `None` when it read
+    /// no file and no job key was set aside.
+    pub fn describe_sources(&self) -> Option<String> {
+        let file = self.file.as_ref().map(|path| {
+            let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            format!("configuration from {}", shown.display())
+        });
+        let mut ignored: Vec<String> = self
+            .ignored_sections
+            .iter()
+            .map(|s| format!("[{s}]"))
+            .collect();
+        ignored.extend(self.ignored_variables.iter().cloned());
+        match (file, ignored.is_empty()) {
+            (None, true) => None,
+            (Some(file), true) => Some(file),
+            (file, false) => Some(format!(
+                "{}{} not used: this command brings its own job (change it with --set)",
+                file.map(|f| format!("{f}; its ")).unwrap_or_default(),
+                ignored.join(", ")
+            )),
+        }
+    }
+}
+
+/// A provider under a name of our choosing, so errors say where a value came from
+/// (`--set train.epochs=x`) rather than figment's "TOML source string".
+struct Named<P> {
+    inner: P,
+    name: String,
+}
+
+impl<P> Named<P> {
+    fn new(inner: P, name: impl Into<String>) -> Self {
+        Named {
+            inner,
+            name: name.into(),
+        }
+    }
+}
+
+impl<P: figment::Provider> figment::Provider for Named<P> {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(self.name.clone())
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        self.inner.data()
+    }
+}
+
+/// The job sections of the built-in defaults with `preset` over them, as TOML.
+fn preset_job(preset: JobPreset<'_>) -> anyhow::Result<String> {
+    // Invariant: DEFAULTS is the repository's cluster.toml, parsed by `defaults_parse`.
+    let mut defaults: toml::Table = toml::from_str(DEFAULTS).context("the built-in defaults")?;
+    let preset_table: toml::Table =
+        toml::from_str(preset.text).with_context(|| preset.name.to_string())?;
+    let mut job = toml::Table::new();
+    for section in JOB_SECTIONS {
+        let mut table = match defaults.remove(section) {
+            Some(toml::Value::Table(table)) => table,
+            _ => toml::Table::new(),
+        };
+        if let Some(toml::Value::Table(over)) = preset_table.get(section) {
+            table.extend(over.clone());
+        }
+        job.insert(section.to_string(), toml::Value::Table(table));
+    }
+    toml::to_string(&job).context("writing the preset job")
+}
+
+/// The job sections that the file at `path` has, unless it is the built-in defaults
+/// themselves (the checkout's own `cluster.toml`).
+fn job_sections_in(path: &Path) -> Vec<&'static str> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    if text == DEFAULTS {
+        return Vec::new();
+    }
+    let file = toml::from_str::<toml::Table>(&text).unwrap_or_default();
+    JOB_SECTIONS
+        .into_iter()
+        .filter(|section| file.contains_key(*section))
+        .collect()
+}
+
+/// The `IMGRUN_DATA__*`, `IMGRUN_MODEL__*` and `IMGRUN_TRAIN__*` variables set now.
+fn job_variables() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            JOB_SECTIONS.iter().any(|section| {
+                name.to_ascii_lowercase()
+                    .starts_with(&format!("imgrun_{section}__"))
+            })
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Where the value of `key` (`section.name`) came from, for an error: the file's whole
+/// path, the exact environment variable, or the provider's own name.
+fn origin(metadata: &figment::Metadata, key: &str) -> String {
+    match &metadata.source {
+        // The whole path: figment's own display shortens it relative to the working folder.
+        Some(figment::Source::File(path)) => format!("{} ({})", metadata.name, path.display()),
+        Some(source) => format!("{} ({source})", metadata.name),
+        None if metadata.name.contains("environment") => format!(
+            "the environment variable IMGRUN_{}",
+            key.to_ascii_uppercase().replace('.', "__")
+        ),
+        None => metadata.name.to_string(),
+    }
 }
 
 /// `section.key=value` as a TOML table, for figment.
@@ -220,16 +422,7 @@ fn describe(error: figment::Error) -> String {
             let origin = e
                 .metadata
                 .as_ref()
-                .map(|m| match &m.source {
-                    // The whole path: figment's own display shortens it relative to the
-                    // working folder.
-                    Some(figment::Source::File(path)) => {
-                        format!("{} ({})", m.name, path.display())
-                    }
-                    Some(source) => format!("{} ({source})", m.name),
-                    None => m.name.to_string(),
-                })
-                .unwrap_or_else(|| "configuration".to_string());
+                .map_or_else(|| "the configuration".to_string(), |m| origin(m, &key));
             if key.is_empty() {
                 format!("bad configuration in {origin}: {}", e.kind)
             } else {
@@ -240,41 +433,58 @@ fn describe(error: figment::Error) -> String {
         .join("\n")
 }
 
-fn validate(config: &Config) -> anyhow::Result<()> {
-    config
-        .shards
+/// A value that parses but is not allowed: the key (`section.name`) and why.
+#[derive(Debug)]
+struct Invalid {
+    key: &'static str,
+    message: String,
+}
+
+fn invalid(key: &'static str, message: impl std::fmt::Display) -> Invalid {
+    Invalid {
+        key,
+        message: message.to_string(),
+    }
+}
+
+/// Checks what parsing alone cannot; the error names the key so that its origin can be
+/// found.
+fn validate(config: &Config) -> Result<(), Invalid> {
+    let shards = &config.shards;
+    shards
         .error_policy
         .parse::<pipelines::ErrorPolicy>()
-        .map_err(|e| anyhow::anyhow!("shards.error_policy: {e}"))?;
-    anyhow::ensure!(
-        config.shards.read_buffer > 0,
-        "shards.read_buffer must be positive"
-    );
-    anyhow::ensure!(
-        config.shards.http_attempts > 0,
-        "shards.http_attempts must be at least 1"
-    );
-    crate::units::parse_size(&config.shards.cache_max_size)
-        .map_err(|e| anyhow::anyhow!("shards.cache_max_size: {e}"))?;
-    anyhow::ensure!(
-        config.serve.max_in_flight > 0,
-        "serve.max_in_flight must be positive"
-    );
+        .map_err(|e| invalid("shards.error_policy", e))?;
+    if shards.read_buffer == 0 {
+        return Err(invalid("shards.read_buffer", "must be positive"));
+    }
+    if shards.http_attempts == 0 {
+        return Err(invalid("shards.http_attempts", "must be at least 1"));
+    }
+    crate::units::parse_size(&shards.cache_max_size)
+        .map_err(|e| invalid("shards.cache_max_size", e))?;
+    if config.serve.max_in_flight == 0 {
+        return Err(invalid("serve.max_in_flight", "must be positive"));
+    }
     let cluster = &config.cluster;
     cluster
         .bind
         .parse::<std::net::IpAddr>()
-        .map_err(|e| anyhow::anyhow!("cluster.bind `{}`: {e}", cluster.bind))?;
+        .map_err(|e| invalid("cluster.bind", format!("`{}`: {e}", cluster.bind)))?;
     runtime::MembershipConfig {
         heartbeat_interval_ms: cluster.heartbeat_ms,
         dead_after_ms: cluster.dead_after_ms,
     }
     .validate()
-    .map_err(|e| anyhow::anyhow!("cluster.heartbeat_ms / cluster.dead_after_ms: {e}"))?;
-    anyhow::ensure!(
-        cluster.start_timeout_secs > 0,
-        "cluster.start_timeout_secs must be positive"
-    );
+    .map_err(|e| {
+        invalid(
+            "cluster.dead_after_ms",
+            format!("with cluster.heartbeat_ms: {e}"),
+        )
+    })?;
+    if cluster.start_timeout_secs == 0 {
+        return Err(invalid("cluster.start_timeout_secs", "must be positive"));
+    }
     Ok(())
 }
 

@@ -28,13 +28,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs the embedded demo: generates a dataset as shards, then reads and verifies it.
+    /// Runs the main job with nothing to set up: generates a synthetic 10-class dataset as
+    /// shards, trains a small CNN on it with two CPU trainers on an embedded cluster, and
+    /// fails unless validation top-1 is above 90%.
     Demo(commands::demo::DemoArgs),
     /// Reports libtorch, CUDA, cores, memory and the configuration in use.
     Doctor,
-    /// Dry-runs epoch planning: shards, samples and batches per rank and worker.
+    /// Dry-runs epoch planning for a job: shards, samples and batches per rank and worker,
+    /// planned exactly as `imgrun train` plans them.
     Plan(commands::plan::PlanArgs),
-    /// The shard toolkit: create, synth, ls, sum, verify.
+    /// The shard toolkit: create, synth, index, ls, dump, sum, verify.
     #[command(subcommand)]
     Shards(commands::shards::ShardsCommand),
     /// Serves a folder of shards over HTTP (with Range support).
@@ -79,20 +82,9 @@ fn main() -> ExitCode {
         // No configuration: the daemon that started this process has read it.
         return runtime::worker_main(commands::cluster::actor_registry());
     }
-    let result = config::load(cli.config.as_deref()).and_then(|loaded| match cli.command {
-        Command::Demo(args) => commands::demo::run(&loaded, args),
-        Command::Doctor => commands::doctor::run(&loaded),
-        Command::Plan(args) => commands::plan::run(&loaded, args),
-        Command::Shards(command) => commands::shards::run(&loaded, command),
-        Command::Serve(args) => commands::serve::run(&loaded, args),
-        Command::Start(args) => commands::cluster::start(&loaded, args),
-        Command::Join(args) => commands::cluster::join(&loaded, args),
-        Command::Status(args) => commands::cluster::status(&loaded, args),
-        Command::Stop(args) => commands::cluster::stop(&loaded, args),
-        Command::Train(args) => commands::train::run(&loaded, args),
-        Command::Plot(args) => commands::plot::run(&loaded, args),
-        // Returned above, before the configuration is read; the same if it were not.
-        Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),
+    let result = config::load(cli.config.as_deref()).and_then(|loaded| {
+        announce_configuration(&cli.command, &loaded);
+        dispatch(cli.command, &loaded)
     });
     match result {
         Ok(code) => code,
@@ -100,6 +92,35 @@ fn main() -> ExitCode {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Says which configuration file a command read, on standard error. The demo says it
+/// itself, with the job keys it sets aside.
+fn announce_configuration(command: &Command, loaded: &config::Loaded) {
+    if matches!(command, Command::Demo(_)) {
+        return;
+    }
+    if let Some(line) = loaded.describe_sources() {
+        eprintln!("imgrun: {line}");
+    }
+}
+
+fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Demo(args) => commands::demo::run(loaded, args),
+        Command::Doctor => commands::doctor::run(loaded),
+        Command::Plan(args) => commands::plan::run(loaded, args),
+        Command::Shards(command) => commands::shards::run(loaded, command),
+        Command::Serve(args) => commands::serve::run(loaded, args),
+        Command::Start(args) => commands::cluster::start(loaded, args),
+        Command::Join(args) => commands::cluster::join(loaded, args),
+        Command::Status(args) => commands::cluster::status(loaded, args),
+        Command::Stop(args) => commands::cluster::stop(loaded, args),
+        Command::Train(args) => commands::train::run(loaded, args),
+        Command::Plot(args) => commands::plot::run(loaded, args),
+        // Returned above, before the configuration is read; the same if it were not.
+        Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),
     }
 }
 

@@ -308,6 +308,127 @@ fn config_mistakes_name_the_key_and_file() {
         "{}",
         describe(&result)
     );
+
+    // A bad value is blamed on where it was set: the exact variable, the `--set` item, the
+    // file; never on the built-in defaults.
+    let empty = tempfile::tempdir().expect("temp dir");
+    type Vars = &'static [(&'static str, &'static str)];
+    let cases: [(Vars, &[&str], &str); 4] = [
+        (
+            &[("IMGRUN_SHARDS__ERROR_POLICY", "sometimes")],
+            &["doctor"],
+            "the environment variable IMGRUN_SHARDS__ERROR_POLICY",
+        ),
+        (
+            &[("IMGRUN_SHARDS__READ_BUFFER", "big")],
+            &["doctor"],
+            "the environment variable IMGRUN_SHARDS__READ_BUFFER",
+        ),
+        (
+            &[("IMGRUN_CLUSTER__BIND", "everywhere")],
+            &["doctor"],
+            "the environment variable IMGRUN_CLUSTER__BIND",
+        ),
+        (
+            &[],
+            &[
+                "plan",
+                "--shards",
+                "x.tar",
+                "--set",
+                "train.batch_size=\"many\"",
+            ],
+            "`--set train.batch_size=\"many\"`",
+        ),
+    ];
+    for (env, args, want) in cases {
+        let result = imgrun()
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(empty.path())
+            .output()
+            .expect("run imgrun");
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{env:?} {args:?}: {stderr}");
+        assert!(
+            stderr.contains(want),
+            "{env:?} {args:?}: `{stderr}` lacks `{want}`"
+        );
+        assert!(!stderr.contains("built-in defaults"), "{stderr}");
+    }
+
+    // Every command says which file it read.
+    std::fs::write(
+        dir.path().join("cluster.toml"),
+        "[shards]\nread_buffer = 4096\n",
+    )
+    .expect("write config");
+    let out2 = imgrun()
+        .args(["shards", "sum", "a-000000.tar"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run shards sum");
+    let path = dir
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("cluster.toml");
+    assert!(
+        String::from_utf8_lossy(&out2.stderr)
+            .contains(&format!("imgrun: configuration from {}", path.display())),
+        "{}",
+        describe(&out2)
+    );
+}
+
+/// `imgrun demo` from a folder with a `cluster.toml` (the checkout's own, or a user's
+/// ImageNet job) still runs the demo's job: the small CNN on two CPU trainers for the
+/// demo's epochs, with the file's `[shards]` honoured and its job sections set aside out
+/// loud. The checkout's own file sets nothing aside.
+#[test]
+fn the_demo_runs_its_own_job_whatever_cluster_toml_is_in_the_folder() {
+    let checkout = concat!(env!("CARGO_MANIFEST_DIR"), "/cluster.toml");
+    let user = "[shards]\nread_buffer = 65536\n\n[data]\nmode = \"split\"\nimage_size = 224\n\n\
+                [model]\nname = \"resnet50\"\n\n[train]\nepochs = 90\nworkers = 1\n";
+    for (name, text) in [
+        (
+            "the checkout's",
+            std::fs::read_to_string(checkout).expect("read cluster.toml"),
+        ),
+        ("a user's", user.to_string()),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("cluster.toml"), &text).expect("write config");
+        // A tiny, short demo: this checks the job it runs, not its accuracy.
+        let out = imgrun()
+            .args(["demo", "--per-class", "8", "--val-per-class", "2"])
+            .args(["--set", "train.epochs=1", "--set", "train.batch_size=16"])
+            .env("IMGRUN_TRAIN__EPOCHS", "90")
+            .current_dir(dir.path())
+            .output()
+            .expect("run demo");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for want in [
+            "small_cnn",
+            "2 CPU trainer(s)",
+            "configuration from",
+            "IMGRUN_TRAIN__EPOCHS",
+        ] {
+            assert!(
+                stdout.contains(want),
+                "{name}: lacks `{want}`:\n{}",
+                describe(&out)
+            );
+        }
+        assert!(
+            stdout.contains("epoch 0") || stdout.contains("    0 "),
+            "{name}: no epoch ran:\n{}",
+            describe(&out)
+        );
+        assert!(!stdout.contains("resnet50"), "{name}: {}", describe(&out));
+        let sets_aside = stdout.contains("[data], [model], [train]");
+        assert_eq!(sets_aside, name == "a user's", "{name}: {}", describe(&out));
+    }
 }
 
 #[test]
@@ -359,8 +480,8 @@ fn create_from_the_shared_photos() {
 }
 
 /// The WebDataset `simdist` example: 10 shards over 3 ranks x 3 workers, batch 10, no
-/// partial batches. Without a policy the ranks disagree; `--nbatches 26` and
-/// `--nbatches 32 --dsrepeat 2` make them agree.
+/// partial batches (`--policy none`). The ranks disagree; `--nbatches 26` and `--nbatches
+/// 32 --dsrepeat 2` make them agree; the join policy keeps partial batches, as jobs do.
 #[test]
 fn plan_reproduces_the_simdist_example() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -369,6 +490,10 @@ fn plan_reproduces_the_simdist_example() {
         .collect();
     let manifest = serde_json::json!({"version": 1, "classes": [], "shards": shards});
     std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).expect("write manifest");
+    // The shards must exist, as for a job; the plan reads only their counts.
+    for i in 0..10 {
+        std::fs::write(dir.path().join(format!("s-{i:06}.tar")), b"").expect("write shard");
+    }
     let spec = format!("{}/s-{{000000..000009}}.tar", dir.path().display());
     let base = [
         "plan",
@@ -384,7 +509,11 @@ fn plan_reproduces_the_simdist_example() {
         "split",
     ];
     let cases: &[(&[&str], bool, &str)] = &[
-        (&[], false, "rank 0: 35, rank 1: 26, rank 2: 26"),
+        (
+            &["--policy", "none"],
+            false,
+            "rank 0: 35, rank 1: 26, rank 2: 26",
+        ),
         (&["--nbatches", "26"], true, "every rank runs 26 steps"),
         (
             &["--nbatches", "32"],
@@ -396,7 +525,8 @@ fn plan_reproduces_the_simdist_example() {
             true,
             "every rank runs 32 steps",
         ),
-        (&["--policy", "join"], true, "every rank runs 35 steps"),
+        // As `imgrun train` runs it: split + join keeps each worker's partial batch.
+        (&["--policy", "join"], true, "every rank runs 38 steps"),
     ];
     for (extra, ok, want) in cases {
         let out = imgrun().args(base).args(*extra).output().expect("run plan");

@@ -111,6 +111,91 @@ fn two_cpu_trainers_on_two_nodes_learn_agree_and_checkpoint() {
     cluster.assert_settled();
 }
 
+/// `imgrun plan` and `imgrun train` give one answer: for a table of configurations
+/// (modes, policies, partial batches kept by split + join, `dsrepeat`, chopped epochs,
+/// several loader workers), the steps `plan --json` prints for each epoch are the steps
+/// the job runs in it.
+#[test]
+fn plan_and_train_agree_on_every_epochs_steps() {
+    let cluster = TrainCluster::start();
+    let cases: &[(&str, &[&str])] = &[
+        ("resampled", &["data.mode=\"resampled\""]),
+        (
+            "split-join",
+            &["data.mode=\"split\"", "data.policy=\"join\""],
+        ),
+        (
+            "split-join-workers",
+            &[
+                "data.mode=\"split\"",
+                "data.policy=\"join\"",
+                "data.workers=2",
+            ],
+        ),
+        (
+            "split-drop",
+            &["data.mode=\"split\"", "data.policy=\"drop\""],
+        ),
+        (
+            "split-repeat",
+            &[
+                "data.mode=\"split\"",
+                "data.policy=\"repeat\"",
+                "data.nbatches=9",
+                "data.dsrepeat=2",
+            ],
+        ),
+        (
+            "split-chopped",
+            &[
+                "data.mode=\"split\"",
+                "data.policy=\"join\"",
+                "data.epoch_size=150",
+            ],
+        ),
+    ];
+    const EPOCHS: u64 = 2;
+    for (name, sets) in cases {
+        let mut planned = Vec::new();
+        for epoch in 0..EPOCHS {
+            let mut args: Vec<String> = cluster.data.args(&cluster.runs, name, EPOCHS);
+            // `train --name N --epochs E` become `plan --nodes 2 --epoch e --json`.
+            args.splice(0..5, ["plan".to_string()]);
+            args.extend(
+                sets.iter()
+                    .flat_map(|s| ["--set".to_string(), s.to_string()]),
+            );
+            args.extend(
+                ["--nodes", "2", "--ranks-per-node", "1", "--json", "--epoch"].map(String::from),
+            );
+            args.push(epoch.to_string());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = cluster.head.run(&args);
+            assert!(
+                out.status.success(),
+                "{name}: plan failed:\n{}",
+                describe(&out)
+            );
+            let plan: Value = serde_json::from_slice(&out.stdout).expect("plan --json");
+            planned.push(plan["steps"].as_u64().expect("the plan's steps"));
+        }
+        let out = cluster.job(name, EPOCHS, sets, false).finish(JOB_LIMIT);
+        assert!(out.status.success(), "{name}: {}", out.describe());
+        let records = metrics(&cluster.runs.join(name));
+        let ran: Vec<u64> = (0..EPOCHS)
+            .map(|epoch| {
+                records
+                    .iter()
+                    .filter(|r| r["kind"] == "step" && r["epoch"] == epoch)
+                    .count() as u64
+            })
+            .collect();
+        eprintln!("{name}: plan {planned:?}, train {ran:?}");
+        assert_eq!(planned, ran, "{name}: plan and train disagree");
+    }
+    cluster.assert_settled();
+}
+
 /// Split mode over an uneven number of shards (five shards of unequal size for two ranks):
 /// every rank plans the same steps, the rank out of data joins with empty batches, and
 /// user hooks change the plan: the shipped scripts reproduce the built-in behaviour bit

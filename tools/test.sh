@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what it needs (libtorch in a cached
 # venv, Python webdataset for the interop tests), then format, dependency direction,
-# clippy, and every test.
+# clippy, every test, and the README's main command (`make demo`) from the checkout root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,3 +27,6 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "tests of the binary and the actors (with libtorch)"
 cargo test --locked -p imgrun -p actors
+
+step "the main job: make demo from the checkout root, as the README says (fails below its accuracy bar)"
+make demo

@@ -12,7 +12,7 @@ use pipelines::{SynthOptions, generate_synthetic};
 
 use crate::commands::progress_bar;
 use crate::commands::train::{JobOptions, train_job};
-use crate::config::Loaded;
+use crate::config::{JobPreset, Loaded};
 
 /// The demo's job, between the built-in defaults and the user's file.
 pub const DEMO_JOB: &str = include_str!("../../examples/demo.toml");
@@ -62,7 +62,17 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
         format!("train.name={}", toml_string(&name)),
     ];
     overrides.extend(args.set.iter().cloned());
-    let config = crate::config::load_with(loaded.file.as_deref(), Some(DEMO_JOB), &overrides)?;
+    let config = crate::config::load_with(
+        loaded.file.as_deref(),
+        Some(JobPreset {
+            name: "the demo's job (examples/demo.toml)",
+            text: DEMO_JOB,
+        }),
+        &overrides,
+    )?;
+    if let Some(line) = config.describe_sources() {
+        println!("   {line}");
+    }
     let started = Instant::now();
     let summary = train_job(
         &config.config,

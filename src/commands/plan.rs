@@ -1,124 +1,140 @@
-//! `imgrun plan`: a dry run of epoch planning that prints, per rank and worker, the
-//! shards, samples and batches, and what the batch policy does.
+//! `imgrun plan`: a dry run of a job's epoch planning that prints, per rank and worker,
+//! the shards, samples and batches, and what the batch policy does. It reads the same
+//! configuration as `imgrun train` (`[data]`, `train.batch_size`; flags are shorthands for
+//! `--set` of those keys) and plans through the same planner (`DataSpec::train_planner`),
+//! so the steps it prints are the steps the job runs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use pipelines::{
-    BatchPolicy, ClusterShape, HookLimits, Hooks, Manifest, PlanConfig, PlanMode, PlanShard,
-    Planner, ShardList, render_plan,
-};
+use pipelines::{ClusterShape, Plan, render_plan};
 
+use crate::commands::train::data_spec;
 use crate::config::Loaded;
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
-    /// Shards, as a brace spec (`data/train-{000000..000146}.tar`).
+    /// Training shards, as a brace spec (`data/train-{000000..000146}.tar`) [data.train].
     #[arg(long)]
-    shards: String,
-    /// manifest.json with per-shard sample counts [default: the one beside local shards].
-    #[arg(long)]
-    manifest: Option<PathBuf>,
-    /// Samples assumed for shards the manifest does not list.
-    #[arg(long)]
-    samples_per_shard: Option<u64>,
+    shards: Option<String>,
+    /// Nodes of the world planned for.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
+    /// Trainers (ranks) on each node.
     #[arg(long, default_value_t = 1)]
     ranks_per_node: u32,
-    /// Loader workers per rank.
-    #[arg(long, default_value_t = 1)]
-    workers: u32,
+    /// Loader workers per rank [data.workers].
     #[arg(long)]
-    batch_size: u64,
-    /// `resampled` (shards drawn with replacement) or `split` (exact epochs).
-    #[arg(long, default_value = "resampled")]
-    mode: PlanMode,
-    /// When ranks disagree on batches: none, join, drop, repeat.
-    #[arg(long, default_value = "none")]
-    policy: String,
-    /// Batches every rank runs (implies `--policy drop` unless `--dsrepeat` is given).
+    workers: Option<u32>,
+    /// Samples per rank per step [train.batch_size].
+    #[arg(long)]
+    batch_size: Option<u64>,
+    /// `resampled` (shards drawn with replacement) or `split` (exact epochs) [data.mode].
+    #[arg(long)]
+    mode: Option<String>,
+    /// When ranks disagree on batches: none, join, drop, repeat [data.policy].
+    #[arg(long)]
+    policy: Option<String>,
+    /// Batches every rank runs (implies the drop policy unless `--dsrepeat` is given)
+    /// [data.nbatches].
     #[arg(long)]
     nbatches: Option<u64>,
-    /// Read the data this many times before truncating (implies `--policy repeat`).
+    /// Read the data this many times before truncating (implies the repeat policy)
+    /// [data.dsrepeat].
     #[arg(long)]
     dsrepeat: Option<u64>,
-    /// Keep each worker's last partial batch.
+    /// [data.seed]
     #[arg(long)]
-    partial: bool,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    #[arg(long, default_value_t = 0)]
-    epoch: u64,
-    /// Samples served per epoch, over all ranks (chopped epochs in split mode).
+    seed: Option<u64>,
+    /// Samples served per epoch, over all ranks (chopped epochs in split mode)
+    /// [data.epoch_size].
     #[arg(long)]
     epoch_size: Option<u64>,
-    /// Epoch length reported to schedules and progress.
+    /// Epoch length reported to schedules and progress [data.nominal_size].
     #[arg(long)]
     nominal_size: Option<u64>,
-    /// Folder with the user's hook scripts (reseed.rhai, node_selection.rhai, ...).
+    /// Folder with the user's hook scripts (reseed.rhai, node_selection.rhai, ...)
+    /// [data.hooks].
     #[arg(long)]
     hooks: Option<PathBuf>,
+    /// The epoch to plan.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// Sets a configuration key (`--set data.policy=drop`); repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Prints the plan's per-rank figures as JSON instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
-fn policy(args: &PlanArgs) -> anyhow::Result<BatchPolicy> {
-    BatchPolicy::parse(&args.policy, args.nbatches, args.dsrepeat)
-        .map_err(|e| anyhow::anyhow!("--policy: {e}"))
-}
-
-/// The manifest given, or the one beside the first shard when the shards are local.
-fn find_manifest(args: &PlanArgs, urls: &[String]) -> anyhow::Result<Option<Manifest>> {
-    if let Some(path) = &args.manifest {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        anyhow::ensure!(
-            path.file_name()
-                .is_some_and(|n| n == pipelines::MANIFEST_FILE),
-            "--manifest must point to a {} file",
-            pipelines::MANIFEST_FILE
-        );
-        return Ok(Some(Manifest::read_from(dir)?));
-    }
-    let local_dir = urls
-        .first()
-        .filter(|u| !u.contains(':') || u.starts_with("file:"))
-        .map(|u| {
-            Path::new(u.trim_start_matches("file:"))
-                .parent()
-                .unwrap_or(Path::new("."))
-                .to_path_buf()
-        });
-    match local_dir {
-        Some(dir) if dir.join(pipelines::MANIFEST_FILE).is_file() => {
-            Ok(Some(Manifest::read_from(&dir)?))
+impl PlanArgs {
+    /// The flags as `--set` items, before the explicit `--set`s (which win).
+    fn overrides(&self) -> Vec<String> {
+        let text = |key: &str, value: &str| format!("{key}={value:?}");
+        let number = |key: &str, value: u64| format!("{key}={value}");
+        let mut out = Vec::new();
+        if let Some(shards) = &self.shards {
+            out.push(text("data.train", shards));
         }
-        _ => Ok(None),
+        if let Some(workers) = self.workers {
+            out.push(number("data.workers", workers.into()));
+        }
+        if let Some(batch) = self.batch_size {
+            out.push(number("train.batch_size", batch));
+        }
+        if let Some(mode) = &self.mode {
+            out.push(text("data.mode", mode));
+        }
+        // `--nbatches` alone means the drop policy and `--dsrepeat` the repeat policy, as
+        // in the WebDataset simdist example, unless a policy is named.
+        let policy = match (&self.policy, self.nbatches, self.dsrepeat) {
+            (Some(policy), _, _) => Some(policy.as_str()),
+            (None, _, Some(_)) => Some("repeat"),
+            (None, Some(_), None) => Some("drop"),
+            (None, None, None) => None,
+        };
+        if let Some(policy) = policy {
+            out.push(text("data.policy", policy));
+        }
+        if let Some(n) = self.nbatches {
+            out.push(number("data.nbatches", n));
+        }
+        if let Some(n) = self.dsrepeat {
+            out.push(number("data.dsrepeat", n));
+        }
+        if let Some(seed) = self.seed {
+            out.push(number("data.seed", seed));
+        }
+        if let Some(size) = self.epoch_size {
+            out.push(number("data.epoch_size", size));
+        }
+        if let Some(size) = self.nominal_size {
+            out.push(number("data.nominal_size", size));
+        }
+        if let Some(hooks) = &self.hooks {
+            out.push(text("data.hooks", &hooks.display().to_string()));
+        }
+        out.extend(self.set.iter().cloned());
+        out
     }
 }
 
-pub fn run(_loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
-    let urls = ShardList::from_spec(&args.shards)
-        .with_context(|| format!("shard spec `{}`", args.shards))?
-        .urls;
-    let shards = match find_manifest(&args, &urls)? {
-        Some(manifest) => PlanShard::with_manifest(&urls, &manifest),
-        None => PlanShard::from_urls(urls),
-    };
-    let mut config = PlanConfig::new(
-        shards,
-        ClusterShape::new(args.nodes, args.ranks_per_node, args.workers),
-        args.batch_size,
-    );
-    config.seed = args.seed;
-    config.drop_partial = !args.partial;
-    config.mode = args.mode;
-    config.policy = policy(&args)?;
-    config.epoch_size = args.epoch_size;
-    config.nominal_size = args.nominal_size;
-    config.default_samples_per_shard = args.samples_per_shard;
-    let hooks = Hooks::load(args.hooks.as_deref(), HookLimits::default())?;
-    let plan = Planner::new(config, hooks)?.plan(args.epoch)?;
-    print!("{}", render_plan(&plan));
+pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let config = crate::config::load_with(loaded.file.as_deref(), None, &args.overrides())?;
+    let (data, _) = data_spec(&config.config)?;
+    let shape = ClusterShape::new(args.nodes, args.ranks_per_node, data.workers);
+    let batch_size = config.config.train.batch_size;
+    let plan = data
+        .train_planner(shape, batch_size)
+        .and_then(|planner| planner.plan(args.epoch))
+        .with_context(|| format!("planning epoch {}", args.epoch))?;
+    if args.json {
+        println!("{}", plan_json(&plan));
+    } else {
+        print!("{}", render_plan(&plan));
+    }
     match plan.check() {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(problem) => {
@@ -126,4 +142,30 @@ pub fn run(_loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// The figures a script or test compares with a job: the steps every rank runs (null
+/// when the ranks disagree or counts are unknown) and each rank's samples and batches.
+fn plan_json(plan: &Plan) -> serde_json::Value {
+    let ranks: Vec<serde_json::Value> = plan
+        .ranks
+        .iter()
+        .map(|rank| {
+            serde_json::json!({
+                "rank": rank.rank.0,
+                "node": rank.node,
+                "samples": rank.samples,
+                "batches": rank.batches,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "epoch": plan.epoch,
+        "mode": plan.mode.name(),
+        "world": plan.cluster.world_size(),
+        "batch_size": plan.batch_size,
+        "partial_batches_kept": !plan.drop_partial,
+        "steps": plan.steps(),
+        "ranks": ranks,
+    })
 }

@@ -51,13 +51,16 @@ pub struct CreateArgs {
     /// Most samples per shard.
     #[arg(long, default_value_t = 100_000)]
     maxcount: u64,
-    /// Most payload bytes per shard (e.g. 1GB, 512MiB).
+    /// Most payload bytes per shard, as a size with a unit: `1GB` (10^9 bytes), `512MiB`
+    /// (2^29 bytes), `300MB`; a bare number is bytes.
     #[arg(long, default_value = "1GB", value_parser = parse_size)]
     maxsize: u64,
     /// Seed of the one-time shuffle.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Re-encode as JPEG with the shorter side scaled down to this many pixels.
+    /// Re-encode as JPEG with the shorter side scaled down to this many pixels (`--resize
+    /// 160` for the small copies progressive resizing reads; images already smaller are
+    /// kept as they are).
     #[arg(long)]
     resize: Option<u32>,
     /// JPEG quality when re-encoding.

@@ -22,7 +22,7 @@ pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{
     AllreduceChoice, DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet,
-    SourceSpec, TrainerInit,
+    SourceSpec, TrainPlanner, TrainerInit,
 };
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,

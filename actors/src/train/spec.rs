@@ -5,8 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use pipelines::{
-    BatchPolicy, ClusterShape, DecodeLimits, ErrorPolicy, EvalTransform, HookSources, LoaderConfig,
-    OutputFormat, PlanConfig, PlanMode, PlanShard, SourceOptions, TrainTransform, Transform,
+    BatchPolicy, ClusterShape, DecodeLimits, ErrorPolicy, EvalTransform, HookLimits, HookSources,
+    Hooks, LoaderConfig, OutputFormat, PlanConfig, PlanError, PlanMode, PlanShard, Planner,
+    SourceOptions, TrainTransform, Transform,
 };
 
 use super::model::ModelKind;
@@ -102,7 +103,12 @@ pub struct DataSpec {
     /// `skip` or `fail`.
     pub errors: String,
     /// Train crop side, by epoch: `(first epoch, size)`, sorted; the first entry is epoch 0.
+    /// Each entry starts a phase.
     pub sizes: Vec<(u64, u32)>,
+    /// The phases that read shards of their own (pre-resized copies of `train`), by first
+    /// epoch; other phases read `train`.
+    #[serde(default)]
+    pub phase_train: Vec<(u64, ShardSet)>,
     pub eval_size: u32,
     pub crop_scale: (f32, f32),
     pub resize_ratio: f32,
@@ -214,6 +220,44 @@ impl DataSpec {
         config
     }
 
+    /// The planner of this job's training epochs for a world of `shape`: the one that
+    /// `imgrun plan`, the job's client and every trainer use, so all three agree.
+    pub fn train_planner(
+        &self,
+        shape: ClusterShape,
+        batch_size: u64,
+    ) -> Result<TrainPlanner, PlanError> {
+        let planner = |shards: &ShardSet| -> Result<Planner, PlanError> {
+            let hooks = Hooks::compile(&self.hooks, HookLimits::default())?;
+            let mut config = self.train_plan(shape, batch_size);
+            config.shards = shards.plan_shards();
+            Planner::new(config, hooks)
+        };
+        let mut phases = Vec::with_capacity(self.phase_train.len());
+        for (first, shards) in &self.phase_train {
+            phases.push((*first, planner(shards)?));
+        }
+        Ok(TrainPlanner {
+            base: planner(&self.train)?,
+            phases,
+            starts: self.sizes.iter().map(|(first, _)| *first).collect(),
+        })
+    }
+
+    /// The first epoch of the phase `epoch` is in (0 without a size schedule).
+    fn phase_start(&self, epoch: u64) -> u64 {
+        phase_start(self.sizes.iter().map(|(first, _)| *first), epoch)
+    }
+
+    /// The training shards `epoch` reads: its phase's own, or `train`.
+    pub fn train_set_at(&self, epoch: u64) -> &ShardSet {
+        let start = self.phase_start(epoch);
+        self.phase_train
+            .iter()
+            .find(|(first, _)| *first == start)
+            .map_or(&self.train, |(_, set)| set)
+    }
+
     /// The validation plan: exact (every sample once), in order, partial batches kept,
     /// one loader worker per rank, ranks that run out joining with empty batches.
     pub fn val_plan(&self, shape: ClusterShape, batch_size: u64) -> PlanConfig {
@@ -276,6 +320,43 @@ impl DataSpec {
     }
 }
 
+/// Plans training epochs, each with the shards of its phase (see
+/// [`DataSpec::phase_train`]); a pure function of the epoch, as [`Planner`] is.
+pub struct TrainPlanner {
+    base: Planner,
+    phases: Vec<(u64, Planner)>,
+    starts: Vec<u64>,
+}
+
+impl std::fmt::Debug for TrainPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let own: Vec<u64> = self.phases.iter().map(|(first, _)| *first).collect();
+        f.debug_struct("TrainPlanner")
+            .field("phase_starts", &self.starts)
+            .field("phases_with_own_shards", &own)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TrainPlanner {
+    pub fn plan(&self, epoch: u64) -> Result<pipelines::Plan, PlanError> {
+        let start = phase_start(self.starts.iter().copied(), epoch);
+        self.phases
+            .iter()
+            .find(|(first, _)| *first == start)
+            .map_or(&self.base, |(_, planner)| planner)
+            .plan(epoch)
+    }
+}
+
+/// The last of the sorted phase `starts` at or before `epoch` (0 when none is).
+fn phase_start(starts: impl Iterator<Item = u64>, epoch: u64) -> u64 {
+    starts
+        .take_while(|first| *first <= epoch)
+        .last()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +369,51 @@ mod tests {
         assert_eq!(got, [128, 128, 128, 192, 192, 192, 224, 224]);
         data.sizes.clear();
         assert_eq!(data.size_at(5), data.eval_size);
+    }
+
+    #[test]
+    fn phases_read_their_own_shards_from_their_first_epoch() {
+        let mut data = test_data();
+        let set = |name: &str| ShardSet {
+            urls: vec![format!("{name}-000.tar"), format!("{name}-001.tar")],
+            samples: vec![Some(40), Some(40)],
+        };
+        data.train = set("full");
+        data.sizes = vec![(0, 128), (3, 192), (6, 224)];
+        data.phase_train = vec![(0, set("small")), (3, set("medium"))];
+        let read: Vec<&str> = (0..8)
+            .map(|e| data.train_set_at(e).urls[0].as_str())
+            .collect();
+        assert_eq!(
+            read,
+            [
+                "small-000.tar",
+                "small-000.tar",
+                "small-000.tar",
+                "medium-000.tar",
+                "medium-000.tar",
+                "medium-000.tar",
+                "full-000.tar",
+                "full-000.tar"
+            ]
+        );
+        // The planner plans each epoch from its phase's shards.
+        let planner = data
+            .train_planner(ClusterShape::new(1, 1, 1), 8)
+            .expect("planner");
+        for epoch in 0..8 {
+            let plan = planner.plan(epoch).expect("plan");
+            let urls: Vec<&str> = plan.ranks[0].workers[0]
+                .items
+                .iter()
+                .map(|item| item.url.as_str())
+                .collect();
+            let want = &data.train_set_at(epoch).urls;
+            assert!(
+                !urls.is_empty() && urls.iter().all(|u| want.iter().any(|w| w == u)),
+                "epoch {epoch}: {urls:?} not from {want:?}"
+            );
+        }
     }
 
     #[test]
@@ -319,6 +445,7 @@ mod tests {
             label_field: "cls".into(),
             errors: "skip".into(),
             sizes: vec![(0, 32)],
+            phase_train: Vec::new(),
             eval_size: 32,
             crop_scale: (0.35, 1.0),
             resize_ratio: 1.0,

@@ -11,9 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pipelines::{
-    ClusterShape, EpochBatches, HookLimits, Hooks, Loader, Planner, Rank, RankCursor, Sources,
-};
+use pipelines::{ClusterShape, EpochBatches, Hooks, Loader, Planner, Rank, RankCursor, Sources};
 use runtime::{
     Actor, ActorContext, ActorRegistry, CollectiveError, CollectiveOptions, MethodError, RingSecret,
 };
@@ -29,7 +27,7 @@ use super::nccl;
 use super::optim::Sgd;
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainerInit};
+use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
 
 /// Marks a trainer failure that follows from another rank's: its ring peer went away or
 /// stopped answering. A job's client looks past these for the root cause.
@@ -171,7 +169,7 @@ struct Trainer {
     buffers: Vec<Tensor>,
     sgd: Sgd,
     schedule: LrSchedule,
-    planner: Planner,
+    planner: TrainPlanner,
     loader: Loader,
     val_loader: Loader,
     shape: ClusterShape,
@@ -242,9 +240,9 @@ impl Trainer {
         let buffers = model.buffers().into_iter().map(|(_, t)| t).collect();
         let sgd = Sgd::new(named_params, job.optim.sgd);
         let shape = ClusterShape::new(init.nodes, init.ranks_per_node, job.data.workers.max(1));
-        let hooks = Hooks::compile(&job.data.hooks, HookLimits::default())
-            .map_err(|e| MethodError::fatal(e.to_string()))?;
-        let planner = Planner::new(job.data.train_plan(shape, job.optim.batch_size), hooks)
+        let planner = job
+            .data
+            .train_planner(shape, job.optim.batch_size)
             .map_err(|e| MethodError::fatal(format!("training plan: {e}")))?;
         let first = planner
             .plan(0)

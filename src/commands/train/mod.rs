@@ -19,6 +19,7 @@ use anyhow::Context;
 
 use crate::config::{Config, Loaded};
 use driver::Driver;
+pub(crate) use spec::data_spec;
 use spec::job_spec;
 use world::Cluster;
 

@@ -13,29 +13,15 @@ use pipelines::{HookSources, Manifest, ShardList};
 use crate::config::Config;
 
 /// The configuration turned into what every trainer gets.
-pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
-    let data = &config.data;
+pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
     let model = &config.model;
     let train = &config.train;
-    anyhow::ensure!(
-        !data.train.is_empty(),
-        "data.train is empty: name the training shards (e.g. --set data.train='\"/data/train-{{000000..000146}}.tar\"')"
-    );
+    let (data, manifest) = data_spec(config)?;
     let kind: ModelKind = model
         .name
         .parse()
         .map_err(|e| anyhow::anyhow!("model.name: {e}"))?;
-    let sources = pipelines::Sources::new(config.shards.source_options());
-    let (train_set, manifest) =
-        shard_set(&data.train, &data.base, &sources).context("data.train")?;
-    let val_set = if data.val.is_empty() {
-        ShardSet::default()
-    } else {
-        shard_set(&data.val, &data.base, &sources)
-            .context("data.val")?
-            .0
-    };
-    let classes = match data.classes {
+    let classes = match config.data.classes {
         0 => manifest
             .map(|m| m.classes.len() as i64)
             .filter(|&c| c > 0)
@@ -45,21 +31,6 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             )?,
         n => n,
     };
-    let hooks_dir = (!data.hooks.is_empty()).then(|| PathBuf::from(&data.hooks));
-    let hooks = HookSources::read(hooks_dir.as_deref()).context("data.hooks")?;
-    let policy = pipelines::BatchPolicy::parse(
-        &data.policy,
-        (data.nbatches > 0).then_some(data.nbatches),
-        (data.dsrepeat > 0).then_some(data.dsrepeat),
-    )
-    .map_err(|e| anyhow::anyhow!("data.policy: {e}"))?;
-    let mode: pipelines::PlanMode = data
-        .mode
-        .parse()
-        .map_err(|e| anyhow::anyhow!("data.mode: {e}"))?;
-    let mut sizes = vec![(0, data.image_size)];
-    sizes.extend(data.size_schedule.iter().copied().filter(|(e, _)| *e > 0));
-    sizes.sort_unstable();
     let schedule = match train.schedule.as_str() {
         "cosine" => ScheduleSpec::Cosine {
             final_fraction: train.final_lr_fraction,
@@ -89,44 +60,9 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
         .allreduce
         .parse()
         .map_err(|e| anyhow::anyhow!("train.allreduce: {e}"))?;
-    anyhow::ensure!(train.batch_size > 0, "train.batch_size must be at least 1");
     anyhow::ensure!(train.epochs > 0, "train.epochs must be at least 1");
-    let (lo, hi) = data.crop_scale;
-    anyhow::ensure!(
-        0.0 < lo && lo <= hi && hi <= 1.0,
-        "data.crop_scale [{lo}, {hi}] must satisfy 0 < min <= max <= 1"
-    );
-    let shards = &config.shards;
     Ok(JobSpec {
-        data: DataSpec {
-            train: train_set,
-            val: val_set,
-            hooks,
-            mode,
-            policy,
-            epoch_size: (data.epoch_size > 0).then_some(data.epoch_size),
-            nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
-            seed: data.seed,
-            workers: data.workers.max(1),
-            shuffle_buffer: data.shuffle_buffer,
-            queue_batches: data.queue_batches.max(1),
-            image_fields: data.image_fields.clone(),
-            label_field: data.label_field.clone(),
-            errors: shards.error_policy.clone(),
-            sizes,
-            eval_size: data.eval_size,
-            crop_scale: data.crop_scale,
-            resize_ratio: data.resize_ratio,
-            flip: data.flip,
-            sources: SourceSpec {
-                read_buffer: shards.read_buffer,
-                http_timeout_secs: shards.http_timeout_secs,
-                http_attempts: shards.http_attempts,
-                http_retry_delay_ms: shards.http_retry_delay_ms,
-                cache_dir: (!shards.cache_dir.is_empty()).then(|| shards.cache_dir.clone()),
-                cache_max_bytes: crate::units::parse_size(&shards.cache_max_size).unwrap_or(0),
-            },
-        },
+        data,
         model: ModelSpec {
             kind,
             classes,
@@ -154,6 +90,125 @@ pub(super) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             allreduce,
         },
     })
+}
+
+/// The `[data]` (and `[shards]`) part of the job: what `imgrun plan` plans with, exactly
+/// as the trainers will; and the training shards' manifest, when there is one.
+pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Manifest>)> {
+    let data = &config.data;
+    anyhow::ensure!(
+        !data.train.is_empty(),
+        "data.train is empty: name the training shards (e.g. --set data.train='\"/data/train-{{000000..000146}}.tar\"')"
+    );
+    anyhow::ensure!(
+        config.train.batch_size > 0,
+        "train.batch_size must be at least 1"
+    );
+    let sources = pipelines::Sources::new(config.shards.source_options());
+    let (train_set, manifest) =
+        shard_set(&data.train, &data.base, &sources).context("data.train")?;
+    let val_set = if data.val.is_empty() {
+        ShardSet::default()
+    } else {
+        shard_set(&data.val, &data.base, &sources)
+            .context("data.val")?
+            .0
+    };
+    let hooks_dir = (!data.hooks.is_empty()).then(|| PathBuf::from(&data.hooks));
+    let hooks = HookSources::read(hooks_dir.as_deref()).context("data.hooks")?;
+    let policy = pipelines::BatchPolicy::parse(
+        &data.policy,
+        (data.nbatches > 0).then_some(data.nbatches),
+        (data.dsrepeat > 0).then_some(data.dsrepeat),
+    )
+    .map_err(|e| anyhow::anyhow!("data.policy: {e}"))?;
+    let mode: pipelines::PlanMode = data
+        .mode
+        .parse()
+        .map_err(|e| anyhow::anyhow!("data.mode: {e}"))?;
+    let pairs: Vec<(u64, u32)> = data
+        .size_schedule
+        .iter()
+        .map(|phase| (phase.epoch(), phase.size()))
+        .collect();
+    let sizes = size_schedule(data.image_size, &pairs)?;
+    let mut phase_train = Vec::new();
+    for phase in &data.size_schedule {
+        let Some(spec) = phase.train() else { continue };
+        let what = || format!("data.size_schedule: the phase from epoch {}", phase.epoch());
+        let (set, _) = shard_set(spec, &data.base, &sources).with_context(what)?;
+        if let (Some(phase_total), Some(total)) = (set.total(), train_set.total()) {
+            anyhow::ensure!(
+                phase_total == total,
+                "{}: its shards hold {phase_total} samples and data.train's {total}; a \
+                 phase's shards must be a copy of the training set (e.g. made with `imgrun \
+                 shards create --resize`)",
+                what()
+            );
+        }
+        phase_train.push((phase.epoch(), set));
+    }
+    let (lo, hi) = data.crop_scale;
+    anyhow::ensure!(
+        0.0 < lo && lo <= hi && hi <= 1.0,
+        "data.crop_scale [{lo}, {hi}] must satisfy 0 < min <= max <= 1"
+    );
+    let shards = &config.shards;
+    let spec = DataSpec {
+        train: train_set,
+        val: val_set,
+        hooks,
+        mode,
+        policy,
+        epoch_size: (data.epoch_size > 0).then_some(data.epoch_size),
+        nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
+        seed: data.seed,
+        workers: data.workers.max(1),
+        shuffle_buffer: data.shuffle_buffer,
+        queue_batches: data.queue_batches.max(1),
+        image_fields: data.image_fields.clone(),
+        label_field: data.label_field.clone(),
+        errors: shards.error_policy.clone(),
+        sizes,
+        phase_train,
+        eval_size: data.eval_size,
+        crop_scale: data.crop_scale,
+        resize_ratio: data.resize_ratio,
+        flip: data.flip,
+        sources: SourceSpec {
+            read_buffer: shards.read_buffer,
+            http_timeout_secs: shards.http_timeout_secs,
+            http_attempts: shards.http_attempts,
+            http_retry_delay_ms: shards.http_retry_delay_ms,
+            cache_dir: (!shards.cache_dir.is_empty()).then(|| shards.cache_dir.clone()),
+            cache_max_bytes: crate::units::parse_size(&shards.cache_max_size).unwrap_or(0),
+        },
+    };
+    Ok((spec, manifest))
+}
+
+/// The train crop side by epoch: `data.size_schedule`'s `[epoch, size]` entries, from
+/// epoch 0 (where the schedule has no epoch-0 entry, `data.image_size` holds until its
+/// first one).
+fn size_schedule(image_size: u32, schedule: &[(u64, u32)]) -> anyhow::Result<Vec<(u64, u32)>> {
+    let mut sizes = schedule.to_vec();
+    sizes.sort_unstable_by_key(|(epoch, _)| *epoch);
+    if let Some(pair) = sizes.windows(2).find(|w| w[0].0 == w[1].0) {
+        bail!(
+            "data.size_schedule names epoch {} twice ({} and {} px)",
+            pair[0].0,
+            pair[0].1,
+            pair[1].1
+        );
+    }
+    if let Some((epoch, size)) = sizes.iter().find(|(_, size)| *size == 0) {
+        bail!("data.size_schedule: epoch {epoch} has size {size}; sizes must be positive");
+    }
+    if sizes.first().is_none_or(|(epoch, _)| *epoch > 0) {
+        anyhow::ensure!(image_size > 0, "data.image_size must be positive");
+        sizes.insert(0, (0, image_size));
+    }
+    Ok(sizes)
 }
 
 /// The shards of `spec` with their sample counts from the manifest beside them, and
@@ -228,11 +283,12 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
 }
 
 /// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
-/// starts (each trainer plans every epoch again for itself).
+/// starts (each trainer plans every epoch again for itself, with the same planner).
 pub(super) fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyhow::Result<()> {
     let shape = pipelines::ClusterShape::new(nodes, ranks_per_node, job.data.workers);
-    let hooks = pipelines::Hooks::compile(&job.data.hooks, pipelines::HookLimits::default())?;
-    let plan = pipelines::Planner::new(job.data.train_plan(shape, job.optim.batch_size), hooks)
+    let plan = job
+        .data
+        .train_planner(shape, job.optim.batch_size)
         .and_then(|planner| planner.plan(0))
         .context("planning the first epoch")?;
     plan.check().context("planning the first epoch")?;
@@ -279,6 +335,27 @@ mod tests {
             }
         });
         format!("http://{address}")
+    }
+
+    #[test]
+    fn the_size_schedule_holds_from_epoch_0() {
+        type Sizes = &'static [(u64, u32)];
+        let cases: [(u32, Sizes, Result<Sizes, &str>); 6] = [
+            (224, &[], Ok(&[(0, 224)])),
+            (224, &[(0, 128), (30, 224)], Ok(&[(0, 128), (30, 224)])),
+            (224, &[(30, 224), (0, 128)], Ok(&[(0, 128), (30, 224)])),
+            (160, &[(5, 224)], Ok(&[(0, 160), (5, 224)])),
+            (224, &[(0, 128), (0, 160)], Err("epoch 0 twice")),
+            (224, &[(3, 0)], Err("sizes must be positive")),
+        ];
+        for (image_size, schedule, want) in cases {
+            let got = size_schedule(image_size, schedule).map_err(|e| e.to_string());
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{schedule:?}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{got} lacks {want}"),
+                (got, want) => panic!("{schedule:?}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]
