@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "imgrun", version, about, propagate_version = true)]
 struct Cli {
-    /// Configuration file (default: ./cluster.toml when present, else built-in defaults).
+    /// Configuration file (default: ./cluster.toml when present, else built-in defaults;
+    /// `demo` takes only its [cluster], [shards] and [serve]).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Log filter, e.g. `info` or `pipelines=debug` (also IMGRUN_LOG) [default: `info`
