@@ -589,10 +589,15 @@ fn a_job_fails_when_its_node_loses(victim: Victim) {
 /// command, run as printed, finishes the job with every step in metrics.jsonl once.
 #[test]
 fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
-    // Long enough to be running still when the signal comes (a few epochs take a second).
-    const EPOCHS: u64 = 20;
+    // Long enough to be running still when the signal comes (three epochs can take a
+    // second); no evaluations or checkpoints before the end, so the resumed run is short.
+    const EPOCHS: u64 = 12;
+    let quick = [
+        "train.eval_every_epochs=0",
+        "train.checkpoint_every_epochs=0",
+    ];
     let cluster = TrainCluster::start();
-    let mut job = cluster.job("interrupted", EPOCHS, &[], false);
+    let mut job = cluster.job("interrupted", EPOCHS, &quick, false);
     cluster.wait_for_steps(&mut job, "interrupted", 1);
     let table = cluster.head.run_ok(&["status"]);
     let status = cluster.head.status();
