@@ -81,6 +81,7 @@ fn two_cpu_trainers_on_two_nodes_learn_agree_and_checkpoint() {
             run.display()
         );
     }
+    assert_steps_have_their_own_figures(&records);
     let losses: Vec<f64> = steps(&records).into_values().collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
@@ -307,8 +308,10 @@ fn split_mode_with_user_hooks_that_take_effect_or_fail_the_job() {
     cluster.assert_settled();
 }
 
-/// A job stopped with Ctrl-C after a mid-epoch checkpoint and resumed from its run folder
-/// continues at the saved step and trains exactly as an uninterrupted job.
+/// A job stopped with SIGTERM after a mid-epoch checkpoint and resumed from that
+/// checkpoint continues at the saved step and trains exactly as an uninterrupted job: its
+/// metrics.jsonl holds every step once (what was written past the checkpoint is
+/// dropped) and the resumed epoch's train loss covers the whole epoch.
 #[test]
 fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one() {
     const EPOCHS: u64 = 3;
@@ -325,7 +328,8 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         .job("whole", EPOCHS, &every, false)
         .finish(JOB_LIMIT);
     assert!(whole.status.success(), "{}", whole.describe());
-    let whole_steps = steps(&metrics(&cluster.runs.join("whole")));
+    let whole_records = metrics(&cluster.runs.join("whole"));
+    let whole_steps = steps(&whole_records);
     let whole_digest = replica_digest(&whole.stdout);
 
     // Interrupted once a checkpoint in the second epoch exists.
@@ -333,7 +337,7 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
     let mut job = cluster.job("cut", EPOCHS, &every, false);
     let checkpoints = run.join("checkpoints");
     let deadline = Instant::now() + JOB_LIMIT;
-    loop {
+    let mid_epoch = loop {
         assert!(
             job.running(),
             "the job ended before a checkpoint in epoch 1:\n{}",
@@ -341,25 +345,37 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         );
         assert!(Instant::now() < deadline, "no checkpoint in epoch 1");
         let named = std::fs::read_to_string(checkpoints.join("latest")).unwrap_or_default();
-        let state = checkpoints.join(named.trim()).join("state.json");
-        if named.starts_with("step-") && read_json(&state)["epoch"].as_u64() >= Some(1) {
-            break;
+        let dir = checkpoints.join(named.trim());
+        let state = read_json(&dir.join("state.json"));
+        if named.starts_with("step-")
+            && state["epoch"].as_u64() >= Some(1)
+            && state["step_in_epoch"].as_u64() > Some(0)
+        {
+            break dir;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    job.signal(Signal::INT);
+    };
+    job.signal(Signal::TERM);
     let cut = job.finish(JOB_LIMIT);
-    assert_eq!(cut.status.code(), Some(130), "{}", cut.describe());
+    assert_eq!(cut.status.code(), Some(143), "{}", cut.describe());
+    assert!(
+        cut.stderr.contains("interrupted by SIGTERM"),
+        "{}",
+        cut.stderr
+    );
+    assert_checkpoint_at_last_step(&run);
     cluster.assert_settled();
 
-    let saved_dir = checkpoint_dir(&run);
+    // Resumed from the mid-epoch checkpoint seen above, which the run went past: the
+    // records after it are dropped from metrics.jsonl.
+    let saved_dir = mid_epoch;
     let saved = read_json(&saved_dir.join("state.json"));
     let saved_step = saved["global_step"].as_u64().expect("global_step");
     assert!(
         saved["step_in_epoch"].as_u64() > Some(0),
         "not a mid-epoch checkpoint: {saved}"
     );
-    let resume = ["--resume".to_string(), run.display().to_string()];
+    let resume = ["--resume".to_string(), saved_dir.display().to_string()];
     let resumed = cluster
         .job_with("cut", EPOCHS, &every, false, &resume)
         .finish(JOB_LIMIT);
@@ -398,6 +414,36 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         after.keys().next().copied(),
         Some(saved_step + 1),
         "the first step after resuming"
+    );
+    assert_each_step_once(&records, whole_steps.len() as u64);
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["kind"] == "stop")
+            .all(|r| r["step"].as_u64() <= Some(saved_step)),
+        "the stop record past the checkpoint was dropped"
+    );
+    // Every epoch's summary, the resumed one included, as the uninterrupted job's.
+    let epoch_losses = |records: &[Value]| -> Vec<(u64, f64, u64)> {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "epoch")
+            .map(|r| {
+                let field = |k: &str| r[k].as_f64().expect(k);
+                (
+                    field("epoch") as u64,
+                    field("train_loss"),
+                    field("steps") as u64,
+                )
+            })
+            .collect()
+    };
+    let resumed_epoch = saved["epoch"].as_u64().expect("epoch");
+    let (whole_epochs, cut_epochs) = (epoch_losses(&whole_records), epoch_losses(&records));
+    eprintln!("epoch train losses: whole {whole_epochs:?}, resumed {cut_epochs:?}");
+    assert_eq!(
+        cut_epochs, whole_epochs,
+        "epoch summaries (epoch {resumed_epoch} resumed mid-way)"
     );
     assert_eq!(
         after.keys().last(),
@@ -622,16 +668,57 @@ fn a_job_fails_when_its_node_loses(victim: Victim) {
     cluster.assert_settled();
 }
 
-/// Ctrl-C stops every trainer and exits with 130.
+/// While a job runs, `imgrun status` names its job and each trainer's rank. Ctrl-C then
+/// lets the step in flight end, saves a checkpoint at the last completed step, stops
+/// every trainer, exits with 130 and prints the command that continues the run; that
+/// command, run as printed, finishes the job with every step in metrics.jsonl once.
 #[test]
-fn ctrl_c_cancels_the_job_and_releases_its_trainers() {
+fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
+    // Long enough to be running still when the signal comes (three epochs can take a
+    // second); no evaluations or checkpoints before the end, so the resumed run is short.
+    const EPOCHS: u64 = 12;
+    let quick = [
+        "train.eval_every_epochs=0",
+        "train.checkpoint_every_epochs=0",
+    ];
     let cluster = TrainCluster::start();
-    let mut job = cluster.job("interrupted", 200, &[], false);
+    let mut job = cluster.job("interrupted", EPOCHS, &quick, false);
     cluster.wait_for_steps(&mut job, "interrupted", 1);
-    let reserved = cluster.head.status()["reservations"]
-        .as_array()
-        .map_or(0, Vec::len);
+    let table = cluster.head.run_ok(&["status"]);
+    let status = cluster.head.status();
+    let reserved = status["reservations"].as_array().map_or(0, Vec::len);
     assert_eq!(reserved, 2, "one reservation per trainer while it runs");
+    let mut trainers: Vec<(String, u64, String)> = status["actors"]
+        .as_array()
+        .expect("actors in status --json")
+        .iter()
+        .filter(|a| a["kind"] == "trainer")
+        .map(|a| {
+            let job = a["job"].as_str().unwrap_or("?").to_string();
+            (
+                job,
+                a["rank"].as_u64().unwrap_or(99),
+                a["state"].to_string(),
+            )
+        })
+        .collect();
+    trainers.sort();
+    let running = "\"running\"".to_string();
+    assert_eq!(
+        trainers,
+        [
+            ("interrupted".to_string(), 0, running.clone()),
+            ("interrupted".to_string(), 1, running)
+        ],
+        "{status}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.contains("trainer") && l.split_whitespace().last() == Some("1"))
+        .unwrap_or_else(|| panic!("no row for rank 1 in:\n{table}"));
+    assert!(row.contains("interrupted"), "{table}");
+
+    assert!(job.running(), "the job ended before the signal");
     let signalled = Instant::now();
     job.signal(Signal::INT);
     let out = job.finish(Duration::from_secs(30));
@@ -640,7 +727,48 @@ fn ctrl_c_cancels_the_job_and_releases_its_trainers() {
         signalled.elapsed()
     );
     assert_eq!(out.status.code(), Some(130), "{}", out.describe());
-    assert!(out.stderr.contains("cancelled"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("interrupted by SIGINT"),
+        "{}",
+        out.stderr
+    );
+    let run = cluster.runs.join("interrupted");
+    let (saved_step, total) = (
+        assert_checkpoint_at_last_step(&run),
+        total_steps(&out.stdout, EPOCHS),
+    );
+    assert!(
+        saved_step < total,
+        "the job was not cut: step {saved_step} of {total}"
+    );
+    let command = out
+        .stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("to continue this run:"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no resume command in:\n{}", out.stderr))
+        .trim()
+        .to_string();
+    assert!(
+        command.ends_with(&format!("--resume {}", run.display())),
+        "{command}"
+    );
+    cluster.assert_settled();
+
+    let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);
+    assert!(
+        resumed.status.success(),
+        "{command}\n{}",
+        resumed.describe()
+    );
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+    assert_each_step_once(&metrics(&run), total);
     cluster.assert_settled();
 }
 
@@ -968,8 +1096,25 @@ impl Finished {
 impl Job {
     fn start(machine: &Machine, args: &[String], cwd: &Path) -> Job {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut child = machine
-            .command(&args)
+        Job::spawn(machine.command(&args), cwd)
+    }
+
+    /// Runs a command line through `sh`, with `machine`'s environment.
+    fn start_shell(machine: &Machine, line: &str, cwd: &Path) -> Job {
+        let template = machine.command(&[]);
+        let mut command = std::process::Command::new("sh");
+        command.args(["-c", line]);
+        for (key, value) in template.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        Job::spawn(command, cwd)
+    }
+
+    fn spawn(mut command: std::process::Command, cwd: &Path) -> Job {
+        let mut child = command
             .current_dir(cwd)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1090,6 +1235,88 @@ fn steps(records: &[Value]) -> BTreeMap<u64, f64> {
             (step, r["loss"].as_f64().expect("loss"))
         })
         .collect()
+}
+
+/// Each step record has figures of its own: its time (`step_s`, never the same as the
+/// step before, as it was when a call's figures were repeated for each of its steps),
+/// the images/s that time gives, and when it ended (`elapsed_s`, increasing).
+fn assert_steps_have_their_own_figures(records: &[Value]) {
+    let step_records: Vec<&Value> = records.iter().filter(|r| r["kind"] == "step").collect();
+    let number =
+        |r: &Value, key: &str| r[key].as_f64().unwrap_or_else(|| panic!("no {key} in {r}"));
+    for r in &step_records {
+        let (step_s, images_per_s) = (number(r, "step_s"), number(r, "images_per_s"));
+        assert!(step_s > 0.0, "{r}");
+        let want = number(r, "samples") / step_s;
+        assert!(
+            (images_per_s - want).abs() <= 1e-9 * want,
+            "images/s is not this step's samples over its time: {r}"
+        );
+        assert!(
+            number(r, "data_wait_s") <= step_s && number(r, "allreduce_s") <= step_s,
+            "{r}"
+        );
+    }
+    for pair in step_records.windows(2) {
+        assert_ne!(
+            number(pair[0], "step_s"),
+            number(pair[1], "step_s"),
+            "two steps with one time:\n{}\n{}",
+            pair[0],
+            pair[1]
+        );
+        assert!(
+            number(pair[0], "elapsed_s") < number(pair[1], "elapsed_s"),
+            "{}\n{}",
+            pair[0],
+            pair[1]
+        );
+    }
+}
+
+/// The run's step records number 1 to `total`, each once.
+fn assert_each_step_once(records: &[Value], total: u64) {
+    let mut numbers: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    numbers.sort_unstable();
+    let want: Vec<u64> = (1..=total).collect();
+    assert_eq!(numbers, want, "every step once in metrics.jsonl");
+}
+
+/// The run's latest checkpoint is at the last step its metrics.jsonl records (the step
+/// an interrupted job completed last); returns that step.
+fn assert_checkpoint_at_last_step(run: &Path) -> u64 {
+    let records = metrics(run);
+    let last = last_step_value(&records)
+        .and_then(|v| v.as_u64())
+        .expect("a step record");
+    let state = read_json(&checkpoint_dir(run).join("state.json"));
+    assert_eq!(
+        state["global_step"].as_u64(),
+        Some(last),
+        "the checkpoint is not at the last completed step: {state}"
+    );
+    let stop = records
+        .iter()
+        .rfind(|r| r["kind"] == "stop")
+        .expect("a stop record");
+    assert_eq!(stop["step"].as_u64(), Some(last), "{stop}");
+    last
+}
+
+/// The job's steps in all: `N steps per epoch` from its output times `epochs`.
+fn total_steps(stdout: &str, epochs: u64) -> u64 {
+    let per_epoch = stdout
+        .lines()
+        .find_map(|l| {
+            let (before, _) = l.split_once(" steps per epoch")?;
+            before.rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no steps per epoch in:\n{stdout}"));
+    per_epoch * epochs
 }
 
 fn last_step_value(records: &[Value]) -> Option<Value> {

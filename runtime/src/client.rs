@@ -22,7 +22,9 @@ use std::time::Duration;
 pub use actor_errors::ActorCallError;
 pub use actors::ActorRef;
 pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
-pub use status::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals};
+pub use status::{
+    ActorStatus, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
+};
 
 use crate::actor::ActorId;
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError, message_name, resolve};

@@ -105,6 +105,12 @@ pub trait ActorHandler: Send + Sync + 'static {
     fn disconnected(&self, peer: &Peer) {
         let _ = peer;
     }
+
+    /// The actors that have not ended, for the head's status; none by default (a node's
+    /// handler keeps no directory).
+    fn actors(&self) -> Vec<crate::client::ActorStatus> {
+        Vec::new()
+    }
 }
 
 impl<F, Fut> ActorHandler for F

@@ -227,7 +227,12 @@ impl Head {
 
     /// The state of the cluster, as clients get it.
     pub fn status(&self) -> ClusterStatus {
-        self.shared.members.status()
+        let actors = self
+            .shared
+            .actor_handler()
+            .map(|handler| handler.actors())
+            .unwrap_or_default();
+        self.shared.members.status().with_actors(actors)
     }
 
     /// Node events (joins, suspicions, losses with the reservations lost), from now on.

@@ -26,14 +26,14 @@ mod transport;
 pub mod wire;
 
 pub use actor::{
-    Actor, ActorContext, ActorError, ActorEventKind, ActorExit, ActorFactory, ActorId,
+    Actor, ActorContext, ActorError, ActorEventKind, ActorExit, ActorFactory, ActorId, ActorLabel,
     ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason, LocalActors,
     LocalOptions, MethodError, PoolOptions, RestartPolicy, WorkerCommand, WorkerPool,
     diagnostic_registry, worker_main,
 };
 pub use client::{
-    ActorCallError, ActorEvent, ActorEvents, ActorRef, ClusterClient, ClusterStatus, GpuStatus,
-    NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
+    ActorCallError, ActorEvent, ActorEvents, ActorRef, ActorStatus, ClusterClient, ClusterStatus,
+    GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
     CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingSecret,

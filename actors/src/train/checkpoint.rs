@@ -39,6 +39,39 @@ pub struct CheckpointState {
     /// The dynamic loss scale, when the job scales its loss.
     #[serde(default)]
     pub loss_scale: Option<ScalerState>,
+    /// What `epoch`'s steps before the checkpoint add up to (zero at an epoch boundary),
+    /// so that a resumed epoch's summary covers the whole epoch.
+    #[serde(default)]
+    pub epoch_sums: EpochSums,
+}
+
+/// Running sums over the steps of one epoch: what its summary (mean train loss and
+/// accuracy) is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochSums {
+    /// Steps counted.
+    pub steps: u64,
+    /// Sum of the steps' global mean losses, and of their accuracies.
+    pub loss_sum: f64,
+    pub accuracy_sum: f64,
+    /// Samples over all ranks.
+    pub samples: u64,
+}
+
+impl EpochSums {
+    /// Counts one step.
+    pub fn add(&mut self, loss: f32, accuracy: f32, samples: u64) {
+        self.steps += 1;
+        self.loss_sum += f64::from(loss);
+        self.accuracy_sum += f64::from(accuracy);
+        self.samples += samples;
+    }
+
+    /// The mean step loss and accuracy (0 without steps).
+    pub fn means(&self) -> (f64, f64) {
+        let n = self.steps.max(1) as f64;
+        (self.loss_sum / n, self.accuracy_sum / n)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +234,12 @@ mod tests {
                 scale: 1024.0,
                 finite_steps: 7,
             }),
+            epoch_sums: EpochSums {
+                steps: 3,
+                loss_sum: 0.1 + 0.2 + 1.0 / 3.0,
+                accuracy_sum: 1.25,
+                samples: 96,
+            },
         }
     }
 
@@ -220,6 +259,7 @@ mod tests {
         for given in [dir.path().to_path_buf(), root.clone(), path.clone()] {
             assert_eq!(resolve(&given).expect("resolve"), path, "{given:?}");
         }
+        // Every field comes back to the bit, the epoch's running sums included.
         assert_eq!(read_state(&path).expect("state"), newer);
         let (saved, momentum) = read_tensors(&path).expect("tensors");
         let target = vec![("w".to_string(), Tensor::zeros([3], tch::kind::FLOAT_CPU))];
@@ -235,6 +275,20 @@ mod tests {
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    }
+
+    #[test]
+    fn epoch_sums_add_steps_and_old_states_have_none() {
+        let mut sums = EpochSums::default();
+        assert_eq!(sums.means(), (0.0, 0.0));
+        sums.add(1.5, 0.25, 32);
+        sums.add(0.5, 0.75, 16);
+        assert_eq!((sums.steps, sums.samples), (2, 48));
+        assert_eq!(sums.means(), (1.0, 0.5));
+        let mut text = serde_json::to_value(state()).expect("json");
+        text.as_object_mut().expect("object").remove("epoch_sums");
+        let old: CheckpointState = serde_json::from_value(text).expect("an older state");
+        assert_eq!(old.epoch_sums, EpochSums::default());
     }
 
     #[test]

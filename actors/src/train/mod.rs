@@ -13,7 +13,7 @@ mod schedule;
 mod spec;
 mod trainer;
 
-pub use checkpoint::CheckpointState;
+pub use checkpoint::{CheckpointState, EpochSums};
 pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
@@ -26,5 +26,6 @@ pub use spec::{
 };
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,
-    SaveRequest, StepRecord, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
+    SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register,
+    secret_hex,
 };

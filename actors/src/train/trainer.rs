@@ -106,6 +106,22 @@ pub struct StepRecord {
     /// Whether the step was skipped (its scaled gradients overflowed).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// How long the step took on the rank that replies (the one figure here that differs
+    /// between ranks).
+    pub timing: StepTiming,
+}
+
+/// One rank's wall time for one step, and how it went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTiming {
+    /// From asking the loader for the batch to the end of the optimiser step.
+    pub seconds: f64,
+    /// Waiting for the batch.
+    pub data_wait_s: f64,
+    /// Forward and backward.
+    pub compute_s: f64,
+    /// Waiting for the gradient average.
+    pub allreduce_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -117,7 +133,7 @@ pub struct TrainReply {
     pub global_step: u64,
     pub steps: Vec<StepRecord>,
     /// This rank's wall time in the call, and how it went: waiting for batches, forward
-    /// and backward, waiting for the gradient average.
+    /// and backward, waiting for the gradient average (the sums of its steps' timings).
     pub seconds: f64,
     pub data_wait_s: f64,
     pub compute_s: f64,
@@ -536,7 +552,7 @@ impl Trainer {
             if running.steps >= running.planned {
                 break;
             }
-            let waited = Instant::now();
+            let step_started = Instant::now();
             let batch = match running.batches.next() {
                 Some(Ok(batch)) => batch,
                 Some(Err(e)) => {
@@ -553,8 +569,14 @@ impl Trainer {
                 }
             };
             running.steps += 1;
-            reply.data_wait_s += waited.elapsed().as_secs_f64();
-            let step = self.step(&batch, &mut reply)?;
+            let data_wait_s = step_started.elapsed().as_secs_f64();
+            let mut step = self.step(&batch)?;
+            step.timing.data_wait_s = data_wait_s;
+            step.timing.seconds = step_started.elapsed().as_secs_f64();
+            reply.data_wait_s += step.timing.data_wait_s;
+            reply.compute_s += step.timing.compute_s;
+            reply.allreduce_s += step.timing.allreduce_s;
+            reply.samples += batch.len() as u64;
             reply.steps.push(step);
         }
         let running = self
@@ -576,12 +598,9 @@ impl Trainer {
         Ok(reply)
     }
 
-    /// One optimiser step on `batch` (empty when this rank is out of data).
-    fn step(
-        &mut self,
-        batch: &pipelines::Batch,
-        reply: &mut TrainReply,
-    ) -> Result<StepRecord, MethodError> {
+    /// One optimiser step on `batch` (empty when this rank is out of data), with its
+    /// compute and allreduce times; the caller adds the rest of the timing.
+    fn step(&mut self, batch: &pipelines::Batch) -> Result<StepRecord, MethodError> {
         let computing = Instant::now();
         let n = batch.len();
         self.sgd.zero_grad();
@@ -605,7 +624,7 @@ impl Trainer {
             extra[0] = loss.double_value(&[]) as f32;
             extra[1] = topk_correct(&logits, &labels, 1) as f32 / n as f32;
         }
-        reply.compute_s += computing.elapsed().as_secs_f64();
+        let compute_s = computing.elapsed().as_secs_f64();
         let sync = self
             .sync
             .as_mut()
@@ -640,8 +659,6 @@ impl Trainer {
             sync.broadcast(&self.buffers, 0)
                 .map_err(|e| ring_failure(self.init.rank, "broadcasting buffers", &e))?;
         }
-        reply.allreduce_s += stats.wait.as_secs_f64();
-        reply.samples += n as u64;
         self.global_step += 1;
         Ok(StepRecord {
             step: self.global_step,
@@ -651,6 +668,11 @@ impl Trainer {
             samples: stats.samples as u64,
             loss_scale: self.scaler.enabled().then_some(loss_scale),
             skipped: verdict == StepVerdict::Skip,
+            timing: StepTiming {
+                compute_s,
+                allreduce_s: stats.wait.as_secs_f64(),
+                ..StepTiming::default()
+            },
         })
     }
 

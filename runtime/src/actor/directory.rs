@@ -100,6 +100,30 @@ impl RestartPolicy {
     }
 }
 
+/// Which job an actor works for and as which rank, as its spawner names them; `imgrun
+/// status` shows it beside the actor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct ActorLabel {
+    /// The job's name (for a training run, its folder's name).
+    pub job: String,
+    pub rank: u32,
+}
+
+impl ActorLabel {
+    pub fn new(job: impl Into<String>, rank: u32) -> Self {
+        ActorLabel {
+            job: job.into(),
+            rank,
+        }
+    }
+}
+
+impl fmt::Display for ActorLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "job {} rank {}", self.job, self.rank)
+    }
+}
+
 /// What a client asks for (the domain form of the wire's `ActorSpawn`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnRequest {
@@ -112,6 +136,7 @@ pub struct SpawnRequest {
     /// The worker process it runs in (empty: the node daemon itself).
     pub process_group: String,
     pub restart: RestartPolicy,
+    pub label: Option<ActorLabel>,
 }
 
 /// Where an actor's life stands, as the head knows it.
@@ -300,6 +325,7 @@ pub struct ActorRecord {
     strategy: Strategy,
     process_group: String,
     restart: RestartPolicy,
+    label: Option<ActorLabel>,
     spawned_at_ms: u64,
     state: ActorState,
     /// Some exactly while starting, running or stopping.
@@ -348,6 +374,11 @@ impl ActorRecord {
 
     pub fn restart(&self) -> RestartPolicy {
         self.restart
+    }
+
+    /// The job and rank its spawner gave.
+    pub fn label(&self) -> Option<&ActorLabel> {
+        self.label.as_ref()
     }
 
     pub fn spawned_at_ms(&self) -> u64 {
@@ -469,6 +500,7 @@ impl ActorDirectory {
             strategy: request.strategy,
             process_group: request.process_group,
             restart: request.restart,
+            label: request.label,
             spawned_at_ms: now,
             state: ActorState::Starting,
             node: Some(reservation.node),

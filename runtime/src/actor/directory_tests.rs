@@ -75,6 +75,7 @@ fn apply(directory: &mut ActorDirectory, table: &ResourceTable, step: Step) -> V
         }
         Spawn(at, owner, resources, strategy, max_restarts, backoff_ms) => {
             let request = SpawnRequest {
+                label: None,
                 kind: "worker".to_string(),
                 args: b"args".to_vec(),
                 resources: res(resources),
@@ -963,6 +964,7 @@ fn the_owners_that_lost_events_are_bounded_too() {
     let owners = ["o0", "o1", "o2", "o3", "o4", "o5", "o6", "o7"];
     for (i, owner) in owners.iter().enumerate() {
         let request = SpawnRequest {
+            label: None,
             kind: "worker".to_string(),
             args: Vec::new(),
             resources: res("cpu=1"),
@@ -1014,6 +1016,7 @@ fn ended_actors_are_forgotten_oldest_first_and_keep_no_args() {
     let mut actors = Vec::new();
     for _ in 0..4 {
         let request = SpawnRequest {
+            label: None,
             kind: "worker".to_string(),
             args: b"weights".to_vec(),
             resources: res("cpu=1"),
@@ -1065,6 +1068,7 @@ fn a_restart_carries_the_same_kind_args_and_group_with_new_gpus() {
     table.add_node(NodeId(2), res("gpu=4")).expect("a new node");
     let mut directory = ActorDirectory::new(DirectoryConfig::default());
     let request = SpawnRequest {
+        label: None,
         kind: "trainer".to_string(),
         args: vec![1, 2, 3],
         resources: res("gpu=2"),
@@ -1110,6 +1114,7 @@ fn resources_are_released_exactly_once() {
     let mut directory = ActorDirectory::new(DirectoryConfig::default());
     let spawn = |directory: &mut ActorDirectory, restarts: u32| {
         let request = SpawnRequest {
+            label: None,
             kind: "worker".to_string(),
             args: Vec::new(),
             resources: res("gpu=1"),
@@ -1228,6 +1233,7 @@ fn a_node_back_in_a_new_session_keeps_the_actors_of_its_new_session() {
     table.add_node(NodeId(1), res("gpu=2")).expect("a new node");
     let mut directory = ActorDirectory::new(DirectoryConfig::default());
     let request = SpawnRequest {
+        label: None,
         kind: "worker".to_string(),
         args: Vec::new(),
         resources: res("gpu=1"),

@@ -43,7 +43,7 @@ pub use diagnostic::{ECHO_KIND, diagnostic_registry};
 pub(crate) use directory::{
     ActorAction, ActorDirectory, DirectoryConfig, DirectoryError, SpawnRequest,
 };
-pub use directory::{ActorEventKind, ActorId, RestartPolicy};
+pub use directory::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
 pub use error::{ActorError, ActorExit, ExitReason};
 pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
 pub use pool::{PoolOptions, WorkerCommand, WorkerPool};

@@ -72,6 +72,10 @@ pub(crate) fn spawn(
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::from(OwnedFd::from(output_theirs)))
         .stderr(Stdio::from(OwnedFd::from(stderr)))
+        // A process group of its own: Ctrl-C at the terminal of a program that hosts
+        // workers (an embedded cluster) goes to that program, which stops them in order,
+        // not to the workers in the middle of a step.
+        .process_group(0)
         .kill_on_drop(true);
     let child = process.spawn()?;
     // Our copies of the worker's ends close here, so that its exit ends both streams.

@@ -1,4 +1,5 @@
-//! `imgrun status` as text: a table of nodes, the reservations by owner, and the totals.
+//! `imgrun status` as text: a table of nodes, the reservations by owner, the live actors
+//! with their job and rank, and the totals.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -63,6 +64,31 @@ impl fmt::Display for ClusterStatus {
                 )?;
             }
         }
+        if !self.actors.is_empty() {
+            writeln!(f, "\nactors:")?;
+            let rows: Vec<[String; 6]> = self
+                .actors
+                .iter()
+                .map(|actor| {
+                    let (job, rank) = actor.label.as_ref().map_or_else(
+                        || ("-".to_owned(), "-".to_owned()),
+                        |label| (label.job.clone(), label.rank.to_string()),
+                    );
+                    [
+                        actor.id.to_string(),
+                        actor.kind.clone(),
+                        actor
+                            .node
+                            .map_or_else(|| "-".to_owned(), |node| node.to_string()),
+                        actor.state.clone(),
+                        job,
+                        rank,
+                    ]
+                })
+                .collect();
+            let header = ["ACTOR", "KIND", "NODE", "STATE", "JOB", "RANK"];
+            table(f, &header.map(str::to_owned), &rows)?;
+        }
         let totals = &self.totals;
         write!(
             f,
@@ -86,7 +112,11 @@ impl fmt::Display for ClusterStatus {
 }
 
 /// Columns padded to their widest cell, two spaces apart; the last one not padded.
-fn table(f: &mut fmt::Formatter<'_>, header: &[String; 10], rows: &[[String; 10]]) -> fmt::Result {
+fn table<const N: usize>(
+    f: &mut fmt::Formatter<'_>,
+    header: &[String; N],
+    rows: &[[String; N]],
+) -> fmt::Result {
     let mut widths = header.each_ref().map(|cell| cell.chars().count());
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -215,6 +245,11 @@ NODE  ADDRESS        HOST    STATE    UPTIME  HEARTBEAT  CPUS  MEMORY  GPUS     
 
 reservations:
   node 2  actor:3  1 gpu, 2 cpu
+
+actors:
+ACTOR  KIND     NODE  STATE    JOB    RANK
+3      trainer  2     running  run-1  0
+4      trainer  2     running  -      -
 
 totals: 32 cpus, 128 GiB memory, 2 gpus; in use: 1 gpu, 2 cpu (1 reservation)
 ";

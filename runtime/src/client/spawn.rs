@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use super::actors::{ActorRef, HEAD_TIMEOUT, Located};
 use super::{ActorCallError, ClusterClient};
-use crate::actor::{ActorEventKind, ActorId, RestartPolicy};
+use crate::actor::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
 use crate::daemon::DaemonError;
 use crate::head::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
 use crate::membership::NodeId;
 use crate::placement::{Resources, Strategy};
-use crate::wire::Message;
+use crate::wire::{ActorLabelWire, Message};
 
 /// What to spawn, where, and how to bring it back after a failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub struct SpawnOptions {
     pub process_group: String,
     /// Restarts after failures; `None`: never.
     pub restart: Option<RestartPolicy>,
+    /// The job and rank it works for, shown by `imgrun status`.
+    pub label: Option<ActorLabel>,
 }
 
 impl SpawnOptions {
@@ -40,6 +42,7 @@ impl SpawnOptions {
             strategy: Strategy::Spread,
             process_group: String::new(),
             restart: None,
+            label: None,
         }
     }
 
@@ -60,6 +63,12 @@ impl SpawnOptions {
 
     pub fn process_group(mut self, group: impl Into<String>) -> Self {
         self.process_group = group.into();
+        self
+    }
+
+    /// Labels the actor with its job and rank (shown by `imgrun status`).
+    pub fn label(mut self, label: ActorLabel) -> Self {
+        self.label = Some(label);
         self
     }
 
@@ -114,6 +123,10 @@ impl ClusterClient {
             process_group: options.process_group,
             max_restarts: restart.max_restarts,
             restart_backoff_ms: u32::try_from(restart.backoff_ms).unwrap_or(u32::MAX),
+            label: options.label.map(|label| ActorLabelWire {
+                job: label.job,
+                rank: label.rank,
+            }),
         };
         let refused = |reason| ActorCallError::Spawn {
             kind: options.kind.clone(),

@@ -1,14 +1,19 @@
 //! The state of the cluster as commands see it: [`ClusterStatus`], a domain type that
 //! serialises to JSON (`imgrun status --json`) and converts to and from
 //! [`ClusterStatusWire`]. Per-node use and the totals are derived here, from the nodes
-//! and the reservations, on both sides of the wire.
+//! and the reservations, on both sides of the wire. The head adds its live actors, with
+//! the job and rank each was labelled with.
 
 use std::collections::BTreeMap;
 
 use serde::{Serialize, Serializer};
 
+use crate::actor::{ActorId, ActorLabel};
 use crate::membership::{NodeId, NodeState};
-use crate::wire::{ClusterStatusWire, GpuWire, NodeStatusWire, ReservationWire, ResourcesWire};
+use crate::wire::{
+    ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, NodeStatusWire, ReservationWire,
+    ResourcesWire,
+};
 
 /// Every node the head knows (dead ones too), what is reserved, and the totals.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -19,6 +24,24 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     pub reservations: Vec<ReservationStatus>,
     pub totals: StatusTotals,
+    /// The actors that have not ended, in id order.
+    pub actors: Vec<ActorStatus>,
+}
+
+/// One actor that has not ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActorStatus {
+    #[serde(serialize_with = "actor_id")]
+    pub id: ActorId,
+    pub kind: String,
+    /// Its node; none while it waits for a restart.
+    #[serde(serialize_with = "optional_node_id")]
+    pub node: Option<NodeId>,
+    /// `starting`, `running`, `restarting` or `stopping`.
+    pub state: String,
+    /// `job` and `rank` (JSON fields beside the others), when its spawner gave them.
+    #[serde(flatten)]
+    pub label: Option<ActorLabel>,
 }
 
 /// One node.
@@ -105,7 +128,15 @@ impl ClusterStatus {
             nodes,
             reservations,
             totals,
+            actors: Vec::new(),
         }
+    }
+
+    /// This status with `actors` (put in id order).
+    pub fn with_actors(mut self, mut actors: Vec<ActorStatus>) -> Self {
+        actors.sort_by_key(|actor| actor.id);
+        self.actors = actors;
+        self
     }
 
     /// The nodes whose session is on.
@@ -135,6 +166,20 @@ impl ClusterStatus {
                         .collect(),
                 })
                 .collect(),
+            actors: self
+                .actors
+                .iter()
+                .map(|actor| ActorStatusWire {
+                    actor_id: actor.id.0,
+                    kind: actor.kind.clone(),
+                    node_id: actor.node.map_or(0, |node| node.0),
+                    state: actor.state.clone(),
+                    label: actor.label.as_ref().map(|label| ActorLabelWire {
+                        job: label.job.clone(),
+                        rank: label.rank,
+                    }),
+                })
+                .collect(),
         }
     }
 
@@ -154,7 +199,20 @@ impl ClusterStatus {
                 resources: sum_pairs(reservation.resources),
             })
             .collect();
-        Ok(ClusterStatus::new(wire.session, nodes, reservations))
+        let actors = wire
+            .actors
+            .into_iter()
+            .map(|actor| ActorStatus {
+                id: ActorId(actor.actor_id),
+                kind: actor.kind,
+                node: (actor.node_id != 0).then_some(NodeId(actor.node_id)),
+                state: actor.state,
+                label: actor
+                    .label
+                    .map(|label| ActorLabel::new(label.job, label.rank)),
+            })
+            .collect();
+        Ok(ClusterStatus::new(wire.session, nodes, reservations).with_actors(actors))
     }
 }
 
@@ -244,6 +302,17 @@ fn node_id<S: Serializer>(id: &NodeId, serializer: S) -> Result<S::Ok, S::Error>
     serializer.serialize_u64(id.0)
 }
 
+fn optional_node_id<S: Serializer>(id: &Option<NodeId>, serializer: S) -> Result<S::Ok, S::Error> {
+    match id {
+        Some(id) => serializer.serialize_u64(id.0),
+        None => serializer.serialize_none(),
+    }
+}
+
+fn actor_id<S: Serializer>(id: &ActorId, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(id.0)
+}
+
 fn display<S: Serializer>(value: &NodeState, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(value)
 }
@@ -277,6 +346,13 @@ pub(crate) mod tests {
             owner: "actor:3".into(),
             resources: [("gpu".to_owned(), 1), ("cpu".to_owned(), 2000)].into(),
         };
+        let actor = |id, label| ActorStatus {
+            id: ActorId(id),
+            kind: "trainer".into(),
+            node: Some(NodeId(2)),
+            state: "running".into(),
+            label,
+        };
         ClusterStatus::new(
             7,
             vec![
@@ -286,6 +362,10 @@ pub(crate) mod tests {
             ],
             vec![reservation],
         )
+        .with_actors(vec![
+            actor(4, None),
+            actor(3, Some(ActorLabel::new("run-1", 0))),
+        ])
     }
 
     #[test]
@@ -325,5 +405,15 @@ pub(crate) mod tests {
         assert_eq!(json["nodes"][1]["gpus"][1]["name"], "NVIDIA H100 80GB HBM3");
         assert_eq!(json["totals"]["gpus"], 2);
         assert_eq!(json["reservations"][0]["owner"], "actor:3");
+        let actor = &json["actors"][0];
+        assert_eq!(
+            (&actor["id"], &actor["kind"], &actor["node"]),
+            (&3.into(), &"trainer".into(), &2.into())
+        );
+        assert_eq!(
+            (&actor["job"], &actor["rank"]),
+            (&"run-1".into(), &0.into())
+        );
+        assert!(json["actors"][1].get("job").is_none(), "no label, no job");
     }
 }

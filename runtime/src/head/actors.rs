@@ -22,7 +22,7 @@ mod parse;
 
 pub(crate) use driver::START_TIMEOUT;
 pub(crate) use parse::placement_text;
-use parse::spawn_request;
+use parse::{parse_label, spawn_request};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -38,6 +38,7 @@ use crate::actor::{
     ActorDirectory, ActorExit, ActorId, DirectoryConfig, DirectoryError, RestartPolicy,
     SpawnRequest,
 };
+use crate::client::ActorStatus;
 use crate::daemon::{ActorHandler, ActorReply, NODE_PREFIX, message_name, refused};
 use crate::membership::NodeId;
 use crate::node::actors::NodeActors;
@@ -75,6 +76,21 @@ impl ActorHandler for ActorRequests {
 
     fn disconnected(&self, peer: &Peer) {
         self.0.owner_gone(&owner_of(peer));
+    }
+
+    fn actors(&self) -> Vec<ActorStatus> {
+        self.0
+            .lock()
+            .records()
+            .filter(|record| !record.state().is_ended())
+            .map(|record| ActorStatus {
+                id: record.id(),
+                kind: record.kind().to_owned(),
+                node: record.node(),
+                state: record.state().name().to_owned(),
+                label: record.label().cloned(),
+            })
+            .collect()
     }
 }
 
@@ -127,8 +143,13 @@ impl HeadActors {
                 process_group,
                 max_restarts,
                 restart_backoff_ms,
+                label,
             } => {
-                let request = match spawn_request(
+                let label = match label.map(|l| parse_label(l.job, l.rank)).transpose() {
+                    Ok(label) => label,
+                    Err(message) => return Message::Error { message },
+                };
+                let mut request = match spawn_request(
                     kind,
                     args,
                     &resources,
@@ -142,6 +163,7 @@ impl HeadActors {
                     Ok(request) => request,
                     Err(message) => return Message::Error { message },
                 };
+                request.label = label;
                 let owner = owner_of(&peer);
                 let span = info_span!("spawn", %owner, kind = %request.kind);
                 self.spawn(&head, owner, request).instrument(span).await

@@ -126,9 +126,15 @@ pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) ->
                 Err(reason) => refused(format!("unknown session ({reason})")),
             }
         }
-        Message::StatusRequest => Message::StatusReply {
-            status: shared.members.status().to_wire(),
-        },
+        Message::StatusRequest => {
+            let actors = shared
+                .actor_handler()
+                .map(|handler| handler.actors())
+                .unwrap_or_default();
+            Message::StatusReply {
+                status: shared.members.status().with_actors(actors).to_wire(),
+            }
+        }
         Message::StopRequest { all } => {
             if role != Role::Operator {
                 warn!(peer = %peer.address, name = peer.name(), "refused a stop request");

@@ -189,8 +189,8 @@ mod tests {
 
     use super::*;
     use crate::wire::messages::ArchivedMessage;
+    use crate::wire::{ActorLabelWire, ActorStatusWire, ReservationWire, ResourcesWire};
     use crate::wire::{ClusterStatusWire, GpuWire, NodeDescription, NodeStatusWire};
-    use crate::wire::{ReservationWire, ResourcesWire};
 
     fn resources() -> ResourcesWire {
         ResourcesWire {
@@ -261,6 +261,16 @@ mod tests {
                         owner: "actor:1".into(),
                         resources: vec![("gpu".into(), 1), ("cpu".into(), 4)],
                     }],
+                    actors: vec![ActorStatusWire {
+                        actor_id: 1,
+                        kind: "trainer".into(),
+                        node_id: 7,
+                        state: "running".into(),
+                        label: Some(ActorLabelWire {
+                            job: "run-1".into(),
+                            rank: 0,
+                        }),
+                    }],
                 },
             },
             Message::StopRequest { all: true },
@@ -276,6 +286,10 @@ mod tests {
                 process_group: "rank0".into(),
                 max_restarts: 3,
                 restart_backoff_ms: 500,
+                label: Some(ActorLabelWire {
+                    job: "run-1".into(),
+                    rank: 3,
+                }),
             },
             Message::ActorSpawned {
                 actor_id: 1,

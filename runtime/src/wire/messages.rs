@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -115,6 +115,8 @@ pub enum Message {
         max_restarts: u32,
         /// The pause before the first restart, doubled after each further one.
         restart_backoff_ms: u32,
+        /// The job and rank the actor works for, shown by `imgrun status`.
+        label: Option<ActorLabelWire>,
     },
     /// The actor started (head to client).
     ActorSpawned {
@@ -296,6 +298,34 @@ pub struct ClusterStatusWire {
     pub nodes: Vec<NodeStatusWire>,
     /// The reservations in use.
     pub reservations: Vec<ReservationWire>,
+    /// The actors that have not ended, in id order.
+    pub actors: Vec<ActorStatusWire>,
+}
+
+/// Which job an actor works for, and as which rank.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ActorLabelWire {
+    /// The job's name (a training run's folder name).
+    pub job: String,
+    /// The actor's rank in the job.
+    pub rank: u32,
+}
+
+/// One actor in a [`ClusterStatusWire`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ActorStatusWire {
+    /// The actor's id.
+    pub actor_id: u64,
+    /// Its registered kind.
+    pub kind: String,
+    /// Its node; 0 while it has none (restarting).
+    pub node_id: u64,
+    /// `starting`, `running`, `restarting` or `stopping`.
+    pub state: String,
+    /// Its job and rank, when its spawner gave them.
+    pub label: Option<ActorLabelWire>,
 }
 
 /// One node in a [`ClusterStatusWire`].

@@ -13,6 +13,6 @@ pub use frame::{
     write_frame,
 };
 pub use messages::{
-    ActorEventWire, ClusterStatusWire, GpuWire, Message, NodeDescription, NodeStatusWire,
-    ReservationWire, ResourcesWire, WIRE_VERSION,
+    ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, Message,
+    NodeDescription, NodeStatusWire, ReservationWire, ResourcesWire, WIRE_VERSION,
 };

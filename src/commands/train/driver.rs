@@ -12,12 +12,12 @@ use actors::train::{
     ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
 };
 use anyhow::{Context, bail};
-use runtime::{ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
+use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::spec::check_plan;
-use super::steps::{RunningJob, train_loop};
+use super::steps::{RunningJob, Saved, StopControl, train_loop};
 use super::world::{Cluster, RankPlace, plan_world};
 use super::{JobOptions, JobSummary};
 use crate::commands::plot;
@@ -83,6 +83,7 @@ impl Driver {
         options: &JobOptions,
         mut job: JobSpec,
         cluster: &Cluster,
+        stop: &StopControl,
     ) -> anyhow::Result<JobSummary> {
         let train = &config.train;
         let status = cluster
@@ -117,8 +118,28 @@ impl Driver {
         };
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating {}", run_dir.display()))?;
+        {
+            let mut progress = stop.progress();
+            progress.run_dir = Some(run_dir.clone());
+            progress.checkpoint = resume.as_ref().map(|r| Saved {
+                dir: r.dir.clone(),
+                epoch: r.state.epoch,
+                global_step: r.state.global_step,
+                step_in_epoch: r.state.step_in_epoch,
+            });
+        }
         print_plan(&job, &places, nodes, ranks_per_node, global_batch, &run_dir);
-        let mut metrics = Metrics::open(&run_dir.join("metrics.jsonl"))?;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        if let Some(resume) = &resume {
+            let dropped = super::metrics::rewind(&metrics_path, &resume.state)?;
+            if dropped > 0 {
+                println!(
+                    "metrics: {dropped} record(s) past the checkpoint dropped from {}",
+                    metrics_path.display()
+                );
+            }
+        }
+        let mut metrics = Metrics::open(&metrics_path)?;
         let mut record = serde_json::json!({
             "kind": "job",
             "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -139,7 +160,12 @@ impl Driver {
         }
         metrics.write(&record)?;
 
-        let ranks = spawn_trainers(cluster, &job, &places, nodes, ranks_per_node).await?;
+        let job_name = run_dir.file_name().map_or_else(
+            || run_dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let shape = (nodes, ranks_per_node);
+        let ranks = spawn_trainers(cluster, &job, &job_name, &places, shape).await?;
         let long = Duration::from_secs(train.step_timeout_secs.max(10));
         let listens: Vec<ListenReply> =
             call_all(&ranks, "listen", |_| b"{}".to_vec(), long).await?;
@@ -203,6 +229,7 @@ impl Driver {
             steps_per_epoch,
             nodes,
             ranks_per_node,
+            stop,
         };
         let mut watcher = FailureWatcher::start(cluster.client.clone(), &ranks);
         let loop_result = tokio::select! {
@@ -254,12 +281,14 @@ impl Driver {
     }
 }
 
+/// Spawns one trainer per place, each labelled with the job's name and its rank (what
+/// `imgrun status` shows), for a world of `nodes` x `ranks_per_node`.
 pub(super) async fn spawn_trainers(
     cluster: &Cluster,
     job: &JobSpec,
+    job_name: &str,
     places: &[RankPlace],
-    nodes: u32,
-    ranks_per_node: u32,
+    (nodes, ranks_per_node): (u32, u32),
 ) -> anyhow::Result<Vec<Rank>> {
     let world = places.len() as u32;
     let group = format!("train-{}", std::process::id());
@@ -287,7 +316,8 @@ pub(super) async fn spawn_trainers(
             .args(to_json(&init))
             .resources(resources)
             .strategy(Strategy::Node(place.node))
-            .process_group(format!("{group}-rank{r}"));
+            .process_group(format!("{group}-rank{r}"))
+            .label(ActorLabel::new(job_name, r as u32));
         let client = cluster.client.clone();
         let place = place.clone();
         tasks.spawn(async move {

@@ -1,18 +1,54 @@
 //! The step loop: calls of the same number of steps to every rank, evaluations and
-//! checkpoints when due, metrics and progress.
+//! checkpoints when due, metrics and progress, and the checkpoint at the last step when
+//! the job is asked to stop.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::train::{
-    CheckpointState, EvalReply, JobSpec, ResumeFrom, SaveRequest, TrainReply, TrainRequest,
+    CheckpointState, EpochSums, EvalReply, JobSpec, ResumeFrom, SaveRequest, StepRecord,
+    TrainReply, TrainRequest,
 };
 use anyhow::{Context, bail};
+use pipelines::RankCursor;
 
-use super::JobSummary;
 use super::driver::{Metrics, Rank, call_all, to_json};
+use super::{Interrupted, JobSummary};
 use crate::commands::progress_bar;
 use crate::config::Config;
+
+/// A checkpoint this job wrote or resumed from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Saved {
+    pub(crate) dir: PathBuf,
+    pub(crate) epoch: u64,
+    pub(crate) global_step: u64,
+    pub(crate) step_in_epoch: u64,
+}
+
+/// Where a job stands, shared with the code that handles signals: what it needs to say
+/// after an interrupt, even when the step loop did not get to answer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Progress {
+    pub(crate) run_dir: Option<PathBuf>,
+    /// The newest checkpoint.
+    pub(crate) checkpoint: Option<Saved>,
+}
+
+/// How the job's client tells the step loop to stop (the signal's name), and what the
+/// loop tells it back.
+#[derive(Debug, Clone)]
+pub(crate) struct StopControl {
+    pub(crate) requested: tokio::sync::watch::Receiver<Option<&'static str>>,
+    pub(crate) progress: Arc<Mutex<Progress>>,
+}
+
+impl StopControl {
+    pub(crate) fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
 /// need.
@@ -24,18 +60,19 @@ pub(super) struct RunningJob<'a> {
     pub(super) steps_per_epoch: u64,
     pub(super) nodes: u32,
     pub(super) ranks_per_node: u32,
+    pub(super) stop: &'a StopControl,
 }
 
 impl RunningJob<'_> {
     /// Has rank 0 write checkpoint `name`: the job at `global_step`, to continue at step
-    /// `step_in_epoch` of `epoch` with the ranks' loader `cursors`.
+    /// `step_in_epoch` of `epoch` with the ranks' loader `cursors` and the epoch's running
+    /// `sums` so far.
     pub(super) async fn save(
         &self,
         name: &str,
-        epoch: u64,
-        global_step: u64,
-        step_in_epoch: u64,
-        cursors: Vec<pipelines::RankCursor>,
+        (epoch, global_step, step_in_epoch): (u64, u64, u64),
+        cursors: Vec<RankCursor>,
+        sums: EpochSums,
     ) -> anyhow::Result<()> {
         let state = CheckpointState {
             epoch,
@@ -49,6 +86,7 @@ impl RunningJob<'_> {
             classes: self.job.model.classes,
             // Rank 0 fills in its scaler.
             loss_scale: None,
+            epoch_sums: sums,
         };
         let root = std::fs::canonicalize(self.run_dir)
             .unwrap_or_else(|_| self.run_dir.to_path_buf())
@@ -67,7 +105,56 @@ impl RunningJob<'_> {
             .with_context(|| format!("{}: saving checkpoint {name}", rank0.name()))?;
         let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
         tracing::info!(path = %path.display(), "checkpoint saved");
+        self.stop.progress().checkpoint = Some(Saved {
+            dir: path,
+            epoch,
+            global_step,
+            step_in_epoch,
+        });
         Ok(())
+    }
+
+    /// The job was asked to stop by `signal` between steps: saves a checkpoint at the
+    /// last completed step unless the newest one is there already, and says where the
+    /// job stands.
+    async fn interrupted(
+        &self,
+        signal: &'static str,
+        at: (u64, u64, u64),
+        cursors: &[RankCursor],
+        sums: EpochSums,
+        metrics: &mut Metrics,
+    ) -> anyhow::Error {
+        let (epoch, global_step, step_in_epoch) = at;
+        let newest = self.stop.progress().checkpoint.clone();
+        let saved_already = newest
+            .as_ref()
+            .is_some_and(|c| c.global_step == global_step);
+        if !saved_already && global_step > 0 {
+            let (name, cursors, sums) = if step_in_epoch == 0 {
+                (
+                    format!("epoch-{epoch:04}"),
+                    Vec::new(),
+                    EpochSums::default(),
+                )
+            } else {
+                (format!("step-{global_step:08}"), cursors.to_vec(), sums)
+            };
+            if let Err(error) = self.save(&name, at, cursors, sums).await {
+                return Interrupted::late(
+                    signal,
+                    self.stop.progress().clone(),
+                    format!("the checkpoint at global step {global_step} failed: {error:#}"),
+                )
+                .into();
+            }
+        }
+        let progress = self.stop.progress().clone();
+        let _ = metrics.write(&serde_json::json!({
+            "kind": "stop", "signal": signal, "epoch": epoch, "step": global_step,
+            "checkpoint": progress.checkpoint.as_ref().map(|c| c.dir.display().to_string()),
+        }));
+        Interrupted::in_time(signal, progress).into()
     }
 }
 
@@ -110,6 +197,31 @@ pub(super) fn steps_until(global_step: u64, chunk: u64, every: &[u64]) -> u64 {
         .fold(chunk, u64::min)
 }
 
+/// One step's figures for metrics.jsonl, from every rank's record of it: a step lasts
+/// as long as its slowest rank; the data wait and the allreduce are the ranks' means.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct StepFigures {
+    pub(super) step_s: f64,
+    pub(super) data_wait_s: f64,
+    pub(super) allreduce_s: f64,
+    pub(super) images_per_s: f64,
+}
+
+pub(super) fn step_figures(samples: u64, ranks: &[&StepRecord]) -> StepFigures {
+    let n = ranks.len().max(1) as f64;
+    let step_s = ranks
+        .iter()
+        .map(|r| r.timing.seconds)
+        .fold(0.0, f64::max)
+        .max(1e-9);
+    StepFigures {
+        step_s,
+        data_wait_s: ranks.iter().map(|r| r.timing.data_wait_s).sum::<f64>() / n,
+        allreduce_s: ranks.iter().map(|r| r.timing.allreduce_s).sum::<f64>() / n,
+        images_per_s: samples as f64 / step_s,
+    }
+}
+
 pub(super) async fn train_loop(
     run: &RunningJob<'_>,
     metrics: &mut Metrics,
@@ -148,11 +260,22 @@ pub(super) async fn train_loop(
         let bar = progress_bar(steps_per_epoch, &format!("epoch {epoch}"));
         bar.set_position(step_in_epoch);
         let epoch_started = Instant::now();
-        let (mut loss_sum, mut loss_steps) = (0.0f64, 0u64);
+        // A resumed epoch's summary counts the steps before its checkpoint too.
+        let mut sums = match resume {
+            Some(r) if epoch == r.state.epoch && r.state.step_in_epoch > 0 => r.state.epoch_sums,
+            _ => EpochSums::default(),
+        };
         let (mut images, mut busy_s, mut wait_s) = (0u64, 0.0f64, 0.0f64);
+        let mut cursors: Vec<RankCursor> = Vec::new();
         let mut chunk = 1u64;
         let mut done = false;
         while !done {
+            let stop = *run.stop.requested.borrow();
+            if let Some(signal) = stop {
+                bar.finish_and_clear();
+                let at = (epoch, global_step, step_in_epoch);
+                return Err(run.interrupted(signal, at, &cursors, sums, metrics).await);
+            }
             let max_steps = steps_until(
                 global_step,
                 chunk,
@@ -160,6 +283,7 @@ pub(super) async fn train_loop(
             );
             let request = TrainRequest { epoch, max_steps };
             let called = Instant::now();
+            let called_at_s = started.elapsed().as_secs_f64();
             let replies: Vec<TrainReply> = call_all(
                 ranks,
                 "train",
@@ -178,21 +302,30 @@ pub(super) async fn train_loop(
                     replies[bad].step_in_epoch
                 );
             }
-            let samples: u64 = replies.iter().map(|r| r.samples).sum();
-            let seconds = replies
+            if let Some(bad) = replies
                 .iter()
-                .map(|r| r.seconds)
-                .fold(0.0, f64::max)
-                .max(1e-9);
+                .position(|r| r.steps.len() != first.steps.len())
+            {
+                bail!(
+                    "ranks out of step: rank 0 ran {} steps in a call, rank {bad} {}",
+                    first.steps.len(),
+                    replies[bad].steps.len()
+                );
+            }
+            let samples: u64 = replies.iter().map(|r| r.samples).sum();
             let data_wait = replies
                 .iter()
                 .map(|r| r.data_wait_s / r.seconds.max(1e-9))
                 .sum::<f64>()
                 / replies.len() as f64;
-            let allreduce =
-                replies.iter().map(|r| r.allreduce_s).sum::<f64>() / replies.len() as f64;
-            let steps = first.steps.len().max(1) as f64;
-            for step in &first.steps {
+            // Each step's own figures: when it ended, from the ranks' step timings.
+            let mut step_end_s = called_at_s;
+            let mut last_figures = None;
+            for (i, step) in first.steps.iter().enumerate() {
+                let ranks_records: Vec<&StepRecord> =
+                    replies.iter().filter_map(|r| r.steps.get(i)).collect();
+                let figures = step_figures(step.samples, &ranks_records);
+                step_end_s += figures.step_s;
                 let mut record = serde_json::json!({
                     "kind": "step",
                     "epoch": epoch,
@@ -201,21 +334,21 @@ pub(super) async fn train_loop(
                     "accuracy": step.accuracy,
                     "lr": step.lr,
                     "samples": step.samples,
-                    "images_per_s": samples as f64 / seconds,
-                    "data_wait_s": data_wait * seconds / steps,
-                    "allreduce_s": allreduce / steps,
-                    "step_s": seconds / steps,
-                    "elapsed_s": started.elapsed().as_secs_f64(),
+                    "images_per_s": figures.images_per_s,
+                    "data_wait_s": figures.data_wait_s,
+                    "allreduce_s": figures.allreduce_s,
+                    "step_s": figures.step_s,
+                    "elapsed_s": step_end_s,
                 });
                 if let Some(scale) = step.loss_scale {
                     record["loss_scale"] = scale.into();
                     record["skipped"] = step.skipped.into();
                 }
                 metrics.write(&record)?;
-                loss_sum += f64::from(step.loss);
-                loss_steps += 1;
+                sums.add(step.loss, step.accuracy, step.samples);
                 summary.first_loss.get_or_insert(step.loss);
                 summary.last_loss = Some(step.loss);
+                last_figures = Some(figures);
             }
             for reply in &replies {
                 if reply.skipped > 0 && !reply.problems.is_empty() {
@@ -228,12 +361,12 @@ pub(super) async fn train_loop(
             global_step = first.global_step;
             step_in_epoch = first.step_in_epoch;
             done = first.epoch_done;
+            cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
             bar.set_position(step_in_epoch);
-            if let Some(last) = first.steps.last() {
+            if let (Some(last), Some(figures)) = (first.steps.last(), last_figures) {
                 bar.set_message(format!(
                     "epoch {epoch} loss {:.3} {:.0} img/s",
-                    last.loss,
-                    samples as f64 / seconds
+                    last.loss, figures.images_per_s
                 ));
             }
             // Calls of about a second: progress stays live, and Ctrl-C or a failure is
@@ -254,10 +387,9 @@ pub(super) async fn train_loop(
                 }
             }
             if due(train.checkpoint_every_steps) {
-                let cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
                 let name = format!("step-{global_step:08}");
-                run.save(&name, epoch, global_step, step_in_epoch, cursors)
-                    .await?;
+                let at = (epoch, global_step, step_in_epoch);
+                run.save(&name, at, cursors.clone(), sums).await?;
             }
         }
         bar.finish_and_clear();
@@ -279,11 +411,12 @@ pub(super) async fn train_loop(
                 summary.top5 = Some(top5);
             }
         }
-        let train_loss = loss_sum / loss_steps.max(1) as f64;
+        let (train_loss, train_accuracy) = sums.means();
         let images_per_s = images as f64 / busy_s.max(1e-9);
         let data_wait_fraction = wait_s / busy_s.max(1e-9);
         metrics.write(&serde_json::json!({
             "kind": "epoch", "epoch": epoch, "step": global_step, "train_loss": train_loss,
+            "train_accuracy": train_accuracy, "steps": sums.steps, "samples": sums.samples,
             "images_per_s": images_per_s, "data_wait_fraction": data_wait_fraction,
             "seconds": epoch_s, "elapsed_s": started.elapsed().as_secs_f64(),
         }))?;
@@ -300,7 +433,8 @@ pub(super) async fn train_loop(
                 && (epoch + 1) % train.checkpoint_every_epochs == 0);
         if save_due {
             let name = format!("epoch-{:04}", epoch + 1);
-            run.save(&name, epoch + 1, global_step, 0, Vec::new())
+            let at = (epoch + 1, global_step, 0);
+            run.save(&name, at, Vec::new(), EpochSums::default())
                 .await?;
         }
     }
@@ -311,6 +445,40 @@ pub(super) async fn train_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actors::train::StepTiming;
+
+    #[test]
+    fn a_step_lasts_as_long_as_its_slowest_rank() {
+        let record = |seconds, data_wait_s, allreduce_s| StepRecord {
+            step: 7,
+            loss: 1.0,
+            accuracy: 0.5,
+            lr: 0.1,
+            samples: 64,
+            loss_scale: None,
+            skipped: false,
+            timing: StepTiming {
+                seconds,
+                data_wait_s,
+                compute_s: 0.0,
+                allreduce_s,
+            },
+        };
+        let (a, b) = (record(0.5, 0.1, 0.2), record(0.25, 0.3, 0.0));
+        let figures = step_figures(64, &[&a, &b]);
+        assert_eq!(
+            figures,
+            StepFigures {
+                step_s: 0.5,
+                data_wait_s: 0.2,
+                allreduce_s: 0.1,
+                images_per_s: 128.0,
+            }
+        );
+        // No time measured (a clock too coarse) never divides by zero.
+        let still = record(0.0, 0.0, 0.0);
+        assert!(step_figures(64, &[&still]).images_per_s.is_finite());
+    }
 
     #[test]
     pub(super) fn calls_stop_at_every_due_step() {

@@ -1,8 +1,8 @@
 //! The checks of a spawn request from the network: the kind, the process group, the
-//! resources (`(name, amount)`) and the placement (`pack`, `spread` or `node:<id>`), each
-//! refused with a message that names the bad value.
+//! resources (`(name, amount)`), the placement (`pack`, `spread` or `node:<id>`) and the
+//! job label, each refused with a message that names the bad value.
 
-use crate::actor::{RestartPolicy, SpawnRequest};
+use crate::actor::{ActorLabel, RestartPolicy, SpawnRequest};
 use crate::membership::NodeId;
 use crate::placement::{Resources, Strategy};
 
@@ -11,6 +11,7 @@ const MAX_KIND: usize = 128;
 const MAX_GROUP: usize = 64;
 const MAX_RESOURCE_NAME: usize = 64;
 const MAX_RESOURCES: usize = 32;
+const MAX_JOB: usize = 256;
 
 /// What the head does with an `ActorSpawn`: checked, in domain types.
 pub(super) fn spawn_request(
@@ -44,7 +45,20 @@ pub(super) fn spawn_request(
         strategy: parse_strategy(placement)?,
         process_group,
         restart,
+        label: None,
     })
+}
+
+/// A spawn request's job label: a job name of 1 to [`MAX_JOB`] bytes with no control
+/// characters (it is printed in `imgrun status`'s table).
+pub(super) fn parse_label(job: String, rank: u32) -> Result<ActorLabel, String> {
+    if job.is_empty() || job.len() > MAX_JOB || job.chars().any(char::is_control) {
+        return Err(format!(
+            "bad job label '{}': expected 1 to {MAX_JOB} bytes without control characters",
+            job.escape_debug()
+        ));
+    }
+    Ok(ActorLabel::new(job, rank))
 }
 
 /// `(name, amount)` pairs as [`Resources`]; names are lower-case words, given once.
@@ -110,6 +124,18 @@ pub(crate) fn placement_text(strategy: Strategy) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_labels_are_checked() {
+        assert_eq!(
+            parse_label("run-7".into(), 3),
+            Ok(ActorLabel::new("run-7", 3))
+        );
+        for bad in [String::new(), "a\nb".into(), "x".repeat(MAX_JOB + 1)] {
+            let error = parse_label(bad.clone(), 0).expect_err("refused");
+            assert!(error.starts_with("bad job label"), "{bad:?}: {error}");
+        }
+    }
 
     #[test]
     fn spawn_requests_are_checked_and_name_the_bad_value() {
