@@ -197,6 +197,116 @@ fn plan_and_train_agree_on_every_epochs_steps() {
     cluster.assert_settled();
 }
 
+/// Progressive resizing as the DAWNBench recipe does it: the size schedule holds from
+/// epoch 0, and a phase reading pre-resized copies of the shards switches to the full
+/// shards at its epoch boundary, in a whole run and in one resumed from the checkpoint
+/// just before the switch. Each rank reports the image sides and shards it trained on.
+#[test]
+fn the_size_schedule_holds_from_epoch_0_and_a_phase_switches_shards_across_a_resume() {
+    const EPOCHS: u64 = 3;
+    let cluster = TrainCluster::start();
+    // A 16-pixel copy of the training set: the same samples and counts.
+    let small_dir = cluster.root.path().join("small");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
+        .args(["shards", "synth"])
+        .arg(&small_dir)
+        .args(["--classes", "4", "--per-class", "60", "--size", "16"])
+        .args([
+            "--maxcount",
+            "50",
+            "--seed",
+            "1",
+            "--prefix",
+            "small",
+            "--threads",
+            "1",
+        ])
+        .env_remove("IMGRUN_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run imgrun shards synth");
+    assert!(out.status.success(), "synth failed:\n{}", describe(&out));
+    let small = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("spec line")
+        .to_string();
+    let schedule =
+        format!("data.size_schedule=[{{ epoch = 0, size = 16, train = {small:?} }}, [2, 24]]");
+    let sets = [schedule.as_str(), "train.checkpoint_every_epochs=1"];
+    let whole = cluster
+        .job("phases", EPOCHS, &sets, false)
+        .finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+    let run = cluster.runs.join("phases");
+    let records = metrics(&run);
+    let received = |records: &[Value], epoch: u64| -> (Vec<Value>, Vec<String>) {
+        let record = records
+            .iter()
+            .rfind(|r| r["kind"] == "epoch" && r["epoch"] == epoch)
+            .unwrap_or_else(|| panic!("no epoch {epoch} record"));
+        let sizes = record["image_sizes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let shards = record["train_shards"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (sizes, shards)
+    };
+    let small_folder = small_dir.display().to_string();
+    let full_folder = cluster.data.train_dir.display().to_string();
+    let expect = |records: &[Value], epoch: u64, size: u64, folder: &str| {
+        let (sizes, shards) = received(records, epoch);
+        assert_eq!(
+            sizes,
+            vec![serde_json::json!([size]); 2],
+            "epoch {epoch}: the sides each rank received"
+        );
+        assert_eq!(shards.len(), 2, "epoch {epoch}: {shards:?}");
+        for spec in &shards {
+            assert!(
+                spec.starts_with(folder),
+                "epoch {epoch}: read {spec}, expected shards in {folder}"
+            );
+        }
+    };
+    expect(&records, 0, 16, &small_folder);
+    expect(&records, 1, 16, &small_folder);
+    expect(&records, 2, 24, &full_folder);
+    let whole_steps = steps(&records);
+
+    // Resumed from the checkpoint after epoch 1: the switch still happens at epoch 2, and
+    // the steps after it are the whole run's to the bit.
+    let checkpoint = run.join("checkpoints").join("epoch-0002");
+    let resume = ["--resume".to_string(), checkpoint.display().to_string()];
+    let resumed = cluster
+        .job_with("phases", EPOCHS, &sets, false, &resume)
+        .finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    let records = metrics(&run);
+    expect(&records, 2, 24, &full_folder);
+    let after = steps(&records);
+    assert_eq!(
+        after.len(),
+        whole_steps.len(),
+        "each step once after the resume"
+    );
+    for (step, loss) in &after {
+        assert_eq!(
+            Some(loss),
+            whole_steps.get(step),
+            "step {step} after the resume"
+        );
+    }
+    cluster.assert_settled();
+}
+
 /// Split mode over an uneven number of shards (five shards of unequal size for two ranks):
 /// every rank plans the same steps, the rank out of data joins with empty batches, and
 /// user hooks change the plan: the shipped scripts reproduce the built-in behaviour bit

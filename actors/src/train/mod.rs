@@ -25,7 +25,7 @@ pub use spec::{
     SourceSpec, TrainPlanner, TrainerInit,
 };
 pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, PEER_FAILURE, ResumeFrom,
-    SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register,
-    secret_hex,
+    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, PEER_FAILURE,
+    ResumeFrom, SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest,
+    register, secret_hex,
 };

@@ -7,11 +7,15 @@
 //! rank 0's weights) → `train` (the next `max_steps` steps of an epoch; every rank gets
 //! the same count, so the ranks stay in step) → `evaluate` → `save` (rank 0) → `digest`.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use pipelines::{ClusterShape, EpochBatches, Hooks, Loader, Planner, Rank, RankCursor, Sources};
+use pipelines::{
+    ClusterShape, EpochBatches, Hooks, Loader, Planner, Rank, RankCursor, Sources, summarize_names,
+};
 use runtime::{
     Actor, ActorContext, ActorRegistry, CollectiveError, CollectiveOptions, MethodError, RingSecret,
 };
@@ -145,6 +149,18 @@ pub struct TrainReply {
     /// Bad samples and shards skipped so far this epoch, with what was wrong.
     pub skipped: u64,
     pub problems: Vec<String>,
+    /// When the epoch is done: what this rank received in it (since the resume, for a
+    /// resumed epoch).
+    #[serde(default)]
+    pub received: Option<EpochReceived>,
+}
+
+/// The images one rank actually trained on in an epoch: their sides in pixels, and the
+/// shards they came from (a brace spec).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochReceived {
+    pub image_sizes: Vec<u32>,
+    pub shards: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,6 +191,9 @@ struct Running {
     batches: EpochBatches,
     steps: u64,
     planned: u64,
+    /// What this run of the epoch received: image sides and the shards of its samples.
+    image_sizes: BTreeSet<u32>,
+    shards: BTreeSet<Arc<str>>,
 }
 
 struct Trainer {
@@ -516,6 +535,8 @@ impl Trainer {
             batches,
             steps,
             planned,
+            image_sizes: BTreeSet::new(),
+            shards: BTreeSet::new(),
         });
         Ok(())
     }
@@ -544,6 +565,7 @@ impl Trainer {
             cursor: None,
             skipped: 0,
             problems: Vec::new(),
+            received: None,
         };
         for _ in 0..request.max_steps {
             let Some(running) = self.running.as_mut() else {
@@ -568,6 +590,13 @@ impl Trainer {
                     )));
                 }
             };
+            if !batch.is_empty() {
+                running.image_sizes.insert(batch.size);
+                for id in &batch.ids {
+                    // The URL is shared by every sample of its shard: a count, not a copy.
+                    running.shards.insert(Arc::clone(&id.url));
+                }
+            }
             running.steps += 1;
             let data_wait_s = step_started.elapsed().as_secs_f64();
             let mut step = self.step(&batch)?;
@@ -593,6 +622,10 @@ impl Trainer {
         reply.problems = stats.problems;
         reply.seconds = started.elapsed().as_secs_f64();
         if reply.epoch_done {
+            reply.received = Some(EpochReceived {
+                image_sizes: running.image_sizes.iter().copied().collect(),
+                shards: summarize_names(&running.shards.iter().collect::<Vec<_>>()),
+            });
             self.running = None;
         }
         Ok(reply)

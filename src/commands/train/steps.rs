@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::train::{
-    CheckpointState, EpochSums, EvalReply, JobSpec, ResumeFrom, SaveRequest, StepRecord,
-    TrainReply, TrainRequest,
+    CheckpointState, EpochReceived, EpochSums, EvalReply, JobSpec, ResumeFrom, SaveRequest,
+    StepRecord, TrainReply, TrainRequest,
 };
 use anyhow::{Context, bail};
 use pipelines::RankCursor;
@@ -269,6 +269,7 @@ pub(super) async fn train_loop(
         let mut cursors: Vec<RankCursor> = Vec::new();
         let mut chunk = 1u64;
         let mut done = false;
+        let mut received: Vec<EpochReceived> = Vec::new();
         while !done {
             let stop = *run.stop.requested.borrow();
             if let Some(signal) = stop {
@@ -355,6 +356,12 @@ pub(super) async fn train_loop(
                     tracing::warn!(skipped = reply.skipped, first = %reply.problems[0], "bad samples skipped");
                 }
             }
+            if first.epoch_done {
+                received = replies
+                    .iter()
+                    .map(|r| r.received.clone().unwrap_or_default())
+                    .collect();
+            }
             images += samples;
             busy_s += elapsed;
             wait_s += data_wait * elapsed;
@@ -419,6 +426,9 @@ pub(super) async fn train_loop(
             "train_accuracy": train_accuracy, "steps": sums.steps, "samples": sums.samples,
             "images_per_s": images_per_s, "data_wait_fraction": data_wait_fraction,
             "seconds": epoch_s, "elapsed_s": started.elapsed().as_secs_f64(),
+            // What each rank actually trained on (this run's part of a resumed epoch).
+            "image_sizes": received.iter().map(|r| r.image_sizes.clone()).collect::<Vec<_>>(),
+            "train_shards": received.iter().map(|r| r.shards.clone()).collect::<Vec<_>>(),
         }))?;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
         println!(
