@@ -1,6 +1,8 @@
 //! End-to-end tests of the `imgrun` binary: real processes, real shards, real sockets on
 //! loopback.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -314,7 +316,7 @@ fn config_mistakes_name_the_key_and_file() {
 fn create_from_the_shared_photos() {
     let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/photos");
     if !photos.is_dir() {
-        eprintln!("skipped: {} is absent", photos.display());
+        common::skip::skip_or_fail(&format!("{} is absent", photos.display()));
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
