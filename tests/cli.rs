@@ -1,6 +1,8 @@
 //! End-to-end tests of the `imgrun` binary: real processes, real shards, real sockets on
 //! loopback.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -435,7 +437,7 @@ fn the_demo_runs_its_own_job_whatever_cluster_toml_is_in_the_folder() {
 fn create_from_the_shared_photos() {
     let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/photos");
     if !photos.is_dir() {
-        eprintln!("skipped: {} is absent", photos.display());
+        common::skip::skip_or_fail(&format!("{} is absent", photos.display()));
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");

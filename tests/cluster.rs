@@ -396,13 +396,13 @@ fn a_second_head_on_one_machine_is_refused() {
 }
 
 /// Two network namespaces joined by a veth pair, so that head and node really have
-/// different addresses. Needs root (to create namespaces); skipped with a message
-/// otherwise.
+/// different addresses. Needs root and `ip` (to create namespaces); fails without them
+/// unless skipping is allowed (`IMGRUN_ALLOW_SKIP=1`).
 #[test]
 fn a_node_in_another_network_namespace_joins_over_a_veth_pair() {
-    let Some(net) = Netns::create() else {
-        eprintln!("skipped: cannot create network namespaces here (needs root and `ip`)");
-        return;
+    let net = match Netns::create() {
+        Ok(net) => net,
+        Err(missing) => return common::skip::skip_or_fail(&missing),
     };
     let root = tempfile::tempdir().expect("temp dir");
     let mut head = Machine::new(root.path(), "head");
@@ -452,7 +452,8 @@ struct Netns {
 }
 
 impl Netns {
-    fn create() -> Option<Netns> {
+    /// The pair, or why it cannot be made here.
+    fn create() -> Result<Netns, String> {
         let tag = std::process::id();
         let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
         let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
@@ -492,17 +493,19 @@ impl Netns {
             all.push(inside(ns, &["link", "set", "lo", "up"]));
         }
         for step in all {
-            let ok = Command::new("ip")
-                .args(&step)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                return None;
-            }
+            // A failed step drops `net`, which removes what the earlier steps made.
+            let run = Command::new("ip").args(&step).stdin(Stdio::null()).output();
+            let failed = match run {
+                Err(error) => format!("cannot run `ip`: {error}"),
+                Ok(out) if out.status.success() => continue,
+                Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            };
+            return Err(format!(
+                "cannot create network namespaces here (needs root and `ip`): `ip {}`: {failed}",
+                step.join(" ")
+            ));
         }
-        Some(net)
+        Ok(net)
     }
 }
 

@@ -6,9 +6,10 @@
 #   python=$(tools/pytools.sh)
 #
 # The venv lives in ${IMGRUN_CACHE:-~/.cache/imgrun}/pytools and is built once (a
-# `.complete` file marks a finished one; a half-built venv is rebuilt). Exits 2 with a
-# message starting "PyPI unreachable" when pip cannot download the packages, so that
-# callers can tell "no network" from a real failure; other failures exit 1.
+# `.complete` file marks a finished one; a half-built venv is rebuilt). Exits 2, with a
+# last line that says what is missing, when something it needs is not on this machine
+# (no `python3`, no `venv` module) or PyPI cannot be reached, so that callers can tell a
+# missing precondition from a real failure; other failures exit 1.
 set -euo pipefail
 
 packages=("webdataset>=1.0,<1.1" "pillow" "numpy")
@@ -25,9 +26,14 @@ flock 9
 if [ ! -f "$venv/.complete" ]; then
     echo "tools/pytools.sh: installing ${packages[*]} into $venv (once, about 100 MB)" >&2
     rm -rf "$venv"
+    if ! command -v "$python" >/dev/null; then
+        echo "no Python: tools/pytools.sh cannot find '$python' (install python3)" >&2
+        exit 2
+    fi
     if ! "$python" -m venv "$venv" >&2; then
-        echo "tools/pytools.sh: '$python -m venv' failed (is python3-venv installed?)" >&2
-        exit 1
+        rm -rf "$venv"
+        echo "no venv module: '$python -m venv' failed (install python3-venv)" >&2
+        exit 2
     fi
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT

@@ -7,6 +7,27 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# A test whose precondition is missing here fails, unless IMGRUN_ALLOW_SKIP=1 (local runs
+# only; CI never sets it). Each skip appends a `SKIPPED test: why` line to this log, and
+# the run ends, passed or failed, by counting them.
+IMGRUN_SKIP_LOG=$(mktemp)
+export IMGRUN_SKIP_LOG
+skipped() {
+    local n
+    n=$(grep -c '^SKIPPED ' "$IMGRUN_SKIP_LOG" || true)
+    step "skipped tests"
+    if [ "$n" = 1 ]; then echo "1 test skipped"; else echo "$n tests skipped"; fi
+    sed 's/^SKIPPED /  /' "$IMGRUN_SKIP_LOG"
+    rm -f "$IMGRUN_SKIP_LOG"
+}
+trap skipped EXIT
+
+# The network-namespace test of tests/cluster.rs runs `ip`; as root, install it if missing.
+if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "iproute2 (for the network-namespace test)"
+    apt-get install -y -qq iproute2 || { apt-get update -qq && apt-get install -y -qq iproute2; }
+fi
+
 step "formatting"
 cargo fmt --all --check
 

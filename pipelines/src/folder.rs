@@ -900,15 +900,15 @@ mod tests {
         }
     }
 
-    /// Real photographs, when the shared data folder is there.
+    /// Real photographs from the shared data folder (a skip only where allowed).
     #[test]
     fn photos_convert_with_resize() {
         let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
         if !photos.is_dir() {
-            println!(
-                "skipped: no photos at {} (see its PROVENANCE.md)",
+            crate::skip::skip_or_fail(&format!(
+                "no photos at {} (see its PROVENANCE.md)",
                 photos.display()
-            );
+            ));
             return;
         }
         let dir = tempfile::tempdir().expect("temp dir");

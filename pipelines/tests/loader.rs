@@ -423,19 +423,70 @@ fn a_missing_shard_is_skipped_or_named() {
 
 #[test]
 fn dropping_an_epoch_early_stops_its_workers() {
+    // Rank 7 of 8: its threads (`imgrun-load-r7w…`, `imgrun-read-r7w…`) are this test's
+    // alone among the tests running beside it in this process.
+    const RANK: u32 = 7;
     let dir = tempfile::tempdir().expect("temp dir");
-    let shards = write_shards(dir.path(), &[200, 200]);
-    let planner = planned(shards, ClusterShape::new(1, 1, 2), 4, |_| {});
+    let shards = write_shards(dir.path(), &[400, 400]);
+    let planner = planned(shards, ClusterShape::new(1, 8, 2), 4, |_| {});
     let plan = planner.plan(0).expect("plan");
     let loader = loader(|c| c.queue_batches = 1);
-    let started = Instant::now();
-    for _ in 0..20 {
-        let mut epoch = loader.epoch(&plan, Rank(0), eval(8), None).expect("epoch");
-        epoch.next().expect("a batch").expect("loads");
+    assert!(
+        rank_threads(RANK).is_empty(),
+        "{:?} before any epoch",
+        rank_threads(RANK)
+    );
+    // Each worker has 50 samples, and an epoch is dropped after its first batch: with one
+    // batch queued, its workers are blocked handing over the next ones.
+    let (report, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut running = Vec::new();
+        for _ in 0..20 {
+            let mut epoch = loader
+                .epoch(&plan, Rank(RANK), eval(8), None)
+                .expect("epoch");
+            epoch.next().expect("a batch").expect("loads");
+            running = rank_threads(RANK);
+        }
+        let _ = report.send(running);
+    });
+    let limit = Duration::from_secs(60);
+    let running = dropped.recv_timeout(limit).unwrap_or_else(|error| {
+        panic!("starting and dropping 20 epochs: {error} (blocked {limit:?}, or panicked)")
+    });
+    // Seen while the last epoch was alive: the check below looks for the right names.
+    assert!(
+        !running.is_empty(),
+        "no loader threads seen for rank {RANK}"
+    );
+    // Every thread of the dropped epochs ends by itself.
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = rank_threads(RANK);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "threads of dropped epochs still running after {limit:?}: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
-    // Twenty abandoned epochs over 400 samples each would take far longer if their
-    // workers went on decoding; this only checks nothing blocks on the way out.
-    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// The names of this process's loader threads of `rank` (as Linux keeps them, cut to 15
+/// bytes).
+fn rank_threads(rank: u32) -> Vec<String> {
+    let prefixes = [
+        format!("imgrun-load-r{rank}w"),
+        format!("imgrun-read-r{rank}w"),
+    ];
+    let tasks = std::fs::read_dir("/proc/self/task").expect("list /proc/self/task");
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_owned())
+        .filter(|name| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        .collect()
 }
 
 #[test]

@@ -2,9 +2,13 @@
 //! thing: shards imgrun writes read in Python, shards Python writes read in imgrun, and
 //! tars full of awkward member names grouped the same way by both.
 //!
-//! The library comes from `tools/pytools.sh` (a cached venv). Where PyPI cannot be
-//! reached to build it, each test prints `SKIPPED: ...` on stderr and passes; any other
+//! The library comes from `tools/pytools.sh` (a cached venv). Where the script says that
+//! something it needs is missing here (no `python3`, no `venv` module, PyPI unreachable),
+//! each test fails, or skips when `IMGRUN_ALLOW_SKIP=1` (see `common/skip.rs`); any other
 //! failure fails the test.
+
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -468,34 +472,43 @@ fn shape(result: &Result<Vec<PySample>, String>) -> String {
     }
 }
 
-/// The venv's python, built once per test run; `None` (after a `SKIPPED` line) only when
-/// `tools/pytools.sh` reports that PyPI cannot be reached.
+/// The venv's python, built once per test run; `None` (after [`skip::skip_or_fail`])
+/// when `tools/pytools.sh` reports that something it needs is missing here.
 fn python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let python = PYTHON.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = Command::new("bash")
-            .arg("tools/pytools.sh")
-            .current_dir(&root)
-            .output()
-            .expect("run bash tools/pytools.sh");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.code() == Some(2) && stderr.contains("PyPI unreachable") {
-            // Straight to the process's stderr, once: the harness captures `eprintln!`.
-            let line = "SKIPPED: Python webdataset interop tests: PyPI unreachable, \
-                        tools/pytools.sh could not build its venv\n";
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return None;
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match PYTHON.get_or_init(build_venv) {
+        Ok(python) => Some(python.clone()),
+        Err(missing) => {
+            skip::skip_or_fail(missing);
+            None
         }
-        assert!(
-            out.status.success(),
-            "tools/pytools.sh failed ({}):\n{stderr}",
-            out.status
-        );
-        let path = String::from_utf8(out.stdout).expect("utf-8 path");
-        Some(PathBuf::from(path.trim()))
-    });
-    python.clone()
+    }
+}
+
+/// Runs `tools/pytools.sh`: the venv's python, or (exit status 2) what is missing, as
+/// the script's last line says. Any other failure fails the test.
+fn build_venv() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .arg("tools/pytools.sh")
+        .current_dir(&root)
+        .output()
+        .expect("run bash tools/pytools.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) {
+        let last = stderr
+            .lines()
+            .last()
+            .unwrap_or("tools/pytools.sh exited with 2");
+        return Err(format!("Python webdataset venv: {last}"));
+    }
+    assert!(
+        out.status.success(),
+        "tools/pytools.sh failed ({}):\n{stderr}",
+        out.status
+    );
+    let path = String::from_utf8(out.stdout).expect("utf-8 path");
+    Ok(PathBuf::from(path.trim()))
 }
 
 fn run_python(python: &Path, script: &str, args: &[&str]) -> String {

@@ -11,7 +11,8 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use runtime::{
     Actor, ActorCallError, ActorContext, ActorEvent, ActorEventKind, ActorHosting, ActorRef,
@@ -60,10 +61,48 @@ impl Actor for Probe {
                 std::thread::sleep(Duration::from_millis(text.parse()?));
                 String::new()
             }
+            "hold" => {
+                HOLD.wait();
+                "released".to_owned()
+            }
             "fail" => return Err(MethodError::fatal(text)),
             other => return Err(MethodError::new(format!("no method {other}"))),
         };
         Ok(answer.into_bytes())
+    }
+}
+
+/// Where the `hold` method waits until the test releases it: a method that is certainly
+/// still running when the test sees what its caller got.
+static HOLD: Gate = Gate {
+    open: Mutex::new(false),
+    opened: Condvar::new(),
+};
+
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    /// Blocks until [`Gate::release`], or twice [`LIMIT`] (a failed test never releases;
+    /// by then it has failed on its own limit).
+    fn wait(&self) {
+        let open = self
+            .open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _ = self
+            .opened
+            .wait_timeout_while(open, 2 * LIMIT, |open| !*open);
+    }
+
+    fn release(&self) {
+        *self
+            .open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+        self.opened.notify_all();
     }
 }
 
@@ -364,20 +403,17 @@ async fn calls_and_tells_reach_actors_on_any_node_and_time_out() {
     assert_eq!(error.to_string(), want);
 
     // A call that takes too long times out, naming the actor, its node and the method.
-    let started = Instant::now();
+    // The method is held until the caller has its error, so the error cannot have waited
+    // for the method; the late answer, once released, is not taken for the next call's.
     let error = within(
-        "slow call",
-        remote.call("sleep", "1000", Duration::from_millis(100)),
+        "held call",
+        remote.call("hold", "", Duration::from_millis(100)),
     )
     .await
-    .expect_err("times out");
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
+    .expect_err("times out while the method is held");
+    HOLD.release();
     let want = format!(
-        "actor {} on node {one} did not answer 'sleep' within 100ms; it may still run it",
+        "actor {} on node {one} did not answer 'hold' within 100ms; it may still run it",
         remote.id()
     );
     assert_eq!(error.to_string(), want);
@@ -521,7 +557,8 @@ async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
     let plain = cluster.spawn(probe(1, Strategy::Node(one))).await;
     assert_eq!(call(&doomed, "add", "5").await.expect("add"), "5");
 
-    let dropped_at = Instant::now();
+    // How soon the head notices is `cluster.rs`'s to check (and membership_tests.rs's, on
+    // a simulated clock); here, what it does then, within the usual limit.
     drop(cluster.nodes[0].take());
     let mut seen = 0;
     let events = events_until(&cluster.client, &mut seen, |events| {
@@ -529,11 +566,6 @@ async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
             && events.iter().any(|e| e.kind == ActorEventKind::Failed)
     })
     .await;
-    let detected = dropped_at.elapsed();
-    assert!(
-        detected < Duration::from_millis(DEAD_AFTER_MS + 1000),
-        "failures reported after {detected:?}"
-    );
     let lost = format!("node {one} lost: no heartbeat for {DEAD_AFTER_MS} ms");
     let mut seen_kinds = kinds(&events);
     seen_kinds.sort();
