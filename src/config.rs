@@ -30,6 +30,9 @@ pub struct DataConfig {
     pub train: String,
     pub val: String,
     pub base: String,
+    /// A manifest file or URL with the shards' counts and classes; empty: the one
+    /// beside the shards.
+    pub manifest: String,
     pub hooks: String,
     pub mode: String,
     pub policy: String,
@@ -37,6 +40,8 @@ pub struct DataConfig {
     pub dsrepeat: u64,
     pub epoch_size: u64,
     pub nominal_size: u64,
+    /// Samples assumed in each shard no manifest counts (0: none).
+    pub samples_per_shard: u64,
     pub classes: i64,
     pub seed: u64,
     pub workers: u32,
@@ -232,6 +237,9 @@ pub fn load_with(
     if let Some(path) = &file {
         figment = figment.merge(Toml::file_exact(path));
     }
+    if let Some(layer) = gopen_buffer(std::env::var_os("GOPEN_BUFFER").as_deref())? {
+        figment = figment.merge(layer);
+    }
     figment = figment.merge(
         // Only `IMGRUN_SECTION__KEY` variables are configuration; others such as
         // `IMGRUN_LOG` or `IMGRUN_CACHE` are read elsewhere.
@@ -394,6 +402,34 @@ fn origin(metadata: &figment::Metadata, key: &str) -> String {
     }
 }
 
+/// Python webdataset's `GOPEN_BUFFER` (the read buffer in bytes, `-1` for the default)
+/// as `shards.read_buffer`: merged right before the `IMGRUN_*` variables, so that
+/// `IMGRUN_SHARDS__READ_BUFFER` and `--set shards.read_buffer=...` win over it.
+fn gopen_buffer(
+    value: Option<&std::ffi::OsStr>,
+) -> anyhow::Result<Option<figment::providers::Data<Toml>>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.to_string_lossy();
+    if text.trim() == "-1" {
+        return Ok(None);
+    }
+    let bytes = crate::units::parse_size(&text)
+        .ok()
+        .filter(|&bytes| bytes > 0)
+        .with_context(|| {
+            format!(
+                "environment variable GOPEN_BUFFER=`{text}` (the read buffer, \
+                 shards.read_buffer): expected a positive number of bytes such as 1048576 \
+                 or 4MiB, or -1 for the default"
+            )
+        })?;
+    Ok(Some(Toml::string(&format!(
+        "[shards]\nread_buffer = {bytes}\n"
+    ))))
+}
+
 /// `section.key=value` as a TOML table, for figment.
 fn override_toml(item: &str) -> anyhow::Result<String> {
     let (key, value) = item
@@ -545,6 +581,47 @@ mod tests {
                 want,
                 "{text:?}"
             );
+        }
+    }
+
+    #[test]
+    fn gopen_buffer_sets_the_read_buffer_under_explicit_settings() {
+        use std::ffi::OsStr;
+        let read_buffer = |layers: Vec<figment::providers::Data<Toml>>| {
+            let mut figment = Figment::from(Toml::string(DEFAULTS));
+            for layer in layers {
+                figment = figment.merge(layer);
+            }
+            figment
+                .extract::<Config>()
+                .expect("config")
+                .shards
+                .read_buffer
+        };
+        let layer = |value: &str| gopen_buffer(Some(OsStr::new(value))).expect(value);
+        let default = read_buffer(vec![]);
+        assert_eq!(layer("-1").map(|_| ()), None);
+        assert!(gopen_buffer(None).expect("unset").is_none());
+        let cases = [
+            ("4194304", 4_194_304),
+            ("4MiB", 4 << 20),
+            (" 65536\n", 65_536),
+        ];
+        for (value, want) in cases {
+            let gopen = layer(value).expect("a layer");
+            assert_eq!(read_buffer(vec![gopen]), want, "{value:?}");
+        }
+        assert_ne!(default, 4_194_304);
+        // What is merged after it (IMGRUN_SHARDS__READ_BUFFER, --set) wins.
+        let explicit = Toml::string("[shards]\nread_buffer = 1000\n");
+        let gopen = layer("4194304").expect("a layer");
+        assert_eq!(read_buffer(vec![gopen, explicit]), 1000);
+        for bad in ["big", "0", "-2", ""] {
+            let Err(err) = gopen_buffer(Some(OsStr::new(bad))) else {
+                panic!("GOPEN_BUFFER={bad:?} was taken");
+            };
+            let err = format!("{err:#}");
+            assert!(err.contains("GOPEN_BUFFER"), "{bad:?}: {err}");
         }
     }
 

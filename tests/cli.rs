@@ -3,9 +3,11 @@
 
 mod common;
 
+use common::Server;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 fn imgrun() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
@@ -150,49 +152,6 @@ fn verify_reports_corruption_with_shard_and_offset() {
         "{}",
         describe(&skipped)
     );
-}
-
-/// `imgrun serve` running in the background, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Self {
-        let mut child = imgrun()
-            .args([
-                "serve",
-                dir.to_str().expect("utf-8 path"),
-                "--port",
-                "0",
-                "--bind",
-                "127.0.0.1",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start imgrun serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the serving line");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in `{line}`"))
-            .trim_end_matches('/')
-            .to_string();
-        Self { child, url }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -492,11 +451,22 @@ fn plan_reproduces_the_simdist_example() {
         .collect();
     let manifest = serde_json::json!({"version": 1, "classes": [], "shards": shards});
     std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).expect("write manifest");
-    // The shards must exist, as for a job; the plan reads only their counts.
+    let spec = format!("{}/s-{{000000..000009}}.tar", dir.path().display());
+    // The shards must exist, as for a job: a missing one is named, not planned as `?`.
+    let out = imgrun()
+        .args(["plan", "--shards", &spec])
+        .output()
+        .expect("run plan");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        stderr.contains("no such shard") && stderr.contains("s-000000.tar"),
+        "{stderr}"
+    );
+    // The plan reads only their counts.
     for i in 0..10 {
         std::fs::write(dir.path().join(format!("s-{i:06}.tar")), b"").expect("write shard");
     }
-    let spec = format!("{}/s-{{000000..000009}}.tar", dir.path().display());
     let base = [
         "plan",
         "--shards",
@@ -557,4 +527,118 @@ fn plan_reproduces_the_simdist_example() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("shard_shuffle.rhai:3:1"), "{stderr}");
+}
+
+/// `shards index` writes for shards without one the manifest `shards synth` wrote beside
+/// them, from files or through `pipe:` under a base; `plan` takes it with `--manifest`;
+/// a damaged shard is named with its byte offset.
+#[test]
+fn shards_index_writes_the_manifest_and_plan_takes_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (shards, spec) = small_dataset(dir.path());
+    let written: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(shards.join("manifest.json")).expect("read manifest"),
+    )
+    .expect("manifest json");
+    // The same tars with no manifest, as Python webdataset leaves them.
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare).expect("bare dir");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&shards).expect("read shards") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "tar") {
+            let name = path.file_name().expect("name").to_owned();
+            std::fs::copy(&path, bare.join(&name)).expect("copy shard");
+            names.push(name.to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    let bare_spec = spec.replace(&shards.display().to_string(), &bare.display().to_string());
+    let printed = run_ok(&["shards", "index", &bare_spec], dir.path());
+    assert!(
+        printed.contains("indexed 3 shards: 60 samples"),
+        "{printed}"
+    );
+    let indexed: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(bare.join("manifest.json")).expect("the index beside the shards"),
+    )
+    .expect("manifest json");
+    // Class names are not in the shards: the index names classes by their label.
+    assert_eq!(indexed["shards"], written["shards"], "the index counts as synth did");
+    assert_eq!(indexed["classes"], serde_json::json!(["0", "1", "2"]));
+
+    // Through `pipe:` under a base, into a file of its own.
+    let relative = spec.rsplit('/').next().expect("names");
+    let base = format!("pipe:cat {}/%s", bare.display());
+    let file = dir.path().join("piped.json");
+    let file_arg = file.to_str().expect("utf-8");
+    run_ok(
+        &["shards", "index", relative, "--base", &base, "-o", file_arg],
+        dir.path(),
+    );
+    let piped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+    assert_eq!(piped["shards"], written["shards"]);
+
+    // `plan` of the piped shards: unknown counts are refused naming the command that
+    // gets them; with the manifest, every sample is planned.
+    let plan = |extra: &[&str]| {
+        imgrun()
+            .args([
+                "plan", "--shards", relative, "--base", &base, "--mode", "split",
+            ])
+            .args(["--policy", "join", "--nodes", "2", "--batch-size", "8"])
+            .args(extra)
+            .output()
+            .expect("run plan")
+    };
+    let out = plan(&[]);
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("imgrun shards index"),
+        "{}",
+        describe(&out)
+    );
+    let out = plan(&["--manifest", file_arg, "--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan json");
+    let samples: u64 = json["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["samples"].as_u64().expect("samples"))
+        .sum();
+    assert_eq!(samples, 60);
+
+    // A base that cannot apply is an error naming it.
+    let out = imgrun()
+        .args([
+            "shards",
+            "index",
+            &bare_spec,
+            "--base",
+            "http://h/",
+            "-o",
+            file_arg,
+        ])
+        .output()
+        .expect("run index");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("base `http://h/` cannot apply"), "{stderr}");
+
+    // A shard cut short fails the index, naming it and the offset.
+    let victim = bare.join(&names[1]);
+    let bytes = std::fs::read(&victim).expect("read shard");
+    std::fs::write(&victim, &bytes[..bytes.len() / 2 + 100]).expect("truncate");
+    let out = imgrun()
+        .args(["shards", "index", &bare_spec, "-o", file_arg])
+        .output()
+        .expect("run index");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&names[1]) && stderr.contains("at byte"),
+        "{stderr}"
+    );
 }

@@ -157,44 +157,175 @@ fn plan_and_train_agree_on_every_epochs_steps() {
     ];
     const EPOCHS: u64 = 2;
     for (name, sets) in cases {
-        let mut planned = Vec::new();
-        for epoch in 0..EPOCHS {
-            let mut args: Vec<String> = cluster.data.args(&cluster.runs, name, EPOCHS);
-            // `train --name N --epochs E` become `plan --nodes 2 --epoch e --json`.
-            args.splice(0..5, ["plan".to_string()]);
-            args.extend(
-                sets.iter()
-                    .flat_map(|s| ["--set".to_string(), s.to_string()]),
-            );
-            args.extend(
-                ["--nodes", "2", "--ranks-per-node", "1", "--json", "--epoch"].map(String::from),
-            );
-            args.push(epoch.to_string());
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = cluster.head.run(&args);
-            assert!(
-                out.status.success(),
-                "{name}: plan failed:\n{}",
-                describe(&out)
-            );
-            let plan: Value = serde_json::from_slice(&out.stdout).expect("plan --json");
-            planned.push(plan["steps"].as_u64().expect("the plan's steps"));
-        }
+        let planned: Vec<u64> = (0..EPOCHS)
+            .map(|epoch| cluster.planned_steps(name, sets, epoch))
+            .collect();
         let out = cluster.job(name, EPOCHS, sets, false).finish(JOB_LIMIT);
         assert!(out.status.success(), "{name}: {}", out.describe());
         let records = metrics(&cluster.runs.join(name));
-        let ran: Vec<u64> = (0..EPOCHS)
-            .map(|epoch| {
-                records
-                    .iter()
-                    .filter(|r| r["kind"] == "step" && r["epoch"] == epoch)
-                    .count() as u64
-            })
-            .collect();
+        let ran: Vec<u64> = (0..EPOCHS).map(|e| steps_in_epoch(&records, e)).collect();
         eprintln!("{name}: plan {planned:?}, train {ran:?}");
         assert_eq!(planned, ran, "{name}: plan and train disagree");
     }
     cluster.assert_settled();
+}
+
+/// Shards written by Python webdataset, with no manifest, train over `pipe:cat` and over
+/// HTTP from `imgrun serve`: resampled mode with an epoch size alone, split mode with a
+/// declared count (one shard holds fewer: a warning names it) and with the manifest
+/// `imgrun shards index` writes. Split mode without counts is refused, naming that
+/// command. `imgrun plan` gives each job's steps.
+#[test]
+fn python_written_shards_train_without_a_manifest_over_pipe_and_http() {
+    let Some(python) = python_with_webdataset() else {
+        return;
+    };
+    let cluster = TrainCluster::start();
+    let py = cluster.root.path().join("py");
+    std::fs::create_dir_all(&py).expect("create py/");
+    let mut written: Vec<PathBuf> = std::fs::read_dir(&cluster.data.train_dir)
+        .expect("read the training folder")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    written.sort();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/wds_copy.py");
+    let out = std::process::Command::new(&python)
+        .arg(script)
+        .arg(py.join("py-%06d.tar"))
+        .arg("50")
+        .args(&written)
+        .output()
+        .expect("run wds_copy.py");
+    assert!(out.status.success(), "wds_copy.py:\n{}", describe(&out));
+    assert!(
+        !py.join("manifest.json").exists(),
+        "Python writes no manifest"
+    );
+
+    let server = common::Server::start(&py);
+    let names = "py-{000000..000004}.tar";
+    let pipe_base = format!("pipe:cat {}/", py.display());
+    let http_base = format!("{}/", server.url);
+    let manifest = cluster.root.path().join("py-manifest.json");
+    let manifest_arg = manifest.display().to_string();
+    let index = [
+        "shards",
+        "index",
+        names,
+        "--base",
+        &http_base,
+        "-o",
+        &manifest_arg,
+    ];
+    let printed = cluster.head.run_ok(&index);
+    assert!(
+        printed.contains("indexed 5 shards: 240 samples"),
+        "{printed}"
+    );
+    let counts: Vec<u64> = read_json(&manifest)["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .map(|s| s["samples"].as_u64().expect("samples"))
+        .collect();
+    assert_eq!(
+        counts,
+        cluster.train_counts(),
+        "the index counts what Python wrote"
+    );
+
+    // The base applies to `data.val` too; these jobs do not evaluate.
+    let train = format!("data.train={names:?}");
+    let no_val = "data.val=\"\"";
+    let base = |base: &str| format!("data.base={base:?}");
+    let indexed = format!("data.manifest={manifest_arg:?}");
+    let (pipe, http) = (base(&pipe_base), base(&http_base));
+    let resampled = [
+        "data.mode=\"resampled\"",
+        "data.epoch_size=192",
+        "data.classes=4",
+    ];
+    let split = ["data.mode=\"split\"", "data.policy=\"join\""];
+    let declared = [
+        split[0],
+        split[1],
+        "data.samples_per_shard=50",
+        "data.classes=4",
+    ];
+    type Case<'a> = (&'a str, &'a str, &'a [&'a str], Option<&'a str>);
+    let cases: [Case; 4] = [
+        ("pipe-resampled", &pipe, &resampled, None),
+        ("http-resampled", &http, &resampled, None),
+        (
+            "pipe-split-declared",
+            &pipe,
+            &declared,
+            Some("py-000004.tar: the shard holds 40 samples and its count says 50"),
+        ),
+        (
+            "http-split-indexed",
+            &http,
+            &[split[0], split[1], &indexed],
+            None,
+        ),
+    ];
+    for (name, base, extra, warning) in cases {
+        let mut sets = vec![train.as_str(), no_val, base];
+        sets.extend_from_slice(extra);
+        let planned = cluster.planned_steps(name, &sets, 0);
+        let out = cluster.job(name, 1, &sets, false).finish(JOB_LIMIT);
+        assert!(out.status.success(), "{name}: {}", out.describe());
+        let ran = steps_in_epoch(&metrics(&cluster.runs.join(name)), 0);
+        eprintln!("{name}: plan {planned}, train {ran}");
+        assert_eq!(planned, ran, "{name}: plan and train disagree");
+        if let Some(warning) = warning {
+            assert!(out.stderr.contains(warning), "{name}: {}", out.describe());
+        }
+    }
+    // Resampled mode serves the epoch size: 192 samples over 2 ranks in batches of 16.
+    let steps = steps_in_epoch(&metrics(&cluster.runs.join("pipe-resampled")), 0);
+    assert_eq!(steps, 192 / 2 / BATCH);
+
+    // Split mode needs counts, in `plan` as in `train`.
+    let unknown = [
+        train.as_str(),
+        no_val,
+        &pipe,
+        split[0],
+        split[1],
+        "data.classes=4",
+    ];
+    let out = cluster.job("unknown", 1, &unknown, false).finish(JOB_LIMIT);
+    assert!(!out.status.success(), "{}", out.describe());
+    assert!(
+        out.stderr.contains("imgrun shards index"),
+        "{}",
+        out.describe()
+    );
+    cluster.assert_settled();
+}
+
+/// The Python of `tools/pytools.sh`, which has the `webdataset` library; `None` (after
+/// `skip_or_fail`) where the script says something it needs is missing here.
+fn python_with_webdataset() -> Option<PathBuf> {
+    let out = std::process::Command::new("bash")
+        .arg("tools/pytools.sh")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash tools/pytools.sh");
+    if out.status.code() == Some(2) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        common::skip::skip_or_fail(stderr.lines().last().unwrap_or("tools/pytools.sh: exit 2"));
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "tools/pytools.sh:\n{}",
+        describe(&out)
+    );
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// Progressive resizing as the DAWNBench recipe does it: the size schedule holds from
@@ -206,31 +337,7 @@ fn the_size_schedule_holds_from_epoch_0_and_a_phase_switches_shards_across_a_res
     const EPOCHS: u64 = 3;
     let cluster = TrainCluster::start();
     // A 16-pixel copy of the training set: the same samples and counts.
-    let small_dir = cluster.root.path().join("small");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
-        .args(["shards", "synth"])
-        .arg(&small_dir)
-        .args(["--classes", "4", "--per-class", "60", "--size", "16"])
-        .args([
-            "--maxcount",
-            "50",
-            "--seed",
-            "1",
-            "--prefix",
-            "small",
-            "--threads",
-            "1",
-        ])
-        .env_remove("IMGRUN_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run imgrun shards synth");
-    assert!(out.status.success(), "synth failed:\n{}", describe(&out));
-    let small = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .expect("spec line")
-        .to_string();
+    let (small_dir, small) = synth_shards(cluster.root.path(), "small", 60, 50, 1, 16);
     let schedule =
         format!("data.size_schedule=[{{ epoch = 0, size = 16, train = {small:?} }}, [2, 24]]");
     let sets = [schedule.as_str(), "train.checkpoint_every_epochs=1"];
@@ -1026,6 +1133,31 @@ impl TrainCluster {
         Job::start(&self.head, &args, self.root.path())
     }
 
+    /// The steps `imgrun plan --json` gives epoch `epoch` of the job `name` with `sets`,
+    /// on this cluster's 2 nodes.
+    fn planned_steps(&self, name: &str, sets: &[&str], epoch: u64) -> u64 {
+        let mut args: Vec<String> = self.data.args(&self.runs, name, 1);
+        // `train --name N --epochs E` become `plan --nodes 2 --epoch e --json`.
+        args.splice(0..5, ["plan".to_string()]);
+        args.extend(
+            sets.iter()
+                .flat_map(|s| ["--set".to_string(), s.to_string()]),
+        );
+        args.extend(
+            ["--nodes", "2", "--ranks-per-node", "1", "--json", "--epoch"].map(String::from),
+        );
+        args.push(epoch.to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.head.run(&args);
+        assert!(
+            out.status.success(),
+            "{name}: plan failed:\n{}",
+            describe(&out)
+        );
+        let plan: Value = serde_json::from_slice(&out.stdout).expect("plan --json");
+        plan["steps"].as_u64().expect("the plan's steps")
+    }
+
     /// Waits until the run has `count` step records, failing if the job ends first.
     fn wait_for_steps(&self, job: &mut Job, name: &str, count: usize) {
         let run = self.runs.join(name);
@@ -1102,6 +1234,43 @@ impl Drop for TrainCluster {
     }
 }
 
+/// `imgrun shards synth` of 4 classes into `root/name`, with the shards named after the
+/// folder: the folder and the spec it prints.
+fn synth_shards(
+    root: &Path,
+    name: &str,
+    per_class: u32,
+    maxcount: u32,
+    seed: u64,
+    size: u32,
+) -> (PathBuf, String) {
+    let dir = root.join(name);
+    let number = |n: u64| n.to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
+        .args(["shards", "synth"])
+        .arg(&dir)
+        .args(["--classes", "4", "--per-class", &number(per_class.into())])
+        .args(["--size", &number(size.into())])
+        .args([
+            "--maxcount",
+            &number(maxcount.into()),
+            "--seed",
+            &number(seed),
+        ])
+        .args(["--prefix", name, "--threads", "1"])
+        .env_remove("IMGRUN_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run imgrun shards synth");
+    assert!(out.status.success(), "synth failed:\n{}", describe(&out));
+    let spec = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("spec line")
+        .to_string();
+    (dir, spec)
+}
+
 /// Tiny synthetic shards: 5 training shards of unequal size (50, 50, 50, 50, 40 samples
 /// of 4 classes) and 2 validation shards of 30, 32-pixel images.
 struct Dataset {
@@ -1112,28 +1281,8 @@ struct Dataset {
 
 impl Dataset {
     fn synth(root: &Path) -> Dataset {
-        let make = |name: &str, per_class: &str, maxcount: &str, seed: &str| {
-            let dir = root.join(name);
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
-                .args(["shards", "synth"])
-                .arg(&dir)
-                .args(["--classes", "4", "--per-class", per_class, "--size", "32"])
-                .args(["--maxcount", maxcount, "--seed", seed, "--prefix", name])
-                .args(["--threads", "1"])
-                .env_remove("IMGRUN_LOG")
-                .stdin(Stdio::null())
-                .output()
-                .expect("run imgrun shards synth");
-            assert!(out.status.success(), "synth failed:\n{}", describe(&out));
-            let spec = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .expect("spec line")
-                .to_string();
-            (dir, spec)
-        };
-        let (train_dir, train) = make("train", "60", "50", "1");
-        let (_, val) = make("val", "15", "30", "2");
+        let (train_dir, train) = synth_shards(root, "train", 60, 50, 1, 32);
+        let (_, val) = synth_shards(root, "val", 15, 30, 2, 32);
         Dataset {
             train_dir,
             train,
@@ -1317,6 +1466,14 @@ fn workers_of(daemon: u32) -> Vec<u32> {
             parent == Some(daemon) && cmdline.split(|&b| b == 0).any(|arg| arg == b"worker")
         })
         .collect()
+}
+
+/// The step records of `epoch`.
+fn steps_in_epoch(records: &[Value], epoch: u64) -> u64 {
+    records
+        .iter()
+        .filter(|r| r["kind"] == "step" && r["epoch"] == epoch)
+        .count() as u64
 }
 
 fn read_json(path: &Path) -> Value {

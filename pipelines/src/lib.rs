@@ -14,6 +14,7 @@ mod cache;
 mod error;
 mod folder;
 mod http;
+mod index;
 mod inspect;
 mod loader;
 mod manifest;
@@ -35,12 +36,13 @@ pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
 pub use cache::{CacheCounts, CacheOptions, CacheStats};
 pub use error::{ErrorPolicy, ShardError};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
+pub use index::{IndexError, IndexOptions, index_shards};
 pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};
 pub use loader::{
     Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,
     SampleId, Transform, WorkerCursor,
 };
-pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
+pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard, shard_name};
 pub use plan::{
     BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, HookSources, Hooks,
     Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
@@ -49,7 +51,8 @@ pub use plan::{
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
 pub use source::{
-    DEFAULT_READ_BUFFER, ShardList, ShardSource, ShardStream, SourceOptions, Sources,
+    DEFAULT_READ_BUFFER, ShardList, ShardListError, ShardSource, ShardStream, SourceOptions,
+    Sources,
 };
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{

@@ -1,13 +1,14 @@
 //! The manifest written beside a set of shards: per shard its samples, bytes and class
 //! counts, plus the class list. Planning (exact epochs) and training (number of classes)
-//! read it back.
+//! read it back, matching its entries to shards by [`shard_name`].
 
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::source::Sources;
 use crate::writer::WrittenShard;
 
 /// File name of the manifest in a shard folder.
@@ -62,6 +63,15 @@ impl Manifest {
         }
     }
 
+    /// A manifest of shards already counted.
+    pub fn from_shards(classes: Vec<String>, shards: Vec<ManifestShard>) -> Self {
+        Self {
+            version: MANIFEST_VERSION,
+            classes,
+            shards,
+        }
+    }
+
     pub fn total_samples(&self) -> u64 {
         self.shards.iter().map(|s| s.samples).sum()
     }
@@ -72,8 +82,7 @@ impl Manifest {
 
     /// Writes `manifest.json` and `classes.txt` into `dir` (atomically: temp + rename).
     pub fn write_to(&self, dir: &Path) -> io::Result<()> {
-        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        write_atomic(&dir.join(MANIFEST_FILE), &json)?;
+        self.write_file(&dir.join(MANIFEST_FILE))?;
         let mut classes = self.classes.join("\n");
         if !classes.is_empty() {
             classes.push('\n');
@@ -81,29 +90,76 @@ impl Manifest {
         write_atomic(&dir.join("classes.txt"), classes.as_bytes())
     }
 
+    /// Writes the manifest alone to `path` (atomically: temp + rename).
+    pub fn write_file(&self, path: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        write_atomic(path, &json)
+    }
+
     /// Reads `manifest.json` from `dir`.
     pub fn read_from(dir: &Path) -> io::Result<Self> {
         let path = dir.join(MANIFEST_FILE);
         let bytes = std::fs::read(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        let manifest: Self = serde_json::from_slice(&bytes).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: {e}", path.display()),
-            )
-        })?;
+        Self::from_json(&bytes, &path.display().to_string())
+    }
+
+    /// Reads a manifest from any location a shard could be at (a path, `file:`,
+    /// `http(s)://`, a `pipe:` command), through `sources`.
+    pub fn open(location: &str, sources: &Sources) -> io::Result<Self> {
+        let mut bytes = Vec::new();
+        sources
+            .open(location)
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .read_to_end(&mut bytes)
+            .map_err(|e| io::Error::new(e.kind(), format!("{location}: {e}")))?;
+        Self::from_json(&bytes, location)
+    }
+
+    /// Parses manifest JSON; `origin` names where it came from in errors.
+    pub fn from_json(bytes: &[u8], origin: &str) -> io::Result<Self> {
+        let manifest: Self = serde_json::from_slice(bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{origin}: {e}")))?;
         if manifest.version != MANIFEST_VERSION {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{}: manifest version {} is not supported (expected {MANIFEST_VERSION})",
-                    path.display(),
+                    "{origin}: manifest version {} is not supported (expected {MANIFEST_VERSION})",
                     manifest.version
                 ),
             ));
         }
         Ok(manifest)
     }
+}
+
+/// The name a manifest knows a shard by: the file name in its URL. For a `pipe:` command
+/// it is taken from the command's last word that holds `.tar` (else its last word), so
+/// `pipe:curl -s http://h/d/a-000001.tar -o -` is `a-000001.tar`; a URL's query and
+/// fragment are left out.
+pub fn shard_name(url: &str) -> &str {
+    let location = match url.strip_prefix("pipe:") {
+        Some(command) => {
+            let words: Vec<&str> = command
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c| c == '\'' || c == '"'))
+                .collect();
+            words
+                .iter()
+                .rev()
+                .find(|w| w.contains(".tar"))
+                .or(words.last())
+                .copied()
+                .unwrap_or(command)
+        }
+        None => url,
+    };
+    let location = if location.contains("://") {
+        location.split(['?', '#']).next().unwrap_or(location)
+    } else {
+        location
+    };
+    location.rsplit('/').next().unwrap_or(location)
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -115,6 +171,25 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_are_known_by_their_file_name() {
+        let cases = [
+            ("data/a-000001.tar", "a-000001.tar"),
+            ("a-000001.tar", "a-000001.tar"),
+            ("file:/d/a.tar.gz", "a.tar.gz"),
+            ("http://h:8080/d/a-000001.tar", "a-000001.tar"),
+            ("https://h/d/a.tar?X-Sig=abc/def#x", "a.tar"),
+            ("pipe:cat /d/a-000001.tar", "a-000001.tar"),
+            ("pipe:curl -s -f http://h/d/a.tar -o -", "a.tar"),
+            ("pipe:gsutil cat 'gs://b/a.tar'", "a.tar"),
+            ("pipe:aws s3 cp s3://b/a.tar - | zcat", "a.tar"),
+            ("pipe:cat x", "x"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(shard_name(url), want, "{url}");
+        }
+    }
 
     #[test]
     fn round_trips_and_refuses_unknown_keys() {

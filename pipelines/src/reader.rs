@@ -88,6 +88,10 @@ impl SampleReader {
         &self.sources
     }
 
+    pub(crate) fn max_member(&self) -> u64 {
+        self.max_member
+    }
+
     /// Streams one shard, calling `visit` for each sample. `visit` may stop early with
     /// `ControlFlow::Break`, which is passed back.
     pub fn read_shard(

@@ -215,6 +215,19 @@ pub struct ShardList {
     pub urls: Vec<String>,
 }
 
+/// A spec that cannot be expanded, or a base that cannot apply to its names.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardListError {
+    #[error(transparent)]
+    Spec(#[from] BraceError),
+    #[error("base `{base}` cannot apply to `{name}`: {reason}")]
+    Base {
+        base: String,
+        name: String,
+        reason: String,
+    },
+}
+
 impl ShardList {
     /// Expands a spec such as `data/train-{000000..000146}.tar::extra-{0..3}.tar`.
     pub fn from_spec(spec: &str) -> Result<Self, BraceError> {
@@ -223,24 +236,88 @@ impl ShardList {
         })
     }
 
-    /// The training scripts' convention: a base such as `pipe:curl -s
-    /// http://host:8080/%s` where each shard name replaces `%s`. A base without `%s` is
-    /// a folder or URL prefix that the names are appended to (with a `/` if missing).
-    pub fn from_base(base: &str, names_spec: &str) -> Result<Self, BraceError> {
-        let names = expand_spec(names_spec)?;
+    /// Expands `spec` and puts each name under `base`, the rule of training scripts
+    /// written for Python webdataset (`--base='pipe:gsutil cat gs://bucket/%s'`,
+    /// `--base='pipe:curl -s http://host:8080/'`): the name goes where the base's `%s`
+    /// is, or after the base when it has none: directly when the base ends with `/` or a
+    /// space, after a `/` for a folder or URL prefix. An empty base leaves the names as
+    /// they are.
+    ///
+    /// A base that cannot apply is an error, never ignored: a name that is already a full
+    /// URL, `pipe:` command, absolute path or `-`; a `%s` in the spec (the base holds it);
+    /// a base with more than one `%s`; a `pipe:` base with no `%s` that does not end with
+    /// `/` or a space (where the name goes in the command would be a guess).
+    pub fn from_spec_with_base(spec: &str, base: &str) -> Result<Self, ShardListError> {
+        let names = expand_spec(spec)?;
+        if base.is_empty() {
+            return Ok(Self { urls: names });
+        }
+        let refuse = |name: &str, reason: String| ShardListError::Base {
+            base: base.to_string(),
+            name: name.to_string(),
+            reason,
+        };
+        if spec.contains("%s") {
+            return Err(refuse(
+                spec,
+                "the spec holds `%s`; the base does (each name from the spec goes where \
+                 the base's `%s` is)"
+                    .to_string(),
+            ));
+        }
+        let slots = base.matches("%s").count();
+        if slots > 1 {
+            return Err(refuse(
+                spec,
+                format!("the base holds `%s` {slots} times; it takes one"),
+            ));
+        }
+        let is_pipe = base.starts_with("pipe:");
+        if slots == 0 && is_pipe && !base.ends_with('/') && !base.ends_with(char::is_whitespace) {
+            return Err(refuse(
+                spec,
+                "a `pipe:` base without `%s` must end with `/` or a space; put `%s` where \
+                 each shard name goes (e.g. `pipe:cat /data/%s`)"
+                    .to_string(),
+            ));
+        }
         let urls = names
-            .iter()
+            .into_iter()
             .map(|name| {
-                if base.contains("%s") {
-                    base.replace("%s", name)
-                } else if base.is_empty() || base.ends_with('/') {
+                if let Some(form) = full_location(&name) {
+                    return Err(refuse(
+                        &name,
+                        format!(
+                            "the name is already {form}; give names relative to the base, \
+                             or no base"
+                        ),
+                    ));
+                }
+                Ok(if slots == 1 {
+                    base.replacen("%s", &name, 1)
+                } else if is_pipe || base.ends_with('/') {
                     format!("{base}{name}")
                 } else {
                     format!("{base}/{name}")
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         Ok(Self { urls })
+    }
+}
+
+/// What kind of complete location `name` is, if it is one a base cannot go in front of.
+fn full_location(name: &str) -> Option<&'static str> {
+    if name == "-" {
+        Some("standard input (`-`)")
+    } else if name.starts_with("pipe:") {
+        Some("a `pipe:` command")
+    } else if name.contains("://") || name.starts_with("file:") {
+        Some("a full URL")
+    } else if name.starts_with('/') {
+        Some("an absolute path")
+    } else {
+        None
     }
 }
 
@@ -248,24 +325,67 @@ impl ShardList {
 mod tests {
     use super::*;
 
+    /// The base rule: `(base, spec, Ok(urls) or Err(words the error holds))`.
     #[test]
-    fn base_substitutes_or_joins() {
-        let cases = [
+    fn bases_take_each_name_where_their_percent_s_is_or_after_them() {
+        let ok = |urls: &[&str]| Ok::<_, &str>(urls.iter().map(|u| u.to_string()).collect());
+        let cases: Vec<(&str, &str, Result<Vec<String>, &str>)> = vec![
             (
-                "pipe:curl -s http://h:8080/%s",
+                "pipe:gsutil cat gs://bucket/%s",
                 "a-{0..1}.tar",
-                vec![
-                    "pipe:curl -s http://h:8080/a-0.tar",
-                    "pipe:curl -s http://h:8080/a-1.tar",
-                ],
+                ok(&[
+                    "pipe:gsutil cat gs://bucket/a-0.tar",
+                    "pipe:gsutil cat gs://bucket/a-1.tar",
+                ]),
             ),
-            ("/data", "x.tar", vec!["/data/x.tar"]),
-            ("http://h/d/", "x.tar", vec!["http://h/d/x.tar"]),
-            ("", "x.tar", vec!["x.tar"]),
+            (
+                "pipe:curl -s http://host:8080/",
+                "a-0.tar",
+                ok(&["pipe:curl -s http://host:8080/a-0.tar"]),
+            ),
+            ("pipe:cat ", "a-0.tar", ok(&["pipe:cat a-0.tar"])),
+            (
+                "pipe:curl -s -f http://h/%s -o -",
+                "d/x.tar",
+                ok(&["pipe:curl -s -f http://h/d/x.tar -o -"]),
+            ),
+            ("/data", "x.tar", ok(&["/data/x.tar"])),
+            ("/data/", "x.tar", ok(&["/data/x.tar"])),
+            ("http://h/d/", "x.tar", ok(&["http://h/d/x.tar"])),
+            ("http://h:8080", "x.tar", ok(&["http://h:8080/x.tar"])),
+            ("http://h/%s.gz", "x.tar", ok(&["http://h/x.tar.gz"])),
+            (
+                "",
+                "/abs/x.tar::pipe:cat y",
+                ok(&["/abs/x.tar", "pipe:cat y"]),
+            ),
+            ("http://h/", "http://other/x.tar", Err("already a full URL")),
+            ("/data", "/abs/x.tar", Err("already an absolute path")),
+            (
+                "/data",
+                "a.tar::pipe:cat b.tar",
+                Err("already a `pipe:` command"),
+            ),
+            ("/data", "-", Err("standard input")),
+            ("/data", "file:x.tar", Err("already a full URL")),
+            ("http://h/", "%s/x.tar", Err("the spec holds `%s`")),
+            ("pipe:cat %s %s", "x.tar", Err("2 times")),
+            ("pipe:cat", "x.tar", Err("must end with `/` or a space")),
+            ("/data", "x-{1..", Err("unbalanced")),
         ];
-        for (base, names, want) in cases {
-            let got = ShardList::from_base(base, names).expect("valid spec").urls;
-            assert_eq!(got, want, "base {base:?} names {names:?}");
+        for (base, spec, want) in cases {
+            let got = ShardList::from_spec_with_base(spec, base).map(|list| list.urls);
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "base {base:?} spec {spec:?}"),
+                (Err(error), Err(words)) => {
+                    let text = error.to_string();
+                    assert!(text.contains(words), "base {base:?} spec {spec:?}: {text}");
+                    if !matches!(error, ShardListError::Spec(_)) {
+                        assert!(text.contains(base), "{text} does not name the base");
+                    }
+                }
+                (got, want) => panic!("base {base:?} spec {spec:?}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

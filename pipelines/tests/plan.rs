@@ -574,11 +574,12 @@ fn unknown_counts_need_a_manifest_or_a_default() {
     let err = Planner::new(config.clone(), Hooks::builtin())
         .expect("settings")
         .plan(0)
-        .expect_err("resampled needs counts");
+        .expect_err("resampled needs an epoch size");
     assert!(
-        matches!(err, PlanError::NeedsCounts { missing: 3, .. }),
+        matches!(err, PlanError::NeedsEpochSize { missing: 3 }),
         "{err}"
     );
+    assert!(err.to_string().contains("data.epoch_size"), "{err}");
 
     config.mode = PlanMode::Split;
     let split = plan(config.clone(), 0);
@@ -623,6 +624,63 @@ fn unknown_counts_need_a_manifest_or_a_default() {
     let with = PlanShard::with_manifest(&urls, &manifest);
     let counts: Vec<_> = with.iter().map(|s| s.samples).collect();
     assert_eq!(counts, [Some(9), Some(9), None]);
+}
+
+/// Resampled mode without (exact) counts, as webdataset's `resampled=True` with
+/// `.with_epoch(n)`: each worker draws whole shards and serves its quota, so every rank
+/// runs the same steps whatever the shards really hold.
+#[test]
+fn resampled_draws_whole_shards_when_counts_are_unknown_or_assumed() {
+    let unknown = PlanShard::from_urls(["a.tar", "b.tar", "c.tar"]);
+    let mut config = PlanConfig::new(unknown, ClusterShape::new(2, 1, 2), 4);
+    config.epoch_size = Some(100);
+    let drawn = plan(config.clone(), 0);
+    // 100 samples over 2 ranks and 2 workers: 25 a worker, 6 whole batches of 4.
+    assert_eq!(drawn.consistency, Consistency::Consistent { steps: 12 });
+    for rank in &drawn.ranks {
+        for worker in &rank.workers {
+            assert_eq!(worker.samples, Some(24), "6 whole batches of the 25");
+            // An unknown shard counts as one sample: 25 draws, each read whole.
+            assert_eq!(worker.items.len(), 25);
+            assert!(
+                worker.items.iter().all(|i| i.is_whole_shard()),
+                "{worker:?}"
+            );
+        }
+    }
+    assert_eq!(
+        plan(config.clone(), 0),
+        drawn,
+        "the draws are deterministic"
+    );
+    assert_ne!(
+        plan(config.clone(), 1).ranks,
+        drawn.ranks,
+        "and differ by epoch"
+    );
+
+    // A declared count plans fewer draws, still read whole.
+    config.default_samples_per_shard = Some(10);
+    let assumed = plan(config.clone(), 0);
+    assert_eq!(assumed.steps(), Some(12));
+    let worker = &assumed.ranks[1].workers[1];
+    assert_eq!(worker.items.len(), 3);
+    assert!(
+        worker
+            .items
+            .iter()
+            .all(|i| i.is_whole_shard() && i.samples == Some(10))
+    );
+
+    // Known counts keep exact draws, cut to the 6 whole batches.
+    let mut exact = PlanConfig::new(known(&[10, 10, 10]), ClusterShape::new(2, 1, 2), 4);
+    exact.epoch_size = Some(100);
+    let worker = &plan(exact, 0).ranks[0].workers[0];
+    assert_eq!(
+        worker.items.iter().filter_map(|i| i.samples).sum::<u64>(),
+        24
+    );
+    assert_eq!(worker.items.last().and_then(|i| i.take), Some(4));
 }
 
 #[test]

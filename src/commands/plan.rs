@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use pipelines::{ClusterShape, Plan, render_plan};
 
-use crate::commands::train::data_spec;
+use crate::commands::train::{data_spec, trainable_steps};
 use crate::config::Loaded;
 
 #[derive(Debug, clap::Args)]
@@ -18,6 +18,17 @@ pub struct PlanArgs {
     /// Training shards, as a brace spec (`data/train-{000000..000146}.tar`) [data.train].
     #[arg(long)]
     shards: Option<String>,
+    /// A base each shard name goes into: where its `%s` is (`pipe:gsutil cat
+    /// gs://bucket/%s`), or after it (`http://host:8080/`) [data.base].
+    #[arg(long)]
+    base: Option<String>,
+    /// A manifest file or URL with the shards' sample counts, for shards of any source
+    /// (made by `imgrun shards index`) [data.manifest].
+    #[arg(long)]
+    manifest: Option<String>,
+    /// Samples assumed in each shard no manifest counts [data.samples_per_shard].
+    #[arg(long)]
+    samples_per_shard: Option<u64>,
     /// Nodes of the world planned for.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
@@ -78,6 +89,15 @@ impl PlanArgs {
         if let Some(shards) = &self.shards {
             out.push(text("data.train", shards));
         }
+        if let Some(base) = &self.base {
+            out.push(text("data.base", base));
+        }
+        if let Some(manifest) = &self.manifest {
+            out.push(text("data.manifest", manifest));
+        }
+        if let Some(n) = self.samples_per_shard {
+            out.push(number("data.samples_per_shard", n));
+        }
         if let Some(workers) = self.workers {
             out.push(number("data.workers", workers.into()));
         }
@@ -135,10 +155,11 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render_plan(&plan));
     }
-    match plan.check() {
-        Ok(()) => Ok(ExitCode::SUCCESS),
+    // The job's own check: what `imgrun train` would refuse, this refuses.
+    match trainable_steps(&plan) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
         Err(problem) => {
-            eprintln!("error: {problem}");
+            eprintln!("error: {problem:#}");
             Ok(ExitCode::FAILURE)
         }
     }

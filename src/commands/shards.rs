@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pipelines::{
-    CreateOptions, CreateReport, ErrorPolicy, ImageFolder, ShardList, SynthOptions,
-    create_from_folder, generate_synthetic, summarize_names, summarize_shard, verify_shard,
+    CreateOptions, CreateReport, ErrorPolicy, ImageFolder, IndexOptions, ShardList, SynthOptions,
+    create_from_folder, generate_synthetic, index_shards, summarize_names, summarize_shard,
+    verify_shard,
 };
 
 use crate::commands::progress_bar;
@@ -29,6 +30,10 @@ pub enum ShardsCommand {
         /// Shard names; read from standard input when none are given.
         names: Vec<String>,
     },
+    /// Reads shards that have no manifest (written by Python webdataset, tarp, ...) from
+    /// any source and writes their manifest.json: samples, bytes and class counts per
+    /// shard, as `create` writes it. Training and `plan` need it for exact epochs.
+    Index(IndexArgs),
     /// Reads every sample, checks that images and labels decode, reports problems.
     Verify {
         #[command(flatten)]
@@ -94,12 +99,33 @@ pub struct SynthArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct IndexArgs {
+    /// Shards: a brace spec such as `data/train-{000000..000146}.tar`, `::`-joined lists,
+    /// `http(s)://` URLs or `pipe:COMMAND`.
+    spec: String,
+    /// A base each name from the spec goes into: where its `%s` is
+    /// (`pipe:gsutil cat gs://bucket/%s`), or after it (`http://host:8080/`).
+    #[arg(long)]
+    base: Option<String>,
+    /// Where to write the manifest (a file, or a folder to get manifest.json and
+    /// classes.txt) [default: the shards' folder, for local shards].
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Shards read at once.
+    #[arg(long, default_value_t = 8)]
+    jobs: usize,
+    /// The integer label field counted per class.
+    #[arg(long, default_value = "cls")]
+    label: String,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct SpecArgs {
     /// Shards: a brace spec such as `data/train-{000000..000146}.tar`, `::`-joined lists,
     /// `http(s)://` URLs, `pipe:COMMAND`, or `-` for stdin.
     spec: String,
-    /// A base each name is put into: `pipe:curl -s http://host:8080/%s`, or a folder/URL
-    /// prefix.
+    /// A base each name from the spec goes into: where its `%s` is
+    /// (`pipe:curl -s http://host:8080/%s`), or after it (`/data/`, `http://host:8080/`).
     #[arg(long)]
     base: Option<String>,
     /// What to do with bad shards: fail or skip [default: shards.error_policy].
@@ -109,14 +135,15 @@ pub struct SpecArgs {
 
 impl SpecArgs {
     fn urls(&self) -> anyhow::Result<Vec<String>> {
-        let list = match &self.base {
-            Some(base) => ShardList::from_base(base, &self.spec),
-            None => ShardList::from_spec(&self.spec),
-        };
-        Ok(list
-            .with_context(|| format!("shard spec `{}`", self.spec))?
-            .urls)
+        spec_urls(&self.spec, self.base.as_deref())
     }
+}
+
+/// The shards of a spec under `--base`.
+fn spec_urls(spec: &str, base: Option<&str>) -> anyhow::Result<Vec<String>> {
+    Ok(ShardList::from_spec_with_base(spec, base.unwrap_or(""))
+        .with_context(|| format!("shard spec `{spec}`"))?
+        .urls)
 }
 
 pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> {
@@ -126,6 +153,7 @@ pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> 
         ShardsCommand::Ls(spec) => ls(loaded, &spec),
         ShardsCommand::Dump(spec) => dump(loaded, &spec),
         ShardsCommand::Sum { names } => sum(names),
+        ShardsCommand::Index(args) => index(loaded, args),
         ShardsCommand::Verify { spec, label } => verify(loaded, &spec, &label),
     }
 }
@@ -249,6 +277,69 @@ fn sum(names: Vec<String>) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!names.is_empty(), "no shard names given");
     println!("{}", summarize_names(&names));
     Ok(ExitCode::SUCCESS)
+}
+
+fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
+    let urls = spec_urls(&args.spec, args.base.as_deref())?;
+    anyhow::ensure!(
+        !urls.is_empty(),
+        "shard spec `{}` names no shards",
+        args.spec
+    );
+    anyhow::ensure!(args.jobs > 0, "--jobs must be at least 1");
+    let output = match &args.output {
+        Some(path) => path.clone(),
+        None => local_folder(&urls).with_context(|| {
+            "the shards are not local files in one folder: say where the manifest goes with \
+             -o FILE"
+        })?,
+    };
+    let reader = loaded.config.shards.reader(Some(ErrorPolicy::Fail));
+    let options = IndexOptions {
+        jobs: args.jobs,
+        label_field: args.label,
+    };
+    let bar = progress_bar(urls.len() as u64, "index");
+    let manifest = index_shards(&reader, &urls, &options, &|n| bar.inc(n));
+    bar.finish_and_clear();
+    let manifest = manifest.with_context(|| format!("indexing `{}`", args.spec))?;
+    let written = if output.is_dir() {
+        manifest.write_to(&output)?;
+        output.join(pipelines::MANIFEST_FILE)
+    } else {
+        manifest.write_file(&output)?;
+        output
+    };
+    println!(
+        "indexed {} shards: {} samples ({}), {} classes",
+        manifest.shards.len(),
+        manifest.total_samples(),
+        human_bytes(manifest.total_bytes()),
+        manifest.classes.len()
+    );
+    println!("wrote {}", written.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The folder holding every shard of `urls`, when they are all local files in one.
+fn local_folder(urls: &[String]) -> Option<PathBuf> {
+    let mut folders = urls.iter().map(|url| {
+        let is_local = url.starts_with("file:")
+            || (!url.contains("://") && !url.starts_with("pipe:") && url != "-");
+        let path = url
+            .strip_prefix("file://")
+            .or_else(|| url.strip_prefix("file:"))
+            .unwrap_or(url);
+        let path = std::path::Path::new(path);
+        is_local.then(|| match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+    });
+    let first = folders.next()??;
+    folders
+        .all(|folder| folder.as_ref() == Some(&first))
+        .then_some(first)
 }
 
 fn verify(loaded: &Loaded, spec: &SpecArgs, label: &str) -> anyhow::Result<ExitCode> {

@@ -5,8 +5,9 @@
 // Each test file uses its own part of the fixture.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process, test_kill_process};
@@ -196,4 +197,44 @@ pub fn node_states(status: &Value) -> Vec<(u64, String)> {
         .collect();
     states.sort();
     states
+}
+
+/// `imgrun serve` of a folder on loopback, in the background, killed on drop.
+pub struct Server {
+    child: Child,
+    /// The folder's URL, without a trailing `/`.
+    pub url: String,
+}
+
+impl Server {
+    pub fn start(dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_imgrun"))
+            .args(["serve", dir.to_str().expect("utf-8 path")])
+            .args(["--port", "0", "--bind", "127.0.0.1"])
+            .env_remove("IMGRUN_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start imgrun serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the serving line");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in `{line}`"))
+            .trim_end_matches('/')
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -93,6 +93,10 @@ pub struct DataSpec {
     pub policy: BatchPolicy,
     pub epoch_size: Option<u64>,
     pub nominal_size: Option<u64>,
+    /// Samples assumed in each training shard whose count is unknown
+    /// (`data.samples_per_shard`).
+    #[serde(default)]
+    pub samples_per_shard: Option<u64>,
     pub seed: u64,
     /// Loader workers per trainer.
     pub workers: u32,
@@ -217,6 +221,7 @@ impl DataSpec {
         config.drop_partial = !(self.mode == PlanMode::Split && self.policy == BatchPolicy::Join);
         config.epoch_size = self.epoch_size;
         config.nominal_size = self.nominal_size;
+        config.default_samples_per_shard = self.samples_per_shard;
         config
     }
 
@@ -437,6 +442,7 @@ mod tests {
             policy: BatchPolicy::Join,
             epoch_size: None,
             nominal_size: None,
+            samples_per_shard: None,
             seed: 0,
             workers: 1,
             shuffle_buffer: 100,

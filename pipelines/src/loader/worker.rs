@@ -241,6 +241,11 @@ fn read_items(
                 ControlFlow::Continue(())
             }
         });
+        if let Some(expected) = item.samples.filter(|_| item.is_whole_shard())
+            && (taken > expected || (!hung_up && result.is_ok() && taken < expected))
+        {
+            count_mismatch(&item.url, expected, taken, hung_up, stats);
+        }
         if hung_up {
             break;
         }
@@ -251,5 +256,23 @@ fn read_items(
     }
     if let Ok(mut stats) = stats.lock() {
         stats.add_read(read);
+    }
+}
+
+/// A shard read whole that does not hold the samples its count (the manifest's, or
+/// `data.samples_per_shard`) says: the plan's batches were counted from a wrong number.
+fn count_mismatch(url: &str, expected: u64, taken: u64, cut: bool, stats: &Mutex<EpochStats>) {
+    let holds = if cut {
+        format!("at least {taken}")
+    } else {
+        taken.to_string()
+    };
+    let message = format!(
+        "{url}: the shard holds {holds} samples and its count says {expected} (a stale \
+         manifest or a wrong data.samples_per_shard; `imgrun shards index` counts them)"
+    );
+    tracing::warn!("{message}");
+    if let Ok(mut stats) = stats.lock() {
+        stats.note(message);
     }
 }

@@ -169,9 +169,13 @@ pub enum PlanError {
         problem: String,
     },
     #[error(
-        "{what} needs per-shard sample counts, and {missing} shard(s) have none (give a manifest or a default count per shard)"
+        "{what} needs per-shard sample counts, and {missing} shard(s) have none: index the shards with `imgrun shards index SPEC -o manifest.json` and use that manifest (data.manifest, plan --manifest), or declare a count per shard (data.samples_per_shard, plan --samples-per-shard)"
     )]
     NeedsCounts { what: &'static str, missing: usize },
+    #[error(
+        "resampled mode draws an epoch of `data.epoch_size` samples, and without it the size is the dataset's, which is unknown: {missing} shard(s) have no sample count. Set data.epoch_size (plan --epoch-size), or index the shards with `imgrun shards index SPEC -o manifest.json` and use that manifest (data.manifest, plan --manifest)"
+    )]
+    NeedsEpochSize { missing: usize },
     #[error("rank {rank} worker {worker} has no samples to read (its hooks left it no data)")]
     EmptyStream { rank: Rank, worker: WorkerId },
     #[error(
@@ -189,7 +193,7 @@ pub enum PlanError {
     #[error("ranks run different numbers of batches ({}); choose a policy: join, drop or repeat", policy::list_batches(.batches))]
     InconsistentBatches { batches: Vec<u64> },
     #[error(
-        "cannot check batch consistency: {missing} shard(s) have no sample count (give a manifest or a default count per shard, or use the join policy)"
+        "cannot check batch consistency: {missing} shard(s) have no sample count: index the shards with `imgrun shards index SPEC -o manifest.json` and use that manifest (data.manifest, plan --manifest), or declare a count per shard (data.samples_per_shard, plan --samples-per-shard)"
     )]
     Unchecked { missing: usize },
 }

@@ -146,18 +146,25 @@ impl Planner {
         worker: WorkerId,
     ) -> Result<RawWorker, PlanError> {
         let seed = derive_seed(self.config.seed, epoch, rank.0, worker.0);
+        // Resampled draws of shards whose counts are not all known read whole shards,
+        // and the worker stops at its quota: it serves `quota` samples, not the sum of
+        // counts that may be wrong or missing.
+        let mut served = None;
         let (items, stream_offset) = match (self.config.mode, self.epoch_size()) {
             (PlanMode::Resampled, Some(size)) => {
                 let quota = self.worker_quota(size, worker);
                 let (slices, rng) = self.run_hooks(epoch, epoch, rank, worker)?;
-                (
-                    draw(slices, rng, quota, rank, worker)?,
-                    epoch.saturating_mul(quota),
-                )
+                let exact = self.assumed_counts == 0 && slices.iter().all(|s| s.len().is_some());
+                let items = if exact {
+                    draw(slices, rng, quota, rank, worker)?
+                } else {
+                    served = Some(quota);
+                    draw_whole(slices, rng, quota, rank, worker)?
+                };
+                (items, epoch.saturating_mul(quota))
             }
             (PlanMode::Resampled, None) => {
-                return Err(PlanError::NeedsCounts {
-                    what: "resampled mode without an epoch size",
+                return Err(PlanError::NeedsEpochSize {
                     missing: self.missing_counts(),
                 });
             }
@@ -171,13 +178,14 @@ impl Planner {
                 (self.chopped(epoch, rank, worker, offset, quota)?, offset)
             }
         };
-        let samples = items.iter().map(|i| i.samples).sum();
+        let samples = served.or_else(|| items.iter().map(|i| i.samples).sum());
         Ok(RawWorker {
             worker,
             seed,
             stream_offset,
             items,
             samples,
+            drawn_whole: served.is_some(),
         })
     }
 
@@ -252,6 +260,35 @@ impl Planner {
         }
         Ok(items)
     }
+}
+
+/// Resampled mode where some counts are unknown or assumed (`data.samples_per_shard`):
+/// draw whole shards with replacement until their counts (1 for an unknown one, the
+/// least a shard that is not empty holds) reach `quota`. The worker reads them in turn
+/// and stops at its quota, so a shard holding more than its assumed count is read on
+/// (not cut at the count), and one holding fewer leaves the next draws to make up.
+fn draw_whole(
+    slices: Vec<Slice>,
+    mut rng: SplitMix64,
+    quota: u64,
+    rank: Rank,
+    worker: WorkerId,
+) -> Result<Vec<WorkItem>, PlanError> {
+    let lens: Vec<u64> = slices.iter().map(|s| s.len().unwrap_or(1)).collect();
+    if quota > 0 && lens.iter().all(|&n| n == 0) {
+        return Err(PlanError::EmptyStream { rank, worker });
+    }
+    let mut items = Vec::new();
+    let mut counted = 0;
+    while counted < quota {
+        let index = rng.below(slices.len() as u64) as usize;
+        if lens[index] == 0 {
+            continue;
+        }
+        items.push(slices[index].clone().into_item(None));
+        counted += lens[index];
+    }
+    Ok(items)
 }
 
 /// Resampled mode: draw shards with replacement until `quota` samples; the last one may

@@ -128,6 +128,9 @@ pub(crate) struct RawWorker {
     pub stream_offset: u64,
     pub items: Vec<WorkItem>,
     pub samples: Option<u64>,
+    /// The items are whole shards drawn until at least `samples`, read until the worker
+    /// has served its batches: never cut by count.
+    pub drawn_whole: bool,
 }
 
 /// The parts of a plan that do not depend on the workers' streams.
@@ -295,7 +298,11 @@ fn rank_plan(
             worker: raw.worker,
             seed: raw.seed,
             stream_offset: raw.stream_offset,
-            items: truncate(raw.items, served),
+            items: if raw.drawn_whole {
+                raw.items
+            } else {
+                truncate(raw.items, served)
+            },
             samples: Some(served),
             batches: Some(quota),
             dropped_batches: full - quota,

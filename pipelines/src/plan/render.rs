@@ -120,12 +120,7 @@ fn write_plan(out: &mut String, plan: &Plan) -> std::fmt::Result {
             shards_without_counts,
         } => writeln!(
             out,
-            "cannot check batch consistency: {shards_without_counts} shard(s) have no sample count{}",
-            if plan.policy == BatchPolicy::Join {
-                " (the join policy evens ranks out at run time)"
-            } else {
-                ""
-            },
+            "cannot check batch consistency: {shards_without_counts} shard(s) have no sample count",
         ),
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use rhai::ImmutableString;
 
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, shard_name};
 
 /// One shard of the input list: its URL and, when known, how many samples it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +27,8 @@ impl PlanShard {
         urls.into_iter().map(|url| Self::new(url, None)).collect()
     }
 
-    /// Shards with their counts from a manifest, matched by file name: the part of the URL
-    /// after its last `/` (so `pipe:curl -s http://h/a-000001.tar` matches `a-000001.tar`).
+    /// Shards with their counts from a manifest, matched by file name ([`shard_name`]:
+    /// `pipe:curl -s http://h/a-000001.tar` matches `a-000001.tar`).
     /// URLs the manifest does not list keep an unknown count.
     pub fn with_manifest<S: AsRef<str>>(urls: &[S], manifest: &Manifest) -> Vec<Self> {
         let counts: HashMap<&str, u64> = manifest
@@ -39,8 +39,7 @@ impl PlanShard {
         urls.iter()
             .map(|url| {
                 let url = url.as_ref();
-                let name = url.rsplit('/').next().unwrap_or(url);
-                Self::new(url, counts.get(name).copied())
+                Self::new(url, counts.get(shard_name(url)).copied())
             })
             .collect()
     }

@@ -24,8 +24,8 @@ use anyhow::Context;
 
 use crate::config::{Config, Loaded};
 use driver::Driver;
-pub(crate) use spec::data_spec;
 use spec::job_spec;
+pub(crate) use spec::{data_spec, trainable_steps};
 use steps::{Progress, StopControl};
 use world::Cluster;
 

@@ -26,8 +26,9 @@ pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             .map(|m| m.classes.len() as i64)
             .filter(|&c| c > 0)
             .context(
-                "data.classes is 0 and the training shards have no manifest.json naming the \
-                 classes: set data.classes",
+                "data.classes is 0 and the training shards have no manifest naming the \
+                 classes: set data.classes, or index the shards with `imgrun shards index \
+                 SPEC -o manifest.json` and set data.manifest",
             )?,
         n => n,
     };
@@ -104,13 +105,18 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         config.train.batch_size > 0,
         "train.batch_size must be at least 1"
     );
-    let sources = pipelines::Sources::new(config.shards.source_options());
+    // Manifests are read fresh every time, never from the shard cache.
+    let sources = pipelines::Sources::new(pipelines::SourceOptions {
+        cache: None,
+        ..config.shards.source_options()
+    });
+    let manifest = (!data.manifest.is_empty()).then_some(data.manifest.as_str());
     let (train_set, manifest) =
-        shard_set(&data.train, &data.base, &sources).context("data.train")?;
+        shard_set(&data.train, &data.base, manifest, &sources).context("data.train")?;
     let val_set = if data.val.is_empty() {
         ShardSet::default()
     } else {
-        shard_set(&data.val, &data.base, &sources)
+        shard_set(&data.val, &data.base, None, &sources)
             .context("data.val")?
             .0
     };
@@ -136,7 +142,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
     for phase in &data.size_schedule {
         let Some(spec) = phase.train() else { continue };
         let what = || format!("data.size_schedule: the phase from epoch {}", phase.epoch());
-        let (set, _) = shard_set(spec, &data.base, &sources).with_context(what)?;
+        let (set, _) = shard_set(spec, &data.base, None, &sources).with_context(what)?;
         if let (Some(phase_total), Some(total)) = (set.total(), train_set.total()) {
             anyhow::ensure!(
                 phase_total == total,
@@ -162,6 +168,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         policy,
         epoch_size: (data.epoch_size > 0).then_some(data.epoch_size),
         nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
+        samples_per_shard: (data.samples_per_shard > 0).then_some(data.samples_per_shard),
         seed: data.seed,
         workers: data.workers.max(1),
         shuffle_buffer: data.shuffle_buffer,
@@ -211,19 +218,17 @@ fn size_schedule(image_size: u32, schedule: &[(u64, u32)]) -> anyhow::Result<Vec
     Ok(sizes)
 }
 
-/// The shards of `spec` with their sample counts from the manifest beside them, and
-/// that manifest.
-pub(super) fn shard_set(
+/// The shards of `spec` under `base` (the rule of [`ShardList::from_spec_with_base`]),
+/// with their sample counts from `manifest` (a file or URL, `data.manifest`, which must
+/// list every shard) or else from the manifest.json beside them, and that manifest.
+/// Manifest entries are matched to shards by file name ([`pipelines::shard_name`]).
+pub(crate) fn shard_set(
     spec: &str,
     base: &str,
+    manifest: Option<&str>,
     sources: &pipelines::Sources,
 ) -> anyhow::Result<(ShardSet, Option<Manifest>)> {
-    let spec = if spec.contains("%s") && !base.is_empty() {
-        spec.replace("%s", base)
-    } else {
-        spec.to_string()
-    };
-    let urls = ShardList::from_spec(&spec)
+    let urls = ShardList::from_spec_with_base(spec, base)
         .with_context(|| format!("shard spec `{spec}`"))?
         .urls;
     anyhow::ensure!(!urls.is_empty(), "shard spec `{spec}` names no shards");
@@ -239,7 +244,10 @@ pub(super) fn shard_set(
             urls.len()
         );
     }
-    let manifest = manifest_beside(&urls, sources);
+    let manifest = match manifest {
+        Some(location) => Some(named_manifest(location, &urls, sources)?),
+        None => manifest_beside(&urls, sources),
+    };
     let samples = match &manifest {
         Some(manifest) => pipelines::PlanShard::with_manifest(&urls, manifest)
             .into_iter()
@@ -248,6 +256,32 @@ pub(super) fn shard_set(
         None => vec![None; urls.len()],
     };
     Ok((ShardSet { urls, samples }, manifest))
+}
+
+/// The manifest at `location` (`data.manifest`), which must list every shard of `urls`.
+fn named_manifest(
+    location: &str,
+    urls: &[String],
+    sources: &pipelines::Sources,
+) -> anyhow::Result<Manifest> {
+    let manifest = Manifest::open(location, sources)
+        .with_context(|| format!("reading data.manifest `{location}`"))?;
+    let listed: std::collections::HashSet<&str> =
+        manifest.shards.iter().map(|s| s.name.as_str()).collect();
+    let unlisted: Vec<&String> = urls
+        .iter()
+        .filter(|url| !listed.contains(pipelines::shard_name(url)))
+        .collect();
+    if let Some(first) = unlisted.first() {
+        bail!(
+            "data.manifest `{location}` lists no shard named `{}` (for {first}); {} of the {} \
+             shards are not in it: index them with `imgrun shards index SPEC -o FILE`",
+            pipelines::shard_name(first),
+            unlisted.len(),
+            urls.len()
+        );
+    }
+    Ok(manifest)
 }
 
 /// The manifest.json beside the first shard: in its folder for local files, at the same
@@ -291,13 +325,29 @@ pub(super) fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyh
         .train_planner(shape, job.optim.batch_size)
         .and_then(|planner| planner.plan(0))
         .context("planning the first epoch")?;
-    plan.check().context("planning the first epoch")?;
-    anyhow::ensure!(
-        plan.steps().is_some(),
-        "the ranks' batch counts are unknown: give the shards a manifest.json with sample \
-         counts, or choose the drop policy with data.nbatches"
-    );
+    trainable_steps(&plan).context("planning the first epoch")?;
     Ok(())
+}
+
+/// The steps every rank runs in `plan`, or why the job cannot run it: trainers count
+/// their steps ahead (for the schedule, progress and checkpoints), so a plan whose
+/// batch counts are unknown is refused here, as `imgrun plan` refuses it.
+pub(crate) fn trainable_steps(plan: &pipelines::Plan) -> anyhow::Result<u64> {
+    plan.check()?;
+    plan.steps().with_context(|| {
+        let missing = match plan.consistency {
+            pipelines::Consistency::Unknown {
+                shards_without_counts,
+            } => shards_without_counts,
+            _ => 0,
+        };
+        format!(
+            "the ranks' batch counts are unknown: {missing} shard(s) have no sample count. \
+             Index the shards with `imgrun shards index SPEC -o manifest.json` and set \
+             data.manifest to it (or keep it beside local shards), declare \
+             data.samples_per_shard, or use resampled mode with data.epoch_size"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -371,13 +421,13 @@ mod tests {
         let base = serve(manifest.to_string(), 4);
         let sources = pipelines::Sources::new(pipelines::SourceOptions::default());
         let spec = format!("{base}/data/d-{{000..001}}.tar");
-        let (set, found) = shard_set(&spec, "", &sources).expect("shard set");
+        let (set, found) = shard_set(&spec, "", None, &sources).expect("shard set");
         assert_eq!(set.samples, [Some(7), Some(5)]);
         assert_eq!(found.map(|m| m.classes.len()), Some(2));
         // A server without one: counts unknown, no error.
         let bare = serve(String::new(), 4);
         let (set, found) =
-            shard_set(&format!("{bare}/d-000.tar"), "", &sources).expect("shard set");
+            shard_set(&format!("{bare}/d-000.tar"), "", None, &sources).expect("shard set");
         assert_eq!(set.samples, [None]);
         assert!(found.is_none());
     }

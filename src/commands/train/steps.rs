@@ -270,6 +270,9 @@ pub(super) async fn train_loop(
         let mut chunk = 1u64;
         let mut done = false;
         let mut received: Vec<EpochReceived> = Vec::new();
+        // The loaders' problems (bad samples skipped, shards whose counts are wrong),
+        // each told once.
+        let mut told: std::collections::HashSet<String> = std::collections::HashSet::new();
         while !done {
             let stop = *run.stop.requested.borrow();
             if let Some(signal) = stop {
@@ -351,9 +354,11 @@ pub(super) async fn train_loop(
                 summary.last_loss = Some(step.loss);
                 last_figures = Some(figures);
             }
-            for reply in &replies {
-                if reply.skipped > 0 && !reply.problems.is_empty() {
-                    tracing::warn!(skipped = reply.skipped, first = %reply.problems[0], "bad samples skipped");
+            for (rank, reply) in replies.iter().enumerate() {
+                for problem in &reply.problems {
+                    if told.insert(problem.clone()) {
+                        bar.suspend(|| eprintln!("warning: rank {rank}: {problem}"));
+                    }
                 }
             }
             if first.epoch_done {
