@@ -564,7 +564,10 @@ fn shards_index_writes_the_manifest_and_plan_takes_it() {
     )
     .expect("manifest json");
     // Class names are not in the shards: the index names classes by their label.
-    assert_eq!(indexed["shards"], written["shards"], "the index counts as synth did");
+    assert_eq!(
+        indexed["shards"], written["shards"],
+        "the index counts as synth did"
+    );
     assert_eq!(indexed["classes"], serde_json::json!(["0", "1", "2"]));
 
     // Through `pipe:` under a base, into a file of its own.

@@ -154,14 +154,34 @@ fn plan_and_train_agree_on_every_epochs_steps() {
                 "data.epoch_size=150",
             ],
         ),
+        // 3 CPU trainers on 2 nodes: 2 + 1.
+        (
+            "split-join-uneven",
+            &[
+                "data.mode=\"split\"",
+                "data.policy=\"join\"",
+                "train.workers=3",
+            ],
+        ),
     ];
     const EPOCHS: u64 = 2;
     for (name, sets) in cases {
+        let uneven = sets.contains(&"train.workers=3");
+        let layout = if uneven { "2,1" } else { "1,1" };
         let planned: Vec<u64> = (0..EPOCHS)
-            .map(|epoch| cluster.planned_steps(name, sets, epoch))
+            .map(|epoch| cluster.planned_steps_on(name, sets, epoch, layout))
             .collect();
         let out = cluster.job(name, EPOCHS, sets, false).finish(JOB_LIMIT);
         assert!(out.status.success(), "{name}: {}", out.describe());
+        if uneven {
+            // The placement used is the one printed and planned.
+            assert!(
+                out.stdout.contains("2 node(s) with 2+1 ranks")
+                    || out.stdout.contains("2 node(s) with 1+2 ranks"),
+                "{name}: {}",
+                out.describe()
+            );
+        }
         let records = metrics(&cluster.runs.join(name));
         let ran: Vec<u64> = (0..EPOCHS).map(|e| steps_in_epoch(&records, e)).collect();
         eprintln!("{name}: plan {planned:?}, train {ran:?}");
@@ -1134,8 +1154,13 @@ impl TrainCluster {
     }
 
     /// The steps `imgrun plan --json` gives epoch `epoch` of the job `name` with `sets`,
-    /// on this cluster's 2 nodes.
+    /// on this cluster's 2 nodes with one trainer each.
     fn planned_steps(&self, name: &str, sets: &[&str], epoch: u64) -> u64 {
+        self.planned_steps_on(name, sets, epoch, "1,1")
+    }
+
+    /// The same, with `node_ranks` trainers on the nodes (`2,1`).
+    fn planned_steps_on(&self, name: &str, sets: &[&str], epoch: u64, node_ranks: &str) -> u64 {
         let mut args: Vec<String> = self.data.args(&self.runs, name, 1);
         // `train --name N --epochs E` become `plan --nodes 2 --epoch e --json`.
         args.splice(0..5, ["plan".to_string()]);
@@ -1143,9 +1168,7 @@ impl TrainCluster {
             sets.iter()
                 .flat_map(|s| ["--set".to_string(), s.to_string()]),
         );
-        args.extend(
-            ["--nodes", "2", "--ranks-per-node", "1", "--json", "--epoch"].map(String::from),
-        );
+        args.extend(["--ranks-per-node", node_ranks, "--json", "--epoch"].map(String::from));
         args.push(epoch.to_string());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = self.head.run(&args);

@@ -723,7 +723,7 @@ fn bad_settings_are_refused() {
         (
             "tiny epoch",
             Box::new(|c| {
-                c.cluster.nodes = 4;
+                c.cluster = ClusterShape::new(4, 1, c.cluster.workers_per_rank);
                 c.epoch_size = Some(3);
             }),
             "epoch_size",

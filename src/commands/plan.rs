@@ -30,11 +30,13 @@ pub struct PlanArgs {
     #[arg(long)]
     samples_per_shard: Option<u64>,
     /// Nodes of the world planned for.
-    #[arg(long, default_value_t = 1)]
-    nodes: u32,
-    /// Trainers (ranks) on each node.
-    #[arg(long, default_value_t = 1)]
-    ranks_per_node: u32,
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Trainers (ranks) on each node: one number for every node, or one per node in
+    /// node order (`2,1`: 2 ranks on node 0 and 1 on node 1, as `imgrun train` places
+    /// 3 CPU trainers on 2 nodes).
+    #[arg(long, default_value = "1", value_name = "N[,N...]")]
+    ranks_per_node: String,
     /// Loader workers per rank [data.workers].
     #[arg(long)]
     workers: Option<u32>,
@@ -81,6 +83,31 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
+    /// The ranks on each node that `--nodes` and `--ranks-per-node` describe.
+    fn node_ranks(&self) -> anyhow::Result<Vec<u32>> {
+        let counts = self
+            .ranks_per_node
+            .split(',')
+            .map(|n| match n.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => anyhow::bail!(
+                    "--ranks-per-node `{}`: expected positive numbers, one for every node \
+                     or one per node (`2,1`)",
+                    self.ranks_per_node
+                ),
+            })
+            .collect::<anyhow::Result<Vec<u32>>>()?;
+        match (counts.as_slice(), self.nodes) {
+            ([one], nodes) => Ok(vec![*one; nodes.unwrap_or(1) as usize]),
+            (many, Some(nodes)) if nodes as usize != many.len() => anyhow::bail!(
+                "--nodes {nodes} and --ranks-per-node `{}` ({} nodes) disagree",
+                self.ranks_per_node,
+                many.len()
+            ),
+            (many, _) => Ok(many.to_vec()),
+        }
+    }
+
     /// The flags as `--set` items, before the explicit `--set`s (which win).
     fn overrides(&self) -> Vec<String> {
         let text = |key: &str, value: &str| format!("{key}={value:?}");
@@ -144,7 +171,9 @@ impl PlanArgs {
 pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let config = crate::config::load_with(loaded.file.as_deref(), None, &args.overrides())?;
     let (data, _) = data_spec(&config.config)?;
-    let shape = ClusterShape::new(args.nodes, args.ranks_per_node, data.workers);
+    let node_ranks = args.node_ranks()?;
+    anyhow::ensure!(!node_ranks.is_empty(), "--nodes must be at least 1");
+    let shape = ClusterShape::with_node_ranks(node_ranks, data.workers);
     let batch_size = config.config.train.batch_size;
     let plan = data
         .train_planner(shape, batch_size)
@@ -184,6 +213,7 @@ fn plan_json(plan: &Plan) -> serde_json::Value {
         "epoch": plan.epoch,
         "mode": plan.mode.name(),
         "world": plan.cluster.world_size(),
+        "node_ranks": plan.cluster.node_ranks(),
         "batch_size": plan.batch_size,
         "partial_batches_kept": !plan.drop_partial,
         "steps": plan.steps(),

@@ -29,8 +29,9 @@ pub struct CheckpointState {
     /// Steps already taken in `epoch`.
     pub step_in_epoch: u64,
     pub world: u32,
-    pub nodes: u32,
-    pub ranks_per_node: u32,
+    /// Ranks on each node (empty in checkpoints from before it was kept).
+    #[serde(default)]
+    pub node_ranks: Vec<u32>,
     /// Each rank's loader position in `epoch`; empty at an epoch boundary.
     pub cursors: Vec<RankCursor>,
     /// The model's kind and classes, checked on resume.
@@ -225,8 +226,7 @@ mod tests {
             global_step: 40,
             step_in_epoch: 0,
             world: 2,
-            nodes: 1,
-            ranks_per_node: 2,
+            node_ranks: vec![2],
             cursors: Vec::new(),
             model: "small_cnn".into(),
             classes: 10,

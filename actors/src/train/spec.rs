@@ -19,9 +19,9 @@ use super::scaler::LossScaling;
 pub struct TrainerInit {
     pub rank: u32,
     pub world: u32,
-    /// The planner's view of the world: ranks are numbered node by node.
-    pub nodes: u32,
-    pub ranks_per_node: u32,
+    /// Ranks on each node, in node order (ranks are numbered node by node): the
+    /// placement the planner plans for.
+    pub node_ranks: Vec<u32>,
     /// libtorch's intra-op threads for this trainer.
     pub threads: u32,
     /// `cpu`, or `cuda` for the actor's first reserved GPU.
@@ -234,7 +234,7 @@ impl DataSpec {
     ) -> Result<TrainPlanner, PlanError> {
         let planner = |shards: &ShardSet| -> Result<Planner, PlanError> {
             let hooks = Hooks::compile(&self.hooks, HookLimits::default())?;
-            let mut config = self.train_plan(shape, batch_size);
+            let mut config = self.train_plan(shape.clone(), batch_size);
             config.shards = shards.plan_shards();
             Planner::new(config, hooks)
         };
@@ -266,7 +266,7 @@ impl DataSpec {
     /// The validation plan: exact (every sample once), in order, partial batches kept,
     /// one loader worker per rank, ranks that run out joining with empty batches.
     pub fn val_plan(&self, shape: ClusterShape, batch_size: u64) -> PlanConfig {
-        let shape = ClusterShape::new(shape.nodes, shape.ranks_per_node, 1);
+        let shape = ClusterShape::with_node_ranks(shape.node_ranks().to_vec(), 1);
         let mut config = PlanConfig::new(self.val.plan_shards(), shape, batch_size);
         config.mode = PlanMode::Split;
         config.policy = BatchPolicy::Join;

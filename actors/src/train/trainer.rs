@@ -274,10 +274,10 @@ impl Trainer {
             .collect();
         let buffers = model.buffers().into_iter().map(|(_, t)| t).collect();
         let sgd = Sgd::new(named_params, job.optim.sgd);
-        let shape = ClusterShape::new(init.nodes, init.ranks_per_node, job.data.workers.max(1));
+        let shape = ClusterShape::with_node_ranks(init.node_ranks.clone(), job.data.workers.max(1));
         let planner = job
             .data
-            .train_planner(shape, job.optim.batch_size)
+            .train_planner(shape.clone(), job.optim.batch_size)
             .map_err(|e| MethodError::fatal(format!("training plan: {e}")))?;
         let first = planner
             .plan(0)
@@ -472,20 +472,18 @@ impl Trainer {
 
     fn restore(&mut self, resume: &ResumeFrom) -> Result<(), MethodError> {
         let state = &resume.state;
+        let layout = |node_ranks: &[u32]| ClusterShape::with_node_ranks(node_ranks.to_vec(), 1);
         if state.world != self.init.world
-            || state.nodes != self.init.nodes
-            || state.ranks_per_node != self.init.ranks_per_node
+            || (!state.node_ranks.is_empty() && state.node_ranks != self.init.node_ranks)
         {
             return Err(MethodError::fatal(format!(
-                "{}: saved by {} ranks ({} nodes x {}), this job has {} ({} x {}); resume \
-                 with the same layout",
+                "{}: saved by {} ranks ({}), this job has {} ({}); resume with the same \
+                 layout",
                 resume.dir.display(),
                 state.world,
-                state.nodes,
-                state.ranks_per_node,
+                layout(&state.node_ranks).layout(),
                 self.init.world,
-                self.init.nodes,
-                self.init.ranks_per_node
+                layout(&self.init.node_ranks).layout()
             )));
         }
         let (saved, momentum) =
@@ -757,8 +755,11 @@ impl Trainer {
             return Ok(reply);
         }
         let batch_size = self.init.job.optim.batch_size;
-        let planner = Planner::new(data.val_plan(self.shape, batch_size), Hooks::builtin())
-            .map_err(|e| MethodError::new(format!("validation plan: {e}")))?;
+        let planner = Planner::new(
+            data.val_plan(self.shape.clone(), batch_size),
+            Hooks::builtin(),
+        )
+        .map_err(|e| MethodError::new(format!("validation plan: {e}")))?;
         let plan = planner
             .plan(0)
             .map_err(|e| MethodError::new(format!("validation plan: {e}")))?;

@@ -6,32 +6,86 @@ use super::policy;
 use super::shards::PlanShard;
 use super::{Rank, WorkerId};
 
-/// How ranks and loader workers are laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How ranks and loader workers are laid out: the ranks on each node, numbered node by
+/// node, and the loader workers of each rank. Nodes may hold different numbers of ranks
+/// (a node with 8 GPUs beside one with 4).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterShape {
-    pub nodes: u32,
-    pub ranks_per_node: u32,
+    /// Ranks on each node, in node order.
+    node_ranks: Vec<u32>,
     /// Loader workers of each rank.
     pub workers_per_rank: u32,
 }
 
 impl ClusterShape {
+    /// `nodes` nodes of `ranks_per_node` ranks each.
     pub fn new(nodes: u32, ranks_per_node: u32, workers_per_rank: u32) -> Self {
+        Self::with_node_ranks(vec![ranks_per_node; nodes as usize], workers_per_rank)
+    }
+
+    /// Nodes holding `node_ranks[i]` ranks each.
+    pub fn with_node_ranks(node_ranks: Vec<u32>, workers_per_rank: u32) -> Self {
         Self {
-            nodes,
-            ranks_per_node,
+            node_ranks,
             workers_per_rank,
         }
     }
 
-    /// Ranks in all.
-    pub fn world_size(&self) -> u32 {
-        self.nodes.saturating_mul(self.ranks_per_node)
+    pub fn nodes(&self) -> u32 {
+        self.node_ranks.len() as u32
     }
 
-    /// The node a rank runs on (ranks are numbered node by node).
+    /// Ranks on each node, in node order.
+    pub fn node_ranks(&self) -> &[u32] {
+        &self.node_ranks
+    }
+
+    /// Ranks in all.
+    pub fn world_size(&self) -> u32 {
+        self.node_ranks
+            .iter()
+            .fold(0u32, |sum, &n| sum.saturating_add(n))
+    }
+
+    /// The node a rank runs on (ranks are numbered node by node); past the last rank,
+    /// the last node.
     pub fn node_of(&self, rank: Rank) -> u32 {
-        rank.0 / self.ranks_per_node.max(1)
+        self.locate(rank).0
+    }
+
+    /// The rank's index among the ranks of its node.
+    pub fn local_rank(&self, rank: Rank) -> u32 {
+        self.locate(rank).1
+    }
+
+    /// Ranks on the node `rank` runs on.
+    pub fn ranks_beside(&self, rank: Rank) -> u32 {
+        let node = self.node_of(rank) as usize;
+        self.node_ranks.get(node).copied().unwrap_or(0)
+    }
+
+    fn locate(&self, rank: Rank) -> (u32, u32) {
+        let mut first = 0u32;
+        for (node, &count) in self.node_ranks.iter().enumerate() {
+            if rank.0 < first.saturating_add(count) {
+                return (node as u32, rank.0 - first);
+            }
+            first = first.saturating_add(count);
+        }
+        (self.nodes().saturating_sub(1), 0)
+    }
+
+    /// `2 node(s) x 4 rank(s)`, or `3 node(s) with 2+1+1 ranks`.
+    pub fn layout(&self) -> String {
+        match self.node_ranks.split_first() {
+            Some((first, rest)) if rest.iter().all(|n| n == first) => {
+                format!("{} node(s) x {first} rank(s)", self.nodes())
+            }
+            _ => {
+                let counts: Vec<String> = self.node_ranks.iter().map(u32::to_string).collect();
+                format!("{} node(s) with {} ranks", self.nodes(), counts.join("+"))
+            }
+        }
     }
 }
 
@@ -205,14 +259,22 @@ pub(crate) fn validate(config: &PlanConfig) -> Result<(), PlanError> {
             problem: problem.to_string(),
         })
     };
-    let cluster = config.cluster;
-    if cluster.nodes == 0 || cluster.ranks_per_node == 0 || cluster.workers_per_rank == 0 {
+    let cluster = &config.cluster;
+    if cluster.node_ranks.is_empty()
+        || cluster.node_ranks.contains(&0)
+        || cluster.workers_per_rank == 0
+    {
         return bad(
             "cluster",
-            "nodes, ranks per node and workers per rank must be at least 1",
+            "nodes, ranks on each node and workers per rank must be at least 1",
         );
     }
-    if cluster.nodes.checked_mul(cluster.ranks_per_node).is_none() {
+    if cluster
+        .node_ranks
+        .iter()
+        .try_fold(0u32, |sum, &n| sum.checked_add(n))
+        .is_none()
+    {
         return bad("cluster", "too many ranks");
     }
     if config.batch_size == 0 {
@@ -238,5 +300,40 @@ pub(crate) fn validate(config: &PlanConfig) -> Result<(), PlanError> {
             )
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_nodes_number_their_ranks_node_by_node() {
+        let shape = ClusterShape::with_node_ranks(vec![2, 1, 3], 1);
+        assert_eq!(shape.world_size(), 6);
+        let placed: Vec<(u32, u32, u32)> = (0..6)
+            .map(|r| {
+                let rank = Rank(r);
+                (
+                    shape.node_of(rank),
+                    shape.local_rank(rank),
+                    shape.ranks_beside(rank),
+                )
+            })
+            .collect();
+        assert_eq!(
+            placed,
+            [
+                (0, 0, 2),
+                (0, 1, 2),
+                (1, 0, 1),
+                (2, 0, 3),
+                (2, 1, 3),
+                (2, 2, 3)
+            ]
+        );
+        assert_eq!(shape.layout(), "3 node(s) with 2+1+3 ranks");
+        assert_eq!(ClusterShape::new(2, 4, 1).layout(), "2 node(s) x 4 rank(s)");
+        assert_eq!(ClusterShape::new(2, 4, 1).node_of(Rank(5)), 1);
     }
 }

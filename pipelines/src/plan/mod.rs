@@ -47,7 +47,7 @@ pub use render::render_plan;
 pub use rng::{SplitMix64, derive_seed, mix64};
 pub use shards::{PlanShard, WorkItem};
 
-/// A training process's index in the world (`0..nodes * ranks_per_node`).
+/// A training process's index in the world (`0..world_size`), numbered node by node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rank(pub u32);
 

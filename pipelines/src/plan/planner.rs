@@ -56,7 +56,7 @@ impl Planner {
 
     /// The plan of one epoch: every (rank, worker)'s work and what the policy did.
     pub fn plan(&self, epoch: u64) -> Result<Plan, PlanError> {
-        let cluster = self.config.cluster;
+        let cluster = &self.config.cluster;
         let mut ranks = Vec::with_capacity(cluster.world_size() as usize);
         for rank in 0..cluster.world_size() {
             let mut workers = Vec::with_capacity(cluster.workers_per_rank as usize);
@@ -102,21 +102,21 @@ impl Planner {
     /// `epoch_size / world_size`, spread over its workers with the first ones taking
     /// one more where it does not divide.
     fn worker_quota(&self, epoch_size: u64, worker: WorkerId) -> u64 {
-        let cluster = self.config.cluster;
+        let cluster = &self.config.cluster;
         let per_rank = epoch_size / u64::from(cluster.world_size());
         let workers = u64::from(cluster.workers_per_rank);
         per_rank / workers + u64::from(u64::from(worker.0) < per_rank % workers)
     }
 
     fn context(&self, epoch: u64, pass: u64, rank: Rank, worker: WorkerId) -> HookContext {
-        let cluster = self.config.cluster;
+        let cluster = &self.config.cluster;
         HookContext {
             rank: rank.0,
             world_size: cluster.world_size(),
             node_rank: cluster.node_of(rank),
-            num_nodes: cluster.nodes,
-            local_rank: rank.0 % cluster.ranks_per_node,
-            ranks_per_node: cluster.ranks_per_node,
+            num_nodes: cluster.nodes(),
+            local_rank: cluster.local_rank(rank),
+            ranks_per_node: cluster.ranks_beside(rank),
             worker: worker.0,
             workers: cluster.workers_per_rank,
             epoch,

@@ -232,7 +232,7 @@ pub(crate) fn apply(ctx: PlanContext<'_>, ranks: Vec<Vec<RawWorker>>) -> Plan {
         seed: config.seed,
         mode: config.mode,
         policy: config.policy,
-        cluster: config.cluster,
+        cluster: config.cluster.clone(),
         batch_size: config.batch_size,
         drop_partial: config.drop_partial,
         shards: config.shards.len(),

@@ -16,7 +16,7 @@ pub fn render_plan(plan: &Plan) -> String {
 }
 
 fn write_plan(out: &mut String, plan: &Plan) -> std::fmt::Result {
-    let cluster = plan.cluster;
+    let cluster = &plan.cluster;
     writeln!(
         out,
         "epoch {}: {} mode, seed {}, {} shard(s){}",
@@ -37,9 +37,8 @@ fn write_plan(out: &mut String, plan: &Plan) -> std::fmt::Result {
     }
     writeln!(
         out,
-        "cluster: {} node(s) x {} rank(s) = {} rank(s), {} worker(s) per rank",
-        cluster.nodes,
-        cluster.ranks_per_node,
+        "cluster: {} = {} rank(s), {} worker(s) per rank",
+        cluster.layout(),
         cluster.world_size(),
         cluster.workers_per_rank,
     )?;

@@ -91,7 +91,7 @@ impl Driver {
             .status()
             .await
             .context("asking for the cluster's status")?;
-        let (places, nodes, ranks_per_node) = plan_world(&status, train)?;
+        let (places, node_ranks) = plan_world(&status, train)?;
         if job.optim.allreduce == AllreduceChoice::Nccl && places.iter().any(|p| !p.gpu) {
             bail!(
                 "train.allreduce = \"nccl\" needs CUDA trainers, and this job's trainers run \
@@ -101,7 +101,7 @@ impl Driver {
         let world = places.len() as u32;
         let global_batch = train.batch_size * u64::from(world);
         job.optim.lr = scaled_lr(train.lr, global_batch, train.reference_batch.max(1));
-        check_plan(&job, nodes, ranks_per_node)?;
+        check_plan(&job, &node_ranks)?;
         let resume = match &options.resume {
             Some(path) => Some(resume_from(path, &config.train.runs_dir)?),
             None => None,
@@ -128,7 +128,7 @@ impl Driver {
                 step_in_epoch: r.state.step_in_epoch,
             });
         }
-        print_plan(&job, &places, nodes, ranks_per_node, global_batch, &run_dir);
+        print_plan(&job, &places, &node_ranks, global_batch, &run_dir);
         let metrics_path = run_dir.join("metrics.jsonl");
         if let Some(resume) = &resume {
             let dropped = super::metrics::rewind(&metrics_path, &resume.state)?;
@@ -144,8 +144,8 @@ impl Driver {
             "kind": "job",
             "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             "world": world,
-            "nodes": nodes,
-            "ranks_per_node": ranks_per_node,
+            "nodes": node_ranks.len(),
+            "node_ranks": node_ranks,
             "model": job.model.kind.name(),
             "classes": job.model.classes,
             "global_batch": global_batch,
@@ -164,8 +164,7 @@ impl Driver {
             || run_dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let shape = (nodes, ranks_per_node);
-        let ranks = spawn_trainers(cluster, &job, &job_name, &places, shape).await?;
+        let ranks = spawn_trainers(cluster, &job, &job_name, &places, &node_ranks).await?;
         let long = Duration::from_secs(train.step_timeout_secs.max(10));
         let listens: Vec<ListenReply> =
             call_all(&ranks, "listen", |_| b"{}".to_vec(), long).await?;
@@ -227,8 +226,7 @@ impl Driver {
             ranks: &ranks,
             run_dir: &run_dir,
             steps_per_epoch,
-            nodes,
-            ranks_per_node,
+            node_ranks: &node_ranks,
             stop,
         };
         let mut watcher = FailureWatcher::start(cluster.client.clone(), &ranks);
@@ -282,13 +280,13 @@ impl Driver {
 }
 
 /// Spawns one trainer per place, each labelled with the job's name and its rank (what
-/// `imgrun status` shows), for a world of `nodes` x `ranks_per_node`.
+/// `imgrun status` shows), for a world of `node_ranks[i]` ranks on node `i`.
 pub(super) async fn spawn_trainers(
     cluster: &Cluster,
     job: &JobSpec,
     job_name: &str,
     places: &[RankPlace],
-    (nodes, ranks_per_node): (u32, u32),
+    node_ranks: &[u32],
 ) -> anyhow::Result<Vec<Rank>> {
     let world = places.len() as u32;
     let group = format!("train-{}", std::process::id());
@@ -297,8 +295,7 @@ pub(super) async fn spawn_trainers(
         let init = TrainerInit {
             rank: r as u32,
             world,
-            nodes,
-            ranks_per_node,
+            node_ranks: node_ranks.to_vec(),
             threads: place.threads,
             device: if place.gpu {
                 DeviceSpec::Cuda
@@ -428,8 +425,7 @@ pub(super) fn new_run_dir(train: &crate::config::TrainConfig) -> anyhow::Result<
 pub(super) fn print_plan(
     job: &JobSpec,
     places: &[RankPlace],
-    nodes: u32,
-    ranks_per_node: u32,
+    node_ranks: &[u32],
     global_batch: u64,
     run_dir: &Path,
 ) {
@@ -439,18 +435,20 @@ pub(super) fn print_plan(
     } else {
         "CPU"
     };
-    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for p in places {
-        *per_node.entry(format!("node {}", p.node)).or_default() += 1;
-    }
-    let layout = per_node
-        .iter()
-        .map(|(n, c)| format!("{n}: {c}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let mut nodes: Vec<NodeId> = places.iter().map(|p| p.node).collect();
+    nodes.dedup();
+    let names: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
+    let shape = pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.workers);
     println!("plan:");
     println!(
-        "  world       {world} {device} trainer(s) ({layout}); planned as {nodes} node(s) x {ranks_per_node}"
+        "  world       {world} {device} trainer(s) on {}: {} ({})",
+        names.join(", "),
+        shape.layout(),
+        if shape.nodes() > 1 {
+            "ranks numbered node by node"
+        } else {
+            "one node"
+        }
     );
     println!(
         "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each",

@@ -318,8 +318,8 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
 
 /// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
 /// starts (each trainer plans every epoch again for itself, with the same planner).
-pub(super) fn check_plan(job: &JobSpec, nodes: u32, ranks_per_node: u32) -> anyhow::Result<()> {
-    let shape = pipelines::ClusterShape::new(nodes, ranks_per_node, job.data.workers);
+pub(super) fn check_plan(job: &JobSpec, node_ranks: &[u32]) -> anyhow::Result<()> {
+    let shape = pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.workers);
     let plan = job
         .data
         .train_planner(shape, job.optim.batch_size)

@@ -58,8 +58,7 @@ pub(super) struct RunningJob<'a> {
     pub(super) ranks: &'a [Rank],
     pub(super) run_dir: &'a Path,
     pub(super) steps_per_epoch: u64,
-    pub(super) nodes: u32,
-    pub(super) ranks_per_node: u32,
+    pub(super) node_ranks: &'a [u32],
     pub(super) stop: &'a StopControl,
 }
 
@@ -79,8 +78,7 @@ impl RunningJob<'_> {
             global_step,
             step_in_epoch,
             world: self.ranks.len() as u32,
-            nodes: self.nodes,
-            ranks_per_node: self.ranks_per_node,
+            node_ranks: self.node_ranks.to_vec(),
             cursors,
             model: self.job.model.kind.name().to_string(),
             classes: self.job.model.classes,

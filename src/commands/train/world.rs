@@ -98,12 +98,12 @@ pub(super) struct RankPlace {
     pub(super) cpu_millis: u64,
 }
 
-/// The world: one rank per free GPU (or `gpus` of them), else CPU trainers. Ranks are
-/// numbered node by node.
+/// The world: one rank per free GPU (or `gpus` of them), else CPU trainers; and the
+/// ranks on each node used. Ranks are numbered node by node.
 pub(super) fn plan_world(
     status: &runtime::ClusterStatus,
     train: &crate::config::TrainConfig,
-) -> anyhow::Result<(Vec<RankPlace>, u32, u32)> {
+) -> anyhow::Result<(Vec<RankPlace>, Vec<u32>)> {
     let live: Vec<&runtime::NodeStatus> = status.live_nodes().collect();
     anyhow::ensure!(!live.is_empty(), "the cluster has no live node");
     let free_gpus: Vec<u32> = live
@@ -134,11 +134,7 @@ pub(super) fn plan_world(
         };
         take_spread(&vec![u32::MAX; live.len()], want)
     };
-    // The planner numbers ranks node by node with the same count on each node; a world
-    // that is not even is planned as one rank per "node".
     let used_nodes: Vec<usize> = (0..live.len()).filter(|&i| per_node[i] > 0).collect();
-    let counts: Vec<u32> = used_nodes.iter().map(|&i| per_node[i]).collect();
-    let even = counts.windows(2).all(|w| w[0] == w[1]);
     let mut ranks = Vec::new();
     for &i in &used_nodes {
         let node = live[i];
@@ -168,12 +164,7 @@ pub(super) fn plan_world(
         }
     }
     per_node.retain(|&c| c > 0);
-    let (nodes, per) = if even {
-        (per_node.len() as u32, counts.first().copied().unwrap_or(1))
-    } else {
-        (ranks.len() as u32, 1)
-    };
-    Ok((ranks, nodes, per))
+    Ok((ranks, per_node))
 }
 
 /// `want` slots taken round-robin over nodes with `free` slots each.
