@@ -521,6 +521,115 @@ fn validate(config: &Config) -> Result<(), Invalid> {
     if cluster.start_timeout_secs == 0 {
         return Err(invalid("cluster.start_timeout_secs", "must be positive"));
     }
+    check_job_ranges(config)
+}
+
+/// The largest image side a job may crop, evaluate or schedule: a batch of 256 such RGB
+/// images is 16 GiB of f32 pixels already.
+const MAX_IMAGE_SIDE: u64 = 4096;
+
+/// Every number of `[data]`, `[model]` and `[train]` within the range where it means
+/// something, so that `data.image_size = 100000` or `train.lr = nan` is refused at load,
+/// naming the key (and so its origin), not in an allocation or a NaN loss later.
+fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
+    let data = &config.data;
+    let train = &config.train;
+    let whole = |key: &'static str, value: u64, lo: u64, hi: u64| {
+        if (lo..=hi).contains(&value) {
+            Ok(())
+        } else {
+            Err(invalid(
+                key,
+                format!("{value} is out of range: expected {lo} to {hi}"),
+            ))
+        }
+    };
+    // `lo` is excluded when `open` (a rate of 0 means nothing), `hi` always included.
+    let real = |key: &'static str, value: f64, lo: f64, open: bool, hi: f64| {
+        let above = if open { value > lo } else { value >= lo };
+        if value.is_finite() && above && value <= hi {
+            Ok(())
+        } else {
+            let low = if open { "above" } else { "from" };
+            Err(invalid(
+                key,
+                format!("{value} is out of range: expected a number {low} {lo} up to {hi}"),
+            ))
+        }
+    };
+    whole("data.image_size", data.image_size.into(), 1, MAX_IMAGE_SIDE)?;
+    whole("data.eval_size", data.eval_size.into(), 1, MAX_IMAGE_SIDE)?;
+    for phase in &data.size_schedule {
+        whole("data.size_schedule", phase.size().into(), 1, MAX_IMAGE_SIDE)?;
+    }
+    whole("data.workers", data.workers.into(), 1, 256)?;
+    whole("data.queue_batches", data.queue_batches as u64, 1, 1024)?;
+    whole(
+        "data.shuffle_buffer",
+        data.shuffle_buffer as u64,
+        0,
+        10_000_000,
+    )?;
+    whole("data.dsrepeat", data.dsrepeat, 0, 1_000)?;
+    if data.classes < 0 {
+        return Err(invalid(
+            "data.classes",
+            format!("{} is negative (0: from the manifest)", data.classes),
+        ));
+    }
+    real(
+        "data.resize_ratio",
+        data.resize_ratio.into(),
+        0.0,
+        true,
+        1.0,
+    )?;
+    let width = u64::try_from(config.model.width).unwrap_or(0);
+    whole("model.width", width, 1, 4096)?;
+    whole("train.epochs", train.epochs, 1, 1_000_000)?;
+    whole("train.batch_size", train.batch_size, 1, 1 << 20)?;
+    whole("train.reference_batch", train.reference_batch, 1, 1 << 30)?;
+    real("train.lr", train.lr, 0.0, true, 1000.0)?;
+    real("train.momentum", train.momentum, 0.0, false, 1.0)?;
+    real("train.weight_decay", train.weight_decay, 0.0, false, 1.0)?;
+    real(
+        "train.label_smoothing",
+        train.label_smoothing,
+        0.0,
+        false,
+        1.0,
+    )?;
+    real("train.warmup_epochs", train.warmup_epochs, 0.0, false, 1e6)?;
+    real(
+        "train.warmup_start_fraction",
+        train.warmup_start_fraction,
+        0.0,
+        false,
+        1.0,
+    )?;
+    real(
+        "train.final_lr_fraction",
+        train.final_lr_fraction,
+        0.0,
+        false,
+        1.0,
+    )?;
+    real("train.gamma", train.gamma, 0.0, true, 1.0)?;
+    real(
+        "train.loss_scale_init",
+        train.loss_scale_init,
+        0.0,
+        true,
+        1e30,
+    )?;
+    real("train.bucket_mb", train.bucket_mb, 0.0, true, 4096.0)?;
+    whole(
+        "train.step_timeout_secs",
+        train.step_timeout_secs,
+        1,
+        86_400,
+    )?;
+    whole("train.threads", train.threads.into(), 0, 1024)?;
     Ok(())
 }
 
@@ -647,6 +756,20 @@ mod tests {
                 "cluster.dead_after_ms",
             ),
             ("[cluster]\nhead = \"x\"\n", "head"),
+            ("[data]\nimage_size = 100000\n", "data.image_size"),
+            ("[data]\nimage_size = 0\n", "data.image_size"),
+            (
+                "[data]\nsize_schedule = [[0, 99999]]\n",
+                "data.size_schedule",
+            ),
+            ("[data]\nclasses = -3\n", "data.classes"),
+            ("[train]\nlr = -1.0\n", "train.lr"),
+            ("[train]\nlr = nan\n", "train.lr"),
+            ("[train]\nlr = inf\n", "train.lr"),
+            ("[train]\nmomentum = 1.5\n", "train.momentum"),
+            ("[train]\nepochs = 0\n", "train.epochs"),
+            ("[train]\nbatch_size = 0\n", "train.batch_size"),
+            ("[model]\nwidth = 0\n", "model.width"),
         ];
         for (text, want) in cases {
             let path = dir.path().join("cluster.toml");

@@ -274,7 +274,7 @@ fn config_mistakes_name_the_key_and_file() {
     // file; never on the built-in defaults.
     let empty = tempfile::tempdir().expect("temp dir");
     type Vars = &'static [(&'static str, &'static str)];
-    let cases: [(Vars, &[&str], &str); 4] = [
+    let cases: [(Vars, &[&str], &str); 6] = [
         (
             &[("IMGRUN_SHARDS__ERROR_POLICY", "sometimes")],
             &["doctor"],
@@ -300,6 +300,23 @@ fn config_mistakes_name_the_key_and_file() {
                 "train.batch_size=\"many\"",
             ],
             "`--set train.batch_size=\"many\"`",
+        ),
+        // Out of range: refused at load, naming the key and where it was set.
+        (
+            &[("IMGRUN_TRAIN__LR", "nan")],
+            &["plan", "--shards", "x.tar"],
+            "the environment variable IMGRUN_TRAIN__LR",
+        ),
+        (
+            &[],
+            &[
+                "plan",
+                "--shards",
+                "x.tar",
+                "--set",
+                "data.image_size=100000",
+            ],
+            "`--set data.image_size=100000`",
         ),
     ];
     for (env, args, want) in cases {
