@@ -550,10 +550,19 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
         if value.is_finite() && above && value <= hi {
             Ok(())
         } else {
-            let low = if open { "above" } else { "from" };
+            let low = match (open, lo == 0.0) {
+                (true, true) => "a positive number".to_string(),
+                (true, false) => format!("a number above {lo}"),
+                (false, _) => format!("a number from {lo}"),
+            };
+            let high = if hi >= 1e6 {
+                format!("{hi:e}")
+            } else {
+                hi.to_string()
+            };
             Err(invalid(
                 key,
-                format!("{value} is out of range: expected a number {low} {lo} up to {hi}"),
+                format!("{value} is out of range: expected {low} up to {high}"),
             ))
         }
     };

@@ -836,6 +836,19 @@ fn step_checkpoints_land_on_every_multiple() {
         .collect();
     have.sort();
     assert_eq!(have, want);
+
+    // Resuming a finished run with the same epochs says so instead of exiting 0.
+    let run = cluster.runs.join("every").display().to_string();
+    let flags = ["--resume".to_string(), run];
+    let again = cluster
+        .job_with("every", 2, &[], false, &flags)
+        .finish(JOB_LIMIT);
+    assert!(!again.status.success(), "{}", again.describe());
+    assert!(
+        again.stderr.contains("that run is complete") && again.stderr.contains("--epochs 3"),
+        "{}",
+        again.describe()
+    );
 }
 
 /// SIGKILL the node daemon in the middle of a job.
@@ -1018,7 +1031,7 @@ fn bad_input_is_refused_with_a_clear_error() {
     let data = Dataset::synth(root.path());
     let missing = root.path().join("missing/x-{000..003}.tar");
     let missing = format!("data.train={:?}", missing.display().to_string());
-    let cases: [(&str, &str, &[&str]); 10] = [
+    let cases: [(&str, &str, &[&str]); 13] = [
         ("unknown key", "train.epoch=3", &["train.epoch", "epochs"]),
         (
             "empty training set",
@@ -1060,6 +1073,21 @@ fn bad_input_is_refused_with_a_clear_error() {
             "an allreduce typo",
             "train.allreduce=mpi",
             &["train.allreduce", "mpi", "nccl"],
+        ),
+        (
+            "an epoch smaller than a batch on each rank",
+            "data.epoch_size=10",
+            &["no samples to train on"],
+        ),
+        (
+            "a learning rate that is not a number",
+            "train.lr=nan",
+            &["train.lr", "out of range"],
+        ),
+        (
+            "an image size no memory holds",
+            "data.image_size=100000",
+            &["data.image_size", "4096"],
         ),
     ];
     let runs = root.path().join("runs");

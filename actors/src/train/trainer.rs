@@ -517,6 +517,12 @@ impl Trainer {
                 "epoch {epoch}: the ranks' batch counts are unknown"
             ))
         })?;
+        if planned == 0 {
+            return Err(MethodError::fatal(format!(
+                "epoch {epoch} has no samples to train on: the shards' counts are 0, or the \
+                 hooks left the ranks no shards"
+            )));
+        }
         let cursor = self.resume_cursor.take().filter(|c| c.epoch == epoch);
         let steps = cursor.as_ref().map_or(0, |c| c.steps);
         let batches = self

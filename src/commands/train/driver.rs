@@ -106,6 +106,18 @@ impl Driver {
             Some(path) => Some(resume_from(path, &config.train.runs_dir)?),
             None => None,
         };
+        if let Some(r) = &resume
+            && r.state.epoch >= job.optim.epochs
+        {
+            bail!(
+                "{} continues at epoch {} and train.epochs is {}: that run is complete. To \
+                 train on, raise train.epochs (`--epochs {}` or more)",
+                r.dir.display(),
+                r.state.epoch,
+                job.optim.epochs,
+                r.state.epoch + 1
+            );
+        }
         let run_dir = match &resume {
             // A resumed run continues in its own folder: <run>/checkpoints/<name>.
             Some(r) => r

@@ -334,7 +334,7 @@ pub(super) fn check_plan(job: &JobSpec, node_ranks: &[u32]) -> anyhow::Result<()
 /// batch counts are unknown is refused here, as `imgrun plan` refuses it.
 pub(crate) fn trainable_steps(plan: &pipelines::Plan) -> anyhow::Result<u64> {
     plan.check()?;
-    plan.steps().with_context(|| {
+    let steps = plan.steps().with_context(|| {
         let missing = match plan.consistency {
             pipelines::Consistency::Unknown {
                 shards_without_counts,
@@ -347,7 +347,17 @@ pub(crate) fn trainable_steps(plan: &pipelines::Plan) -> anyhow::Result<u64> {
              data.manifest to it (or keep it beside local shards), declare \
              data.samples_per_shard, or use resampled mode with data.epoch_size"
         )
-    })
+    })?;
+    anyhow::ensure!(
+        steps > 0,
+        "epoch {} has no samples to train on: the shards' counts add up to {} and every \
+         rank would run 0 steps (a manifest or data.samples_per_shard that says 0, hooks \
+         that leave the ranks no shards, or data.epoch_size smaller than a batch per rank)",
+        plan.epoch,
+        plan.dataset_samples
+            .map_or("?".to_string(), |n| n.to_string())
+    );
+    Ok(steps)
 }
 
 #[cfg(test)]
