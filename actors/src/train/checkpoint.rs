@@ -103,6 +103,11 @@ fn bad(path: &Path, message: impl ToString) -> CheckpointError {
 
 /// Writes a checkpoint named `name` into `root` (the run's `checkpoints/` folder) and
 /// makes it the latest. Returns its folder.
+///
+/// A save that fails (a full disk, a folder that cannot be written) leaves the previous
+/// checkpoints and `latest` as they were and removes what it had written. Tensors are
+/// serialised in memory and written by Rust, so that a write error comes back as an
+/// error naming the file, never as an abort inside libtorch.
 pub fn write(
     root: &Path,
     name: &str,
@@ -114,15 +119,10 @@ pub fn write(
     let partial = root.join(format!(".{name}.partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir(&partial).map_err(io(&partial))?;
-    let model_path = partial.join(MODEL_FILE);
-    Tensor::save_multi(model, &model_path).map_err(|e| bad(&model_path, e))?;
-    let optimizer_path = partial.join(OPTIMIZER_FILE);
-    Tensor::save_multi(optimizer, &optimizer_path).map_err(|e| bad(&optimizer_path, e))?;
-    let state_path = partial.join(STATE_FILE);
-    let text = serde_json::to_string_pretty(state).map_err(|e| bad(&state_path, e))?;
-    std::fs::write(&state_path, text).map_err(io(&state_path))?;
-    for file in [&model_path, &optimizer_path, &state_path] {
-        sync(file)?;
+    let written = write_files(&partial, model, optimizer, state);
+    if let Err(error) = written {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(error);
     }
     let done = root.join(name);
     if done.exists() {
@@ -131,10 +131,66 @@ pub fn write(
     std::fs::rename(&partial, &done).map_err(io(&done))?;
     let latest = root.join(LATEST_FILE);
     let latest_partial = root.join(format!(".{LATEST_FILE}.partial-{}", std::process::id()));
-    std::fs::write(&latest_partial, format!("{name}\n")).map_err(io(&latest_partial))?;
+    if let Err(error) = std::fs::write(&latest_partial, format!("{name}\n")) {
+        let _ = std::fs::remove_file(&latest_partial);
+        return Err(io(&latest_partial)(error));
+    }
     std::fs::rename(&latest_partial, &latest).map_err(io(&latest))?;
     sync(root)?;
     Ok(done)
+}
+
+/// The checkpoint's files, written and synced into `dir`.
+fn write_files(
+    dir: &Path,
+    model: &[(String, Tensor)],
+    optimizer: &[(String, Tensor)],
+    state: &CheckpointState,
+) -> Result<(), CheckpointError> {
+    let model_path = dir.join(MODEL_FILE);
+    write_file(&model_path, &serialize(model, &model_path)?)?;
+    let optimizer_path = dir.join(OPTIMIZER_FILE);
+    write_file(&optimizer_path, &serialize(optimizer, &optimizer_path)?)?;
+    let state_path = dir.join(STATE_FILE);
+    let text = serde_json::to_string_pretty(state).map_err(|e| bad(&state_path, e))?;
+    write_file(&state_path, text.as_bytes())
+}
+
+/// Named tensors in libtorch's file format, in memory.
+fn serialize(tensors: &[(String, Tensor)], path: &Path) -> Result<Vec<u8>, CheckpointError> {
+    let buffer = SharedBuffer::default();
+    Tensor::save_multi_to_stream(tensors, buffer.clone()).map_err(|e| bad(path, e))?;
+    Ok(buffer.take())
+}
+
+/// A `Write` whose bytes the caller keeps: libtorch takes ownership of the stream it
+/// writes to.
+#[derive(Clone, Default)]
+struct SharedBuffer(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl SharedBuffer {
+    fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut self.0.borrow_mut())
+    }
+}
+
+impl std::io::Write for SharedBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `bytes` into a new file at `path`, synced to disk.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).map_err(io(path))?;
+    file.write_all(bytes).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
 }
 
 fn sync(path: &Path) -> Result<(), CheckpointError> {
@@ -289,6 +345,18 @@ mod tests {
         text.as_object_mut().expect("object").remove("epoch_sums");
         let old: CheckpointState = serde_json::from_value(text).expect("an older state");
         assert_eq!(old.epoch_sums, EpochSums::default());
+    }
+
+    #[test]
+    fn a_full_disk_is_an_error_naming_the_file() {
+        let full = Path::new("/dev/full");
+        let err = write_file(full, &[0u8; 4096]).expect_err("/dev/full takes nothing");
+        let text = err.to_string();
+        assert!(text.contains("/dev/full"), "{text}");
+        assert!(
+            matches!(&err, CheckpointError::Io { source, .. } if source.raw_os_error() == Some(28)),
+            "ENOSPC expected: {text}"
+        );
     }
 
     #[test]

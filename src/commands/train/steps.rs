@@ -100,7 +100,18 @@ impl RunningJob<'_> {
             .actor
             .call("save", to_json(&request), timeout)
             .await
-            .with_context(|| format!("{}: saving checkpoint {name}", rank0.name()))?;
+            .with_context(|| {
+                let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
+                    (Some(saved), run) => format!(
+                        "; the newest checkpoint, {}, is intact and `latest` points at it: \
+                         free space or fix the cause, then continue with --resume {}",
+                        saved.dir.display(),
+                        run.display()
+                    ),
+                    (None, _) => "; no earlier checkpoint was written".to_string(),
+                };
+                format!("{}: saving checkpoint {name}{newest}", rank0.name())
+            })?;
         let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
         tracing::info!(path = %path.display(), "checkpoint saved");
         self.stop.progress().checkpoint = Some(Saved {
