@@ -226,6 +226,8 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
         let gpus: Value = serde_json::from_str(&call("gpus", "")).expect("gpus json");
         assert_eq!(gpus["cuda_visible_devices"], "0", "{gpus}");
         assert_eq!(gpus["reserved"], serde_json::json!([0]), "{gpus}");
+        // The daemons bind 127.0.0.1; so do the actors' own listeners.
+        assert_eq!(call("data_ip", ""), "127.0.0.1");
     }
 
     // `imgrun status` shows who holds what.
