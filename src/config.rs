@@ -165,6 +165,9 @@ pub struct ShardsConfig {
 pub struct ServeConfig {
     pub port: u16,
     pub max_in_flight: usize,
+    pub header_timeout_secs: u64,
+    pub send_timeout_secs: u64,
+    pub follow_links: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -501,6 +504,12 @@ fn validate(config: &Config) -> Result<(), Invalid> {
         .map_err(|e| invalid("shards.cache_max_size", e))?;
     if config.serve.max_in_flight == 0 {
         return Err(invalid("serve.max_in_flight", "must be positive"));
+    }
+    if config.serve.header_timeout_secs == 0 {
+        return Err(invalid("serve.header_timeout_secs", "must be positive"));
+    }
+    if config.serve.send_timeout_secs == 0 {
+        return Err(invalid("serve.send_timeout_secs", "must be positive"));
     }
     let cluster = &config.cluster;
     cluster

@@ -42,6 +42,10 @@ enum Command {
     #[command(subcommand)]
     Shards(commands::shards::ShardsCommand),
     /// Serves a folder of shards over HTTP (with Range support).
+    ///
+    /// Read-only and without authentication: whoever can reach the address reads every file
+    /// in the folder. It listens on every interface (0.0.0.0) unless `--bind` says
+    /// otherwise; `--bind 127.0.0.1` serves this machine only.
     Serve(commands::serve::ServeArgs),
     /// Starts the head of a cluster (`--head`), in the background unless `--block`.
     Start(commands::cluster::StartArgs),

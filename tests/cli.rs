@@ -154,6 +154,105 @@ fn verify_reports_corruption_with_shard_and_offset() {
     );
 }
 
+/// 64 clients that request a shard far larger than the socket buffers and never read it
+/// hold every slot (`max_in_flight` is 64), and 64 more connect and never send anything.
+/// A fresh request is still answered (once the stalled ones have passed the send
+/// timeout), and the server closes every stalled and every silent connection.
+#[test]
+fn stalled_readers_and_silent_connections_cost_the_server_nothing_for_long() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    const CLIENTS: usize = 64;
+    const BIG: u64 = 32 << 20;
+    // Generous: the timeouts are 1 s; this is the most any step may take.
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Sparse: 32 MiB of zeros costs no disk.
+    let big = std::fs::File::create(dir.path().join("big.tar")).expect("create");
+    big.set_len(BIG).expect("grow");
+    std::fs::write(dir.path().join("small.tar"), b"small").expect("write");
+    let server = Server::start_with(
+        dir.path(),
+        &[
+            ("IMGRUN_SERVE__HEADER_TIMEOUT_SECS", "1"),
+            ("IMGRUN_SERVE__SEND_TIMEOUT_SECS", "1"),
+            ("IMGRUN_SERVE__MAX_IN_FLIGHT", "64"),
+            // The access log, which says when a reply is given up.
+            ("IMGRUN_LOG", "info"),
+        ],
+    );
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let request = |path: &str| {
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        stream.set_read_timeout(Some(LIMIT)).expect("timeout");
+        let head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).expect("send request");
+        stream
+    };
+    // Each stalled reader takes the first bytes of its reply, so it holds a slot, then
+    // reads no more.
+    let mut stalled: Vec<TcpStream> = (0..CLIENTS)
+        .map(|_| {
+            let mut stream = request("/big.tar");
+            let mut head = [0; 12];
+            stream.read_exact(&mut head).expect("the reply starts");
+            assert_eq!(&head, b"HTTP/1.1 200");
+            stream
+        })
+        .collect();
+    let mut silent: Vec<TcpStream> = (0..CLIENTS)
+        .map(|_| TcpStream::connect(&addr).expect("connect"))
+        .collect();
+
+    let asked = Instant::now();
+    let mut reply = Vec::new();
+    let answered = request("/small.tar").read_to_end(&mut reply);
+    eprintln!("fresh request answered after {:?}", asked.elapsed());
+    answered.expect("the fresh request is answered in time");
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with("\r\n\r\nsmall"),
+        "{reply}"
+    );
+
+    // The server gives up every stalled response (its access log says so) ...
+    let deadline = Instant::now() + LIMIT;
+    let mut abandoned = 0;
+    while abandoned < CLIENTS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = server
+            .log
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{abandoned} of {CLIENTS} stalled replies given up"));
+        if line.contains("path=/big.tar") && line.contains("complete=false") {
+            abandoned += 1;
+        }
+    }
+    // ... and closes their connections: reading ends (EOF or reset) before the whole
+    // shard came. Silent connections end without a byte.
+    let received = |stream: &mut TcpStream| -> u64 {
+        let mut buffer = vec![0; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            match stream.read(&mut buffer) {
+                Ok(0) => return total,
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return total,
+                Err(e) => panic!("the connection is still open after {total} bytes: {e}"),
+            }
+        }
+    };
+    for (i, stream) in stalled.iter_mut().enumerate() {
+        let got = received(stream);
+        assert!(got < BIG, "stalled reader {i} got all {got} bytes");
+    }
+    for (i, stream) in silent.iter_mut().enumerate() {
+        assert_eq!(received(stream), 0, "silent connection {i}");
+    }
+}
+
 #[test]
 fn files_http_and_pipes_yield_identical_samples() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -226,6 +226,8 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
         let gpus: Value = serde_json::from_str(&call("gpus", "")).expect("gpus json");
         assert_eq!(gpus["cuda_visible_devices"], "0", "{gpus}");
         assert_eq!(gpus["reserved"], serde_json::json!([0]), "{gpus}");
+        // The daemons bind 127.0.0.1; so do the actors' own listeners.
+        assert_eq!(call("data_ip", ""), "127.0.0.1");
     }
 
     // `imgrun status` shows who holds what.
@@ -393,6 +395,41 @@ fn a_second_head_on_one_machine_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("already running"), "{stderr}");
     head.run_ok(&["stop"]);
+}
+
+/// Everything a daemon writes in its state folder, its log included, is readable by
+/// its user alone.
+#[test]
+fn a_daemons_state_folder_and_log_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    head.start_head(&["--bind", "127.0.0.1"]);
+    let mut found = Vec::new();
+    let mut folders = vec![head.state.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("read the state folder") {
+            let path = entry.expect("entry").path();
+            let meta = std::fs::symlink_metadata(&path).expect("metadata");
+            if meta.is_dir() {
+                folders.push(path.clone());
+            }
+            found.push((path, meta.permissions().mode() & 0o777));
+        }
+    }
+    head.run_ok(&["stop"]);
+    assert!(
+        found
+            .iter()
+            .any(|(path, _)| path.extension().is_some_and(|e| e == "log")),
+        "no log in {found:?}"
+    );
+    let open: Vec<String> = found
+        .iter()
+        .filter(|(_, mode)| mode & 0o077 != 0)
+        .map(|(path, mode)| format!("{} {mode:o}", path.display()))
+        .collect();
+    assert!(open.is_empty(), "open to others: {open:#?}");
 }
 
 /// Two network namespaces joined by a veth pair, so that head and node really have

@@ -127,7 +127,7 @@ impl Head {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             resources: resources_wire(&config.resources),
         };
-        let (own_actors, own_exits) = NodeActors::new(config.actors)?;
+        let (own_actors, own_exits) = NodeActors::new(config.actors, config.bind.ip())?;
         let members = Members::new(config.membership, own, first_session());
         let record = HeadRecord {
             address: join_address.clone(),

@@ -123,7 +123,7 @@ impl Node {
     pub async fn start(config: NodeConfig) -> Result<Node, DaemonError> {
         let head = resolve(&config.head).await?;
         // Before the join: a node that cannot host actors does not join.
-        let (actors, exits) = NodeActors::new(config.actors.clone())?;
+        let (actors, exits) = NodeActors::new(config.actors.clone(), config.bind.ip())?;
         let listen = listen_address(config.bind)?;
         let address = advertised_address(listen, config.advertise.as_deref(), head)?;
         let description = NodeDescription {

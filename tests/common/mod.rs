@@ -204,19 +204,37 @@ pub struct Server {
     child: Child,
     /// The folder's URL, without a trailing `/`.
     pub url: String,
+    /// Its log lines (stderr), as they come.
+    pub log: std::sync::mpsc::Receiver<String>,
 }
 
 impl Server {
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// With `env` set (`IMGRUN_SERVE__*`, `IMGRUN_LOG`).
+    pub fn start_with(dir: &Path, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_imgrun"))
+            .env_remove("IMGRUN_LOG")
+            .envs(env.iter().copied())
             .args(["serve", dir.to_str().expect("utf-8 path")])
             .args(["--port", "0", "--bind", "127.0.0.1"])
-            .env_remove("IMGRUN_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start imgrun serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (lines, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
         BufReader::new(stdout)
@@ -228,7 +246,7 @@ impl Server {
             .unwrap_or_else(|| panic!("no URL in `{line}`"))
             .trim_end_matches('/')
             .to_string();
-        Self { child, url }
+        Self { child, url, log }
     }
 }
 

@@ -8,7 +8,7 @@
 //! the same count, so the ranks stay in step) → `evaluate` → `save` (rank 0) → `digest`.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -198,6 +198,8 @@ struct Running {
 
 struct Trainer {
     init: TrainerInit,
+    /// The address the ring port binds: the node daemon's (`ActorContext::data_ip`).
+    data_ip: IpAddr,
     device: Device,
     model: Model,
     params: Vec<Tensor>,
@@ -326,12 +328,14 @@ impl Trainer {
             mean,
             std,
             init,
+            data_ip: ctx.data_ip(),
         })
     }
 
     fn listen(&mut self) -> Result<ListenReply, MethodError> {
-        let listener = std::net::TcpListener::bind(("0.0.0.0", 0))
-            .map_err(|e| MethodError::new(format!("binding the ring port: {e}")))?;
+        let listener = std::net::TcpListener::bind((self.data_ip, 0)).map_err(|e| {
+            MethodError::new(format!("binding the ring port on {}: {e}", self.data_ip))
+        })?;
         let port = listener
             .local_addr()
             .map_err(|e| MethodError::new(e.to_string()))?

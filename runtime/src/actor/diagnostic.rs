@@ -6,6 +6,7 @@
 //! - `pid`: the id of the process the actor runs in (a worker's, or the daemon's);
 //! - `gpus`: JSON `{"cuda_visible_devices": "1,3" or null, "reserved": [1, 3],
 //!   "ordinals": [0, 1]}`: what the process sees and what the actor was given;
+//! - `data_ip`: the address the actor's own listeners bind (its node daemon's);
 //! - `sleep`: sleeps the payload's milliseconds (at most 10 minutes), then returns it;
 //! - `fail`: fails the actor (a fatal error whose message is the payload), for tests of
 //!   failures and restarts;
@@ -54,6 +55,7 @@ impl Actor for Echo {
                 });
                 Ok(report.to_string().into_bytes())
             }
+            "data_ip" => Ok(self.context.data_ip().to_string().into_bytes()),
             "sleep" => {
                 let ms: u64 = text()?.parse()?;
                 std::thread::sleep(Duration::from_millis(ms).min(MAX_SLEEP));
@@ -70,7 +72,7 @@ impl Actor for Echo {
                 std::process::exit(code)
             }
             other => Err(MethodError::new(format!(
-                "no method '{other}' (echo has echo, pid, gpus, sleep, fail, exit)"
+                "no method '{other}' (echo has echo, pid, gpus, data_ip, sleep, fail, exit)"
             ))),
         }
     }
@@ -82,7 +84,7 @@ mod tests {
     use crate::actor::ActorId;
 
     fn echo() -> Box<dyn Actor> {
-        let context = ActorContext::new(ActorId(1), vec![3], vec![0]);
+        let context = ActorContext::new(ActorId(1), vec![3], vec![0], [10, 0, 0, 7].into());
         let registry = diagnostic_registry();
         let factory = registry.factory(ECHO_KIND).expect("echo is registered");
         factory(&context, &[]).expect("echo builds")
@@ -104,6 +106,7 @@ mod tests {
                 "soon",
                 "MethodError(error: \"invalid digit found in string\")".into(),
             ),
+            ("data_ip", "", "10.0.0.7".into()),
             (
                 "fail",
                 "on purpose",
@@ -119,8 +122,8 @@ mod tests {
             (
                 "nap",
                 "",
-                "MethodError(error: \"no method 'nap' (echo has echo, pid, gpus, sleep, fail, \
-                 exit)\")"
+                "MethodError(error: \"no method 'nap' (echo has echo, pid, gpus, data_ip, sleep, \
+                 fail, exit)\")"
                     .into(),
             ),
         ];

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct LocalOptions {
     /// number an actor's GPUs as CUDA does here; `None` when every GPU is visible in
     /// physical order. A worker process sets it from its environment.
     pub visible_gpus: Option<Vec<u32>>,
+    /// What [`ActorContext::data_ip`] tells actors: the address the node's daemon binds.
+    pub data_ip: IpAddr,
 }
 
 impl Default for LocalOptions {
@@ -42,6 +45,7 @@ impl Default for LocalOptions {
         Self {
             mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
             visible_gpus: None,
+            data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         }
     }
 }
@@ -170,7 +174,7 @@ impl LocalActors {
         let on_exit: Weak<dyn ExitSink> = table;
         let shared = Arc::new(Shared::new(id, on_exit));
         let capacity = self.inner.options.mailbox_capacity;
-        let context = ActorContext::new(id, gpus, ordinals);
+        let context = ActorContext::new(id, gpus, ordinals, self.inner.options.data_ip);
         let span = info_span!("actor", id = %id, kind = %kind);
         let (started, outcome) = oneshot::channel();
         let host_shared = Arc::clone(&shared);

@@ -155,7 +155,7 @@ async fn setup(mailbox_capacity: usize) -> Setup {
     let (sender, exits) = mpsc::unbounded_channel();
     let options = LocalOptions {
         mailbox_capacity,
-        visible_gpus: None,
+        ..LocalOptions::default()
     };
     let actors = LocalActors::new(registry, options, sender).expect("actix system");
     bounded(actors.start(probe(1))).await.expect("probe starts");

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -83,6 +84,10 @@ pub struct PoolOptions {
     /// The largest frame either way between the node and a worker (the worker is told);
     /// payloads must leave 4 KiB of room for the frame around them.
     pub max_frame: usize,
+    /// The address the node's daemon binds, which the workers' actors bind their own
+    /// listeners to ([`ActorContext::data_ip`](super::ActorContext::data_ip)); the daemon
+    /// sets it.
+    pub data_ip: IpAddr,
 }
 
 impl Default for PoolOptions {
@@ -91,6 +96,7 @@ impl Default for PoolOptions {
             stderr_lines: 20,
             retire_grace: Duration::from_secs(5),
             max_frame: DEFAULT_MAX_FRAME,
+            data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         }
     }
 }

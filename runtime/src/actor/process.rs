@@ -31,6 +31,9 @@ pub(crate) const GROUP_VARIABLE: &str = "IMGRUN_WORKER_GROUP";
 /// The environment variable a worker finds the pool's frame limit in.
 pub(crate) const MAX_FRAME_VARIABLE: &str = "IMGRUN_WORKER_MAX_FRAME";
 
+/// The environment variable a worker finds the address its actors' listeners bind in.
+pub(crate) const DATA_IP_VARIABLE: &str = "IMGRUN_WORKER_DATA_IP";
+
 /// Longest line of worker output kept; the rest of a longer line is dropped.
 const MAX_LINE: usize = 1000;
 
@@ -69,6 +72,7 @@ pub(crate) fn spawn(
         .env("CUDA_VISIBLE_DEVICES", gpus)
         .env(GROUP_VARIABLE, group)
         .env(MAX_FRAME_VARIABLE, options.max_frame.to_string())
+        .env(DATA_IP_VARIABLE, options.data_ip.to_string())
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::from(OwnedFd::from(output_theirs)))
         .stderr(Stdio::from(OwnedFd::from(stderr)))

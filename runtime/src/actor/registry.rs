@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::ActorId;
@@ -99,14 +100,21 @@ pub struct ActorContext {
     id: ActorId,
     gpus: Vec<u32>,
     cuda_ordinals: Vec<u32>,
+    data_ip: IpAddr,
 }
 
 impl ActorContext {
-    pub(crate) fn new(id: ActorId, gpus: Vec<u32>, cuda_ordinals: Vec<u32>) -> Self {
+    pub(crate) fn new(
+        id: ActorId,
+        gpus: Vec<u32>,
+        cuda_ordinals: Vec<u32>,
+        data_ip: IpAddr,
+    ) -> Self {
         Self {
             id,
             gpus,
             cuda_ordinals,
+            data_ip,
         }
     }
 
@@ -124,6 +132,14 @@ impl ActorContext {
     /// the process's `CUDA_VISIBLE_DEVICES`, or the physical indices when it is unset.
     pub fn cuda_ordinals(&self) -> &[u32] {
         &self.cuda_ordinals
+    }
+
+    /// The address the actor's own listeners (data-plane sockets such as a ring port)
+    /// bind: the one its node's daemon binds for the cluster, so a daemon started with
+    /// `--bind 127.0.0.1` exposes nothing beyond it (unspecified when the daemon binds
+    /// every interface).
+    pub fn data_ip(&self) -> IpAddr {
+        self.data_ip
     }
 }
 

@@ -20,7 +20,7 @@ use super::ActorId;
 use super::error::{ActorError, ActorExit, ExitReason};
 use super::local::{ActorSpec, LocalActors, LocalOptions};
 use super::pool::{FRAME_OVERHEAD, write_frames};
-use super::process::{GROUP_VARIABLE, MAX_FRAME_VARIABLE};
+use super::process::{DATA_IP_VARIABLE, GROUP_VARIABLE, MAX_FRAME_VARIABLE};
 use super::registry::ActorRegistry;
 use crate::wire::{self, DEFAULT_MAX_FRAME, Message, WireError};
 
@@ -63,8 +63,17 @@ async fn serve(registry: ActorRegistry) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let data_ip = match std::env::var(DATA_IP_VARIABLE).map(|ip| ip.parse()) {
+        Ok(Ok(ip)) => ip,
+        Err(_) => LocalOptions::default().data_ip,
+        Ok(Err(error)) => {
+            eprintln!("imgrun worker: bad {DATA_IP_VARIABLE}: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let options = LocalOptions {
         visible_gpus: visible_gpus(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()),
+        data_ip,
         ..LocalOptions::default()
     };
     let (exits, ended) = mpsc::unbounded_channel();

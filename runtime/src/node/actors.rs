@@ -9,6 +9,7 @@
 //! the head once ([`report_exits`]): `ActorEnded`, retried while the head is unreachable.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -71,18 +72,26 @@ pub(crate) struct NodeActors {
 impl NodeActors {
     /// Starts the hosts (the actix thread of the daemon's actors); every actor that ends
     /// is reported on the returned channel.
+    /// `data_ip` is the address the daemon binds; its actors bind their own listeners to
+    /// it.
     pub(crate) fn new(
         hosting: ActorHosting,
+        data_ip: IpAddr,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<ActorExit>), ActorError> {
         let (exits, ended) = mpsc::unbounded_channel();
         let options = LocalOptions {
             mailbox_capacity: hosting.mailbox_capacity,
             visible_gpus: visible_gpus(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()),
+            data_ip,
         };
         let local = LocalActors::new(hosting.registry, options, exits.clone())?;
+        let pool_options = PoolOptions {
+            data_ip,
+            ..hosting.pool
+        };
         let pool = hosting
             .worker
-            .map(|command| WorkerPool::new(command, hosting.pool, exits));
+            .map(|command| WorkerPool::new(command, pool_options, exits));
         let actors = NodeActors {
             local,
             pool,

@@ -4,18 +4,28 @@
 //! Files are streamed from disk in chunks, never buffered whole, with `Range` (206, and
 //! 416 for a range outside the file) and `HEAD`, by `tower_http`'s `ServeDir`, which also
 //! refuses any path that would leave the folder (`..`, absolute or percent-encoded).
-//! Symbolic links inside the folder are followed, so a folder of links to shards stored
-//! elsewhere works. `GET /` lists the shards (`*.tar*`, `*.tgz`), one name a line.
+//! Symbolic links are followed only while they stay inside the folder (a 404 otherwise,
+//! and `GET /` does not list them); `follow_links` lets them point anywhere, for a folder
+//! of links to shards stored elsewhere. `GET /` lists the shards (`*.tar*`, `*.tgz`), one
+//! name a line.
 //!
 //! At most `max_in_flight` requests are handled at once. A request holds its slot until
 //! its body has been sent or the client has gone, not merely until its headers are out,
-//! so the limit bounds open files and transfers; later requests wait for a slot. Each
-//! request is logged once, at info level, when its body is done.
+//! so the limit bounds open files and transfers; later requests wait for a slot. A client
+//! that stops reading holds its slot for at most the send timeout, and a connection that
+//! sends no request is closed after the header timeout (`connection.rs`), so stalled and
+//! silent clients cost a slot or a socket for a while, never the server. Each request is
+//! logged once, at info level, when its body is done.
+
+mod connection;
+mod links;
+
+pub use connection::Timeouts;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -44,6 +54,10 @@ pub struct ServeOptions {
     pub bind: SocketAddr,
     /// Most requests handled at once; the rest wait.
     pub max_in_flight: usize,
+    /// How long a client may stay silent or stop reading.
+    pub timeouts: Timeouts,
+    /// Whether symbolic links may lead out of the folder.
+    pub follow_links: bool,
 }
 
 /// Binds, then serves until `shutdown` resolves. `on_ready` is called with the bound
@@ -59,6 +73,8 @@ pub async fn serve(
         dir,
         bind,
         max_in_flight,
+        timeouts,
+        follow_links,
     } = options;
     let shown = dir.display().to_string();
     let metadata = tokio::fs::metadata(&dir)
@@ -66,36 +82,55 @@ pub async fn serve(
         .with_context(|| format!("cannot serve {shown}"))?;
     anyhow::ensure!(metadata.is_dir(), "cannot serve {shown}: not a folder");
     anyhow::ensure!(max_in_flight > 0, "max_in_flight must be at least 1");
+    anyhow::ensure!(
+        !timeouts.header.is_zero() && !timeouts.send.is_zero(),
+        "the header and send timeouts must be positive"
+    );
+    // Links are judged against the folder's real path (it may itself be a link).
+    let dir = tokio::fs::canonicalize(&dir)
+        .await
+        .with_context(|| format!("cannot serve {shown}: resolving its path"))?;
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .with_context(|| format!("cannot listen on {bind}"))?;
     let addr = listener
         .local_addr()
         .with_context(|| format!("reading the address bound for {bind}"))?;
-    let app = router(dir, max_in_flight);
-    tracing::info!(dir = %shown, %addr, max_in_flight, "serving shards");
+    let app = router(dir, max_in_flight, follow_links);
+    tracing::info!(
+        dir = %shown,
+        %addr,
+        max_in_flight,
+        header_timeout_ms = timeouts.header.as_millis() as u64,
+        send_timeout_ms = timeouts.send.as_millis() as u64,
+        follow_links,
+        "serving shards"
+    );
     on_ready(addr);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
-    .with_context(|| format!("serving {shown} on {addr}"))?;
+    connection::serve_connections(listener, app, timeouts, shutdown).await;
     tracing::info!(%addr, "server stopped");
     Ok(())
 }
 
-fn router(dir: PathBuf, max_in_flight: usize) -> Router {
+fn router(dir: PathBuf, max_in_flight: usize, follow_links: bool) -> Router {
     let files = ServeDir::new(&dir)
         .append_index_html_on_directories(false)
         .with_buf_chunk_size(CHUNK);
     let slots = Arc::new(Semaphore::new(max_in_flight));
+    let folder = Arc::new(Folder { dir, follow_links });
     Router::new()
         .route("/", get(list_shards))
-        .with_state(Arc::new(dir))
+        .with_state(Arc::clone(&folder))
         .fallback_service(files)
+        .layer(middleware::from_fn_with_state(folder, links::stay_inside))
         .layer(middleware::from_fn_with_state(slots, track))
+}
+
+/// The folder served (its real path) and whether links may leave it.
+#[derive(Debug)]
+struct Folder {
+    dir: PathBuf,
+    follow_links: bool,
 }
 
 /// Waits for a slot, runs the request, and hands the slot and the access log line to
@@ -132,8 +167,9 @@ async fn track(State(slots): State<Arc<Semaphore>>, request: Request, next: Next
 }
 
 /// `GET /`: the shard files in the folder, sorted, one name a line.
-async fn list_shards(State(dir): State<Arc<PathBuf>>) -> Response {
-    match shard_names(&dir).await {
+async fn list_shards(State(folder): State<Arc<Folder>>) -> Response {
+    let dir = &folder.dir;
+    match shard_names(&folder).await {
         Ok(names) => {
             let text: String = names.iter().map(|name| format!("{name}\n")).collect();
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
@@ -149,8 +185,8 @@ async fn list_shards(State(dir): State<Arc<PathBuf>>) -> Response {
     }
 }
 
-async fn shard_names(dir: &Path) -> io::Result<Vec<String>> {
-    let mut entries = tokio::fs::read_dir(dir).await?;
+async fn shard_names(folder: &Folder) -> io::Result<Vec<String>> {
+    let mut entries = tokio::fs::read_dir(&folder.dir).await?;
     let mut names = Vec::new();
     while let Some(entry) = entries.next_entry().await? {
         // A name that is not UTF-8 cannot be written in a URL as it is.
@@ -158,11 +194,13 @@ async fn shard_names(dir: &Path) -> io::Result<Vec<String>> {
             continue;
         };
         let is_shard = name.contains(".tar") || name.ends_with(".tgz");
-        // `metadata` follows links, as serving does.
+        // `metadata` follows links, as serving does; a link serving would refuse is not
+        // listed.
         if is_shard
             && tokio::fs::metadata(entry.path())
                 .await
                 .is_ok_and(|m| m.is_file())
+            && (folder.follow_links || links::inside(&folder.dir, &entry.path()).await)
         {
             names.push(name);
         }
@@ -235,6 +273,7 @@ impl HttpBody for Tracked {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -255,14 +294,27 @@ mod tests {
         task: JoinHandle<anyhow::Result<()>>,
     }
 
-    async fn start(dir: &Path, max_in_flight: usize) -> Running {
-        let (ready, bound) = oneshot::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let options = ServeOptions {
+    /// The options of `imgrun serve` with its defaults, on a free loopback port.
+    fn options(dir: &Path, max_in_flight: usize) -> ServeOptions {
+        ServeOptions {
             dir: dir.to_path_buf(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_in_flight,
-        };
+            timeouts: Timeouts {
+                header: Duration::from_secs(30),
+                send: Duration::from_secs(60),
+            },
+            follow_links: false,
+        }
+    }
+
+    async fn start(dir: &Path, max_in_flight: usize) -> Running {
+        start_with(options(dir, max_in_flight)).await
+    }
+
+    async fn start_with(options: ServeOptions) -> Running {
+        let (ready, bound) = oneshot::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(
             options,
             move |addr| {
@@ -542,9 +594,8 @@ mod tests {
         ];
         for (dir, bind, named) in cases {
             let options = ServeOptions {
-                dir,
                 bind,
-                max_in_flight: 4,
+                ..options(&dir, 4)
             };
             let result = serve(options, |_| panic!("must not get ready"), async {}).await;
             let message = format!("{:#}", result.expect_err("serve must fail"));
@@ -552,6 +603,126 @@ mod tests {
                 message.contains(&named),
                 "`{message}` does not name `{named}`"
             );
+        }
+    }
+
+    /// Reads what the server sends until it closes the connection, for at most
+    /// `PATIENCE`; returns the bytes, or `None` if the connection stayed open.
+    async fn read_until_closed(stream: &mut TcpStream) -> Option<usize> {
+        let mut total = 0;
+        let mut buffer = vec![0; 1 << 20];
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+                Err(_) => return None,
+                Ok(Ok(0) | Err(_)) => return Some(total),
+                Ok(Ok(n)) => total += n,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_loses_its_slot_after_the_send_timeout() {
+        let big = vec![7u8; 64 << 20];
+        let (_root, dir) = shard_folder(&big);
+        let send = Duration::from_millis(500);
+        let mut options = options(&dir, 1);
+        options.timeouts.send = send;
+        let server = start_with(options).await;
+
+        let mut stalled = TcpStream::connect(server.addr).await.expect("connect");
+        send_request(&mut stalled, "/a-000000.tar").await;
+        let waiting_since = std::time::Instant::now();
+        let reply = fetch(server.addr, "GET", "/sub/c.tar", "").await;
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"nested"[..]));
+        assert!(
+            waiting_since.elapsed() >= send,
+            "answered while the stalled client still held the only slot"
+        );
+        // The stalled client was cut off: what it reads ends before the whole file.
+        let got = read_until_closed(&mut stalled).await;
+        let got = got.expect("the stalled connection is closed");
+        assert!(got < big.len(), "the stalled client got all {got} bytes");
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_no_request_is_closed_after_the_header_timeout() {
+        let (_root, dir) = shard_folder(b"shard");
+        let mut options = options(&dir, 4);
+        options.timeouts.header = Duration::from_millis(300);
+        let server = start_with(options).await;
+        let mut silent = TcpStream::connect(server.addr).await.expect("connect");
+        let mut partial = TcpStream::connect(server.addr).await.expect("connect");
+        partial
+            .write_all(b"GET /a-000000.tar HTTP/1.1\r\nHost: te")
+            .await
+            .expect("send part of a head");
+        for (name, stream) in [("silent", &mut silent), ("partial head", &mut partial)] {
+            let got = read_until_closed(stream).await;
+            assert!(got.is_some(), "{name}: the connection stayed open");
+        }
+        // A request sent in time is answered as ever.
+        let reply = fetch(server.addr, "GET", "/a-000000.tar", "").await;
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"shard"[..]));
+        server.stop().await;
+    }
+
+    async fn send_request(stream: &mut TcpStream, path: &str) {
+        send(stream, "GET", path, "").await;
+    }
+
+    #[tokio::test]
+    async fn links_out_of_the_folder_are_refused_unless_followed() {
+        let (root, dir) = shard_folder(b"shard");
+        let link = |target: &Path, name: &str| {
+            std::os::unix::fs::symlink(target, dir.join(name)).expect("symlink");
+        };
+        link(&root.path().join("secret.txt"), "out.tar");
+        link(Path::new("a-000000.tar"), "in.tar");
+        link(root.path(), "up");
+        link(Path::new("sub"), "down");
+        // The folder itself may be reached through a link.
+        let via = root.path().join("via-link");
+        std::os::unix::fs::symlink(&dir, &via).expect("symlink");
+        let inside: &[(&str, &[u8])] = &[
+            ("/in.tar", b"shard"),
+            ("/down/c.tar", b"nested"),
+            ("/a-000000.tar", b"shard"),
+        ];
+        let outside: &[(&str, &[u8])] = &[("/out.tar", SECRET), ("/up/secret.txt", SECRET)];
+        for follow_links in [false, true] {
+            let server = start_with(ServeOptions {
+                follow_links,
+                ..options(&via, 4)
+            })
+            .await;
+            for &(path, body) in inside {
+                let reply = fetch(server.addr, "GET", path, "").await;
+                assert_eq!((reply.status, reply.body.as_slice()), (200, body), "{path}");
+            }
+            for &(path, body) in outside {
+                let reply = fetch(server.addr, "GET", path, "").await;
+                let expected = if follow_links {
+                    (200, body)
+                } else {
+                    (404, &b"not found\n"[..])
+                };
+                assert_eq!(
+                    (reply.status, reply.body.as_slice()),
+                    expected,
+                    "{path}, follow_links {follow_links}"
+                );
+            }
+            let listing = fetch(server.addr, "GET", "/", "").await;
+            let listed = String::from_utf8_lossy(&listing.body).into_owned();
+            let expected = if follow_links {
+                "a-000000.tar\nb-000001.tar.gz\nin.tar\nout.tar\n"
+            } else {
+                "a-000000.tar\nb-000001.tar.gz\nin.tar\n"
+            };
+            assert_eq!(listed, expected, "follow_links {follow_links}");
+            server.stop().await;
         }
     }
 }
