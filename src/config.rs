@@ -154,6 +154,8 @@ pub struct ShardsConfig {
     pub http_timeout_secs: u64,
     pub http_attempts: u32,
     pub http_retry_delay_ms: u64,
+    /// Seconds a `pipe:` command may send nothing; 0 for no limit.
+    pub pipe_idle_timeout_secs: u64,
     /// Local cache folder for remote shards; empty for none.
     pub cache_dir: String,
     /// Most the cache keeps, as a size (`100GB`).
@@ -658,6 +660,8 @@ impl ShardsConfig {
             http_timeout: Duration::from_secs(self.http_timeout_secs),
             http_attempts: self.http_attempts,
             http_retry_delay: Duration::from_millis(self.http_retry_delay_ms),
+            pipe_idle_timeout: (self.pipe_idle_timeout_secs > 0)
+                .then(|| Duration::from_secs(self.pipe_idle_timeout_secs)),
             cache: (!self.cache_dir.is_empty()).then(|| pipelines::CacheOptions {
                 dir: PathBuf::from(&self.cache_dir),
                 // Invariant: `validate` checked the size when the config was loaded.

@@ -109,6 +109,42 @@ fn synth_ls_sum_and_verify_agree() {
 }
 
 #[test]
+fn verify_checks_labels_against_the_class_count() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, spec) = small_dataset(dir.path());
+    let verify = |extra: &[&str]| {
+        imgrun()
+            .args(["shards", "verify", &spec])
+            .args(extra)
+            .current_dir(dir.path())
+            .output()
+            .expect("run verify")
+    };
+    // Three classes in the manifest, labels 0 to 2: all fine.
+    let fine = verify(&[]);
+    assert!(fine.status.success(), "{}", describe(&fine));
+    // Fewer classes, from the flag or from the manifest beside the shards, as training
+    // would be told: the samples of class 2 are out of range.
+    let manifest_path = out.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path).expect("manifest");
+    let mut manifest: serde_json::Value = serde_json::from_str(&text).expect("json");
+    manifest["classes"] = serde_json::json!(["circle", "square"]);
+    for (extra, manifest) in [(&["--classes", "2"][..], None), (&[][..], Some(&manifest))] {
+        if let Some(manifest) = manifest {
+            std::fs::write(&manifest_path, manifest.to_string()).expect("write manifest");
+        }
+        let result = verify(extra);
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        assert!(!result.status.success(), "{}", describe(&result));
+        assert!(
+            stdout.contains(": label 2 is outside the 2 classes (0 to 1)"),
+            "{extra:?}: {stdout}"
+        );
+        assert!(stdout.contains("synth-0000"), "{stdout} names the shard");
+    }
+}
+
+#[test]
 fn verify_reports_corruption_with_shard_and_offset() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (out, spec) = small_dataset(dir.path());

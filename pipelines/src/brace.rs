@@ -18,25 +18,55 @@ pub enum BraceError {
         range: String,
         reason: String,
     },
-    #[error("spec `{spec}` expands to more than {limit} names")]
-    TooMany { spec: String, limit: usize },
+    #[error("spec `{spec}` would expand to {count} names, over the limit of {limit}")]
+    TooMany {
+        spec: String,
+        count: u64,
+        limit: u64,
+    },
+    #[error("spec `{spec}` nests braces deeper than {limit}")]
+    TooDeep { spec: String, limit: usize },
     #[error("empty shard spec")]
     Empty,
 }
 
-/// Most names one spec may expand to (a typo like `{0..999999999}` must not eat memory).
-const MAX_NAMES: usize = 10_000_000;
+/// Most names one spec may expand to: counted before anything is expanded, so a typo
+/// like `{0..999999999}` costs neither memory nor time. (ImageNet is 1,282 shards; a
+/// billion samples at 1,000 per shard is a million.)
+const MAX_NAMES: u64 = 1_000_000;
+
+/// Deepest brace nesting accepted (the expansion recurses once per level).
+const MAX_DEPTH: usize = 64;
 
 /// Expands a full spec: several brace patterns joined with `::`.
 pub fn expand_spec(spec: &str) -> Result<Vec<String>, BraceError> {
     if spec.trim().is_empty() {
         return Err(BraceError::Empty);
     }
-    let mut names = Vec::new();
-    for part in spec.split("::").filter(|p| !p.is_empty()) {
+    let parts: Vec<&str> = spec.split("::").filter(|p| !p.is_empty()).collect();
+    let mut count: u64 = 0;
+    for part in &parts {
+        count = count.saturating_add(count_names(part)?);
+    }
+    if count > MAX_NAMES {
+        return Err(BraceError::TooMany {
+            spec: spec.to_string(),
+            count,
+            limit: MAX_NAMES,
+        });
+    }
+    let mut names = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+    for part in parts {
         names.extend(expand_braces(part)?);
     }
     Ok(names)
+}
+
+/// How many names a brace pattern expands to (saturating), without expanding it.
+fn count_names(pattern: &str) -> Result<u64, BraceError> {
+    let chars: Vec<char> = pattern.chars().collect();
+    check_balance(pattern, &chars)?;
+    count_in(pattern, &chars)
 }
 
 /// Expands one brace pattern: `{a,b}` alternatives, `{0..10}` / `{10..0..2}` / `{a..e}`
@@ -46,6 +76,14 @@ pub fn expand_spec(spec: &str) -> Result<Vec<String>, BraceError> {
 pub fn expand_braces(pattern: &str) -> Result<Vec<String>, BraceError> {
     let chars: Vec<char> = pattern.chars().collect();
     check_balance(pattern, &chars)?;
+    let count = count_in(pattern, &chars)?;
+    if count > MAX_NAMES {
+        return Err(BraceError::TooMany {
+            spec: pattern.to_string(),
+            count,
+            limit: MAX_NAMES,
+        });
+    }
     let mut out = Vec::new();
     expand_into(pattern, &chars, String::new(), &mut out)?;
     Ok(out)
@@ -57,7 +95,15 @@ fn check_balance(spec: &str, chars: &[char]) -> Result<(), BraceError> {
     while i < chars.len() {
         match chars[i] {
             '\\' => i += 1,
-            '{' => open.push(i),
+            '{' => {
+                open.push(i);
+                if open.len() > MAX_DEPTH {
+                    return Err(BraceError::TooDeep {
+                        spec: spec.to_string(),
+                        limit: MAX_DEPTH,
+                    });
+                }
+            }
             '}' if open.pop().is_none() => {
                 return Err(BraceError::Unbalanced {
                     spec: spec.to_string(),
@@ -100,8 +146,8 @@ fn expand_into(
                 let alternatives = split_top_level(inner);
                 let choices: Vec<Vec<char>> = if alternatives.len() > 1 {
                     alternatives
-                } else if let Some(range) = range_items(spec, inner)? {
-                    range.into_iter().map(|s| s.chars().collect()).collect()
+                } else if let Some(range) = parse_range(spec, inner)? {
+                    range.items().map(|s| s.chars().collect()).collect()
                 } else {
                     // Not a group: keep `{...}` literally and go on after it.
                     prefix.push('{');
@@ -129,12 +175,6 @@ fn expand_into(
                         let mut p = prefix.clone();
                         p.push_str(&head);
                         expand_into(spec, rest, p, out)?;
-                        if out.len() > MAX_NAMES {
-                            return Err(BraceError::TooMany {
-                                spec: spec.to_string(),
-                                limit: MAX_NAMES,
-                            });
-                        }
                     }
                 }
                 return Ok(());
@@ -147,6 +187,38 @@ fn expand_into(
     }
     out.push(prefix);
     Ok(())
+}
+
+/// The names `expand_into` makes of `chars`, counted the same way: a group multiplies
+/// what follows it by its own count (the sum of its alternatives', the range's length,
+/// or, for a literal group, what its inside expands to).
+fn count_in(spec: &str, chars: &[char]) -> Result<u64, BraceError> {
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' if i + 1 < chars.len() => i += 2,
+            '{' => {
+                let close = matching_close(chars, i);
+                let inner = &chars[i + 1..close];
+                let rest = &chars[close + 1..];
+                let alternatives = split_top_level(inner);
+                let heads = if alternatives.len() > 1 {
+                    let mut sum: u64 = 0;
+                    for alternative in &alternatives {
+                        sum = sum.saturating_add(count_in(spec, alternative)?);
+                    }
+                    sum
+                } else if let Some(range) = parse_range(spec, inner)? {
+                    range.count()
+                } else {
+                    count_in(spec, inner)?
+                };
+                return Ok(heads.saturating_mul(count_in(spec, rest)?));
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(1)
 }
 
 /// Index of the `}` matching the `{` at `open` (balance was checked beforehand).
@@ -201,35 +273,82 @@ fn split_top_level(chars: &[char]) -> Vec<Vec<char>> {
     parts
 }
 
-/// The items of `a..b[..step]`, or `None` if `inner` is not a range.
-fn range_items(spec: &str, inner: &[char]) -> Result<Option<Vec<String>>, BraceError> {
+/// A brace range: `{a..b[..step]}` of integers or of single letters.
+enum Range {
+    Numbers {
+        from: i64,
+        to: i64,
+        step: u64,
+        width: usize,
+    },
+    Letters {
+        from: u8,
+        to: u8,
+        step: u64,
+    },
+}
+
+impl Range {
+    fn count(&self) -> u64 {
+        match *self {
+            Range::Numbers { from, to, step, .. } => (from.abs_diff(to) / step).saturating_add(1),
+            Range::Letters { from, to, step } => u64::from(from.abs_diff(to)) / step + 1,
+        }
+    }
+
+    /// The items, each within the bounds (so the offsets below cannot overflow).
+    fn items(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.count()).map(move |k| match *self {
+            Range::Numbers {
+                from,
+                to,
+                step,
+                width,
+            } => {
+                let offset = k * step;
+                let value = if from <= to {
+                    from.saturating_add_unsigned(offset)
+                } else {
+                    from.saturating_sub_unsigned(offset)
+                };
+                format!("{value:0width$}")
+            }
+            Range::Letters { from, to, step } => {
+                let offset = u8::try_from(k * step).unwrap_or(u8::MAX);
+                let c = if from <= to {
+                    from.saturating_add(offset)
+                } else {
+                    from.saturating_sub(offset)
+                };
+                (c as char).to_string()
+            }
+        })
+    }
+}
+
+/// The range `a..b[..step]` in `inner`, or `None` if `inner` is not a range.
+fn parse_range(spec: &str, inner: &[char]) -> Result<Option<Range>, BraceError> {
     let text: String = inner.iter().collect();
     let parts: Vec<&str> = text.split("..").collect();
     if !(parts.len() == 2 || parts.len() == 3) {
         return Ok(None);
     }
-    let bad = |reason: &str| BraceError::BadRange {
-        spec: spec.to_string(),
-        range: text.clone(),
-        reason: reason.to_string(),
-    };
     let step = match parts.get(2) {
         Some(s) => match s.trim_start_matches('-').parse::<u64>() {
-            Ok(0) => return Err(bad("step must not be zero")),
+            Ok(0) => {
+                return Err(BraceError::BadRange {
+                    spec: spec.to_string(),
+                    range: text.clone(),
+                    reason: "step must not be zero".to_string(),
+                });
+            }
             Ok(n) => n,
             Err(_) => return Ok(None),
         },
         None => 1,
     };
     let (left, right) = (parts[0], parts[1]);
-    if let (Ok(a), Ok(b)) = (left.parse::<i64>(), right.parse::<i64>()) {
-        let count = a.abs_diff(b) / step + 1;
-        if count > MAX_NAMES as u64 {
-            return Err(BraceError::TooMany {
-                spec: spec.to_string(),
-                limit: MAX_NAMES,
-            });
-        }
+    if let (Ok(from), Ok(to)) = (left.parse::<i64>(), right.parse::<i64>()) {
         let padded = [left, right]
             .iter()
             .any(|s| s.starts_with('0') || s.starts_with("-0"));
@@ -238,28 +357,21 @@ fn range_items(spec: &str, inner: &[char]) -> Result<Option<Vec<String>>, BraceE
         } else {
             0
         };
-        let items = (0..count)
-            .map(|k| {
-                let offset = (k * step) as i64;
-                let value = if a <= b { a + offset } else { a - offset };
-                format!("{value:0width$}")
-            })
-            .collect();
-        return Ok(Some(items));
+        return Ok(Some(Range::Numbers {
+            from,
+            to,
+            step,
+            width,
+        }));
     }
     let (mut l, mut r) = (left.chars(), right.chars());
     if let (Some(a), None, Some(b), None) = (l.next(), l.next(), r.next(), r.next()) {
         if a.is_ascii_alphabetic() && b.is_ascii_alphabetic() {
-            let (a, b) = (a as u8, b as u8);
-            let count = u64::from(a.abs_diff(b)) / step + 1;
-            let items = (0..count)
-                .map(|k| {
-                    let offset = (k * step) as u8;
-                    let c = if a <= b { a + offset } else { a - offset };
-                    (c as char).to_string()
-                })
-                .collect();
-            return Ok(Some(items));
+            return Ok(Some(Range::Letters {
+                from: a as u8,
+                to: b as u8,
+                step,
+            }));
         }
     }
     Ok(None)
@@ -345,6 +457,12 @@ mod tests {
         for (spec, want) in cases {
             let got = expand_spec(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
             assert_eq!(got, *want, "expanding {spec}");
+            let counted: u64 = spec
+                .split("::")
+                .filter(|p| !p.is_empty())
+                .map(|p| count_names(p).expect("counts"))
+                .sum();
+            assert_eq!(counted, want.len() as u64, "counting {spec}");
         }
     }
 
@@ -380,6 +498,11 @@ mod tests {
             ("{a\\,b,c}", &["a,b", "c"]),
             ("a.tar::b-{1..2}.tar", &["a.tar", "b-1.tar", "b-2.tar"]),
             ("{,x}y", &["y", "xy"]),
+            ("{a{1,2}}{x,y}", &["{a1}x", "{a1}y", "{a2}x", "{a2}y"]),
+            (
+                "{a,{b..c}}-{0..1}",
+                &["a-0", "a-1", "b-0", "b-1", "c-0", "c-1"],
+            ),
         ]);
     }
 
@@ -390,13 +513,35 @@ mod tests {
             ("a-0..3}.tar", "unbalanced"),
             ("{{a,b}", "unbalanced"),
             ("{0..4..0}", "step"),
-            ("{0..99999999999}", "more than"),
+            (
+                "{0..99999999999}",
+                "would expand to 100000000000 names, over the limit of 1000000",
+            ),
+            // Ten million names: refused by counting, before any is made.
+            ("x-{0000000..9999999}.tar", "would expand to 10000000 names"),
+            ("{0..999}{0..999}{0..9}", "would expand to 10000000 names"),
+            ("{a,b}{0..999999}", "would expand to 2000000 names"),
+            // Over the limit only together.
+            ("a.tar::{1..1000000}", "would expand to 1000001 names"),
+            (
+                "{-9223372036854775808..9223372036854775807}",
+                "would expand to 18446744073709551615 names",
+            ),
+            (
+                "{0..999999}{0..999999}{0..999999}{0..999999}",
+                "would expand to 18446744073709551615 names",
+            ),
             ("", "empty"),
         ];
         for (spec, want) in cases {
             let err = expand_spec(spec).expect_err(spec).to_string();
             assert!(err.contains(want), "{spec}: `{err}` lacks `{want}`");
         }
+        let deep = format!("{}x{}", "{".repeat(100_000), "}".repeat(100_000));
+        let err = expand_spec(&deep).expect_err("deep").to_string();
+        assert!(err.contains("nests braces deeper than 64"), "{err}");
+        let at_limit = expand_spec("{0..999999}").expect("a million names");
+        assert_eq!(at_limit.len(), 1_000_000);
     }
 
     #[test]

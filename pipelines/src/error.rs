@@ -1,5 +1,7 @@
-//! Errors of the shard data path, and the policy that says what to do with them.
+//! Errors of the shard data path, the policy that says what to do with them, and the
+//! escaping of outside bytes that go into their messages.
 
+use std::fmt::Write as _;
 use std::io;
 
 /// What the data path does when a shard or a sample is bad.
@@ -115,10 +117,54 @@ impl ShardError {
     }
 }
 
+/// Outside bytes (tar member names, sample keys, a command's standard error) as they go
+/// into a message: printable text as it is, control and other unprintable characters
+/// escaped as Rust does (`\n`, `\u{1b}`), and bytes that are not UTF-8 as `\xNN`, so
+/// a hostile name can neither drive the terminal nor break a log line.
+pub fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            let escape = c.escape_debug();
+            // `escape_debug` also escapes quotes and backslashes, which are printable.
+            if escape.len() > 1 && !matches!(c, '\\' | '\'' | '"') {
+                out.extend(escape);
+            } else {
+                out.push(c);
+            }
+        }
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    out
+}
+
 fn stderr_suffix(tail: &str) -> String {
     if tail.trim().is_empty() {
         String::new()
     } else {
         format!("; stderr: {}", tail.trim())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_bytes_are_escaped_for_messages() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"n01440764_10026", "n01440764_10026"),
+            ("caf\u{e9}/it's \"x\"".as_bytes(), "caf\u{e9}/it's \"x\""),
+            (b"a\nb\tc\r", "a\\nb\\tc\\r"),
+            (b"\x1b[2Jgone\x07", "\\u{1b}[2Jgone\\u{7}"),
+            (b"\xff\xfekey\x00", "\\xff\\xfekey\\0"),
+            ("rtl\u{202e}gpj.exe".as_bytes(), "rtl\\u{202e}gpj.exe"),
+            (br"C:\data", r"C:\data"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(escaped(bytes), *want, "escaping {bytes:?}");
+        }
     }
 }

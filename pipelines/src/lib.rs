@@ -34,10 +34,12 @@ mod skip;
 
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
 pub use cache::{CacheCounts, CacheOptions, CacheStats};
-pub use error::{ErrorPolicy, ShardError};
+pub use error::{ErrorPolicy, ShardError, escaped};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
 pub use index::{IndexError, IndexOptions, index_shards};
-pub use inspect::{Problem, ShardSummary, VerifyReport, summarize_shard, verify_shard};
+pub use inspect::{
+    Problem, ShardSummary, VerifyChecks, VerifyReport, summarize_shard, verify_shard,
+};
 pub use loader::{
     Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,
     SampleId, Transform, WorkerCursor,

@@ -10,7 +10,7 @@ use std::io::{self, Read};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use crate::error::{ErrorPolicy, ShardError};
+use crate::error::{ErrorPolicy, ShardError, escaped};
 use crate::sample::Sample;
 use crate::source::Sources;
 
@@ -220,7 +220,8 @@ impl<R: Read> ShardSamples<R> {
                 let Some((key, extension)) = split_member_name(&raw_name) else {
                     continue;
                 };
-                let name = String::from_utf8_lossy(&raw_name).into_owned();
+                // For messages only: a hostile name is shown escaped, never raw.
+                let name = escaped(&raw_name);
                 if grouper.poisoned(key) {
                     continue;
                 }
@@ -355,7 +356,7 @@ pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
         | io::ErrorKind::InvalidInput => ShardError::Corrupt {
             url: url.to_string(),
             offset,
-            reason: flatten(&error),
+            reason: escaped(flatten(&error).as_bytes()),
         },
         _ => ShardError::Read {
             url: url.to_string(),
@@ -457,8 +458,8 @@ impl Grouper {
         if current.fields.iter().any(|(e, _)| *e == extension) {
             let error = ShardError::DuplicateField {
                 url: self.url.to_string(),
-                key: current.key.clone(),
-                extension,
+                key: escaped(&self.current_key),
+                extension: escaped(extension.as_bytes()),
                 offset,
             };
             // A duplicate is only possible within the current run, so no finished
@@ -713,6 +714,47 @@ mod tests {
                 stats.skipped_samples, case.skipped_samples,
                 "{}: skipped count",
                 case.name
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_member_names_are_escaped_in_errors() {
+        /// Raw member name and data.
+        type Member<'a> = (&'a [u8], &'a [u8]);
+        fn raw_tar(members: &[Member<'_>]) -> Vec<u8> {
+            let mut builder = tar::Builder::new(Vec::new());
+            for (name, data) in members {
+                let mut header = tar::Header::new_gnu();
+                if let Some(gnu) = header.as_gnu_mut() {
+                    gnu.name[..name.len()].copy_from_slice(name);
+                }
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_cksum();
+                builder.append(&header, *data).expect("append to memory");
+            }
+            builder.into_inner().expect("finish in memory")
+        }
+        let big = [7u8; 2000];
+        let cases: &[(&[Member<'_>], &str)] = &[
+            (
+                &[(b"k\x1b[2J\xff.jpg", &big)],
+                "member `k\\u{1b}[2J\\xff.jpg` at byte 0 is 2000 bytes",
+            ),
+            (
+                &[(b"d\x07\xfe.jpg", b"1"), (b"d\x07\xfe.jpg", b"2")],
+                "duplicate file name in tar file: `d\\u{7}\\xfe.jpg` at byte 1024",
+            ),
+        ];
+        for (members, want) in cases {
+            let (result, _) = read(&raw_tar(members), ErrorPolicy::Fail);
+            let message = result.expect_err(want).to_string();
+            assert!(message.contains(want), "`{message}` lacks `{want}`");
+            assert!(
+                !message.chars().any(|c| c.is_control() || c == '\u{fffd}'),
+                "{message:?} is not plain text"
             );
         }
     }

@@ -29,6 +29,10 @@ pub struct SourceOptions {
     pub http_attempts: u32,
     /// Pause before the first retry; doubled after each failure.
     pub http_retry_delay: Duration,
+    /// A `pipe:` command that sends no output for this long (or closes its output and
+    /// does not exit within it) fails its shard, and its process group is killed;
+    /// `None` waits forever.
+    pub pipe_idle_timeout: Option<Duration>,
     /// A local cache for `http(s)://` and `pipe:` shards; `None` reads them remotely
     /// every time.
     pub cache: Option<CacheOptions>,
@@ -41,6 +45,7 @@ impl Default for SourceOptions {
             http_timeout: Duration::from_secs(30),
             http_attempts: 5,
             http_retry_delay: Duration::from_millis(200),
+            pipe_idle_timeout: Some(Duration::from_secs(60)),
             cache: None,
         }
     }
@@ -81,7 +86,7 @@ impl Sources {
     /// fills are removed here.
     pub fn new(options: SourceOptions) -> Self {
         let sources: Vec<Box<dyn ShardSource>> = vec![
-            Box::new(PipeSource),
+            Box::new(PipeSource::new(&options)),
             Box::new(HttpSource::new(&options)),
             Box::new(StdinSource),
             Box::new(FileSource),

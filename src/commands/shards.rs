@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pipelines::{
-    CreateOptions, CreateReport, ErrorPolicy, ImageFolder, IndexOptions, ShardList, SynthOptions,
-    create_from_folder, generate_synthetic, index_shards, summarize_names, summarize_shard,
-    verify_shard,
+    CreateOptions, CreateReport, DecodeLimits, ErrorPolicy, ImageFolder, IndexOptions,
+    MANIFEST_FILE, Manifest, ShardList, SynthOptions, VerifyChecks, create_from_folder,
+    generate_synthetic, index_shards, summarize_names, summarize_shard, verify_shard,
 };
 
 use crate::commands::progress_bar;
@@ -34,13 +34,18 @@ pub enum ShardsCommand {
     /// any source and writes their manifest.json: samples, bytes and class counts per
     /// shard, as `create` writes it. Training and `plan` need it for exact epochs.
     Index(IndexArgs),
-    /// Reads every sample, checks that images and labels decode, reports problems.
+    /// Reads every sample, checks that images decode (under training's pixel limit) and
+    /// that labels decode and lie in the class range, reports problems.
     Verify {
         #[command(flatten)]
         spec: SpecArgs,
         /// Field every sample must have.
         #[arg(long, default_value = "cls")]
         label: String,
+        /// Number of classes: labels must be 0 to N-1 [default: from the manifest.json
+        /// beside local shards; without one, labels are not range-checked].
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        classes: Option<u64>,
     },
 }
 
@@ -154,7 +159,11 @@ pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> 
         ShardsCommand::Dump(spec) => dump(loaded, &spec),
         ShardsCommand::Sum { names } => sum(names),
         ShardsCommand::Index(args) => index(loaded, args),
-        ShardsCommand::Verify { spec, label } => verify(loaded, &spec, &label),
+        ShardsCommand::Verify {
+            spec,
+            label,
+            classes,
+        } => verify(loaded, &spec, label, classes),
     }
 }
 
@@ -342,13 +351,33 @@ fn local_folder(urls: &[String]) -> Option<PathBuf> {
         .then_some(first)
 }
 
-fn verify(loaded: &Loaded, spec: &SpecArgs, label: &str) -> anyhow::Result<ExitCode> {
+fn verify(
+    loaded: &Loaded,
+    spec: &SpecArgs,
+    label: String,
+    classes: Option<u64>,
+) -> anyhow::Result<ExitCode> {
     let reader = loaded.config.shards.reader(spec.on_error);
     let urls = spec.urls()?;
+    let classes = match classes {
+        Some(n) => Some(n),
+        None => classes_beside(&urls)?,
+    };
+    if classes.is_none() {
+        eprintln!(
+            "labels not range-checked: give --classes N or a manifest.json beside the shards"
+        );
+    }
+    let checks = VerifyChecks {
+        label: Some(label),
+        classes,
+        // Training's limits (`DataSpec`'s transforms use the defaults).
+        limits: DecodeLimits::default(),
+    };
     let bar = progress_bar(urls.len() as u64, "verify");
     let (mut samples, mut images, mut problems) = (0, 0, 0);
     for url in &urls {
-        let report = verify_shard(&reader, url, Some(label));
+        let report = verify_shard(&reader, url, &checks);
         samples += report.samples;
         images += report.images;
         for problem in &report.problems {
@@ -367,6 +396,27 @@ fn verify(loaded: &Loaded, spec: &SpecArgs, label: &str) -> anyhow::Result<ExitC
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The number of classes in the manifest.json beside the first shard when it is a local
+/// file, as training reads it; none when there is no such file.
+fn classes_beside(urls: &[String]) -> anyhow::Result<Option<u64>> {
+    let Some(first) = urls.first() else {
+        return Ok(None);
+    };
+    if first.contains("://") || first.starts_with("pipe:") || first == "-" {
+        return Ok(None);
+    }
+    let path = std::path::Path::new(first.trim_start_matches("file:"));
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.join(MANIFEST_FILE).exists() {
+        return Ok(None);
+    }
+    let manifest = Manifest::read_from(dir).context("reading the shards' manifest")?;
+    Ok((!manifest.classes.is_empty()).then_some(manifest.classes.len() as u64))
 }
 
 fn dump(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {

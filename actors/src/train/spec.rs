@@ -127,6 +127,8 @@ pub struct SourceSpec {
     pub http_timeout_secs: u64,
     pub http_attempts: u32,
     pub http_retry_delay_ms: u64,
+    /// 0 for no limit.
+    pub pipe_idle_timeout_secs: u64,
     pub cache_dir: Option<String>,
     pub cache_max_bytes: u64,
 }
@@ -138,6 +140,8 @@ impl SourceSpec {
             http_timeout: std::time::Duration::from_secs(self.http_timeout_secs),
             http_attempts: self.http_attempts,
             http_retry_delay: std::time::Duration::from_millis(self.http_retry_delay_ms),
+            pipe_idle_timeout: (self.pipe_idle_timeout_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.pipe_idle_timeout_secs)),
             cache: self.cache_dir.as_ref().map(|dir| pipelines::CacheOptions {
                 dir: dir.into(),
                 max_bytes: self.cache_max_bytes,
@@ -461,6 +465,7 @@ mod tests {
                 http_timeout_secs: 30,
                 http_attempts: 1,
                 http_retry_delay_ms: 100,
+                pipe_idle_timeout_secs: 60,
                 cache_dir: None,
                 cache_max_bytes: 0,
             },

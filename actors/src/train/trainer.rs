@@ -729,7 +729,9 @@ impl Trainer {
             let id = &batch.ids[i];
             return Err(MethodError::fatal(format!(
                 "{}: sample `{}` has label {}, outside the model's {classes} classes",
-                id.url, id.key, batch.labels[i]
+                id.url,
+                pipelines::escaped(id.key.as_bytes()),
+                batch.labels[i]
             )));
         }
         let pixels = batch

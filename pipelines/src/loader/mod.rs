@@ -129,7 +129,7 @@ impl Default for LoaderConfig {
 pub enum LoaderError {
     #[error(transparent)]
     Shard(#[from] ShardError),
-    #[error("{url}: sample `{key}`: {problem}")]
+    #[error("{url}: sample `{}`: {problem}", crate::error::escaped(key.as_bytes()))]
     Sample {
         url: String,
         key: String,

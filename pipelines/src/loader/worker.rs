@@ -181,7 +181,8 @@ impl WorkerJob {
                 problem,
             }),
             ErrorPolicy::Skip => {
-                let message = format!("{}: sample `{}`: {problem}", sample.url, sample.key);
+                let key = crate::error::escaped(sample.key.as_bytes());
+                let message = format!("{}: sample `{key}`: {problem}", sample.url);
                 tracing::warn!(rank = %self.rank, worker = %self.plan.worker, "skipping bad sample: {message}");
                 if let Ok(mut stats) = self.stats.lock() {
                     stats.bad_samples += 1;

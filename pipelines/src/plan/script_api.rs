@@ -226,7 +226,9 @@ pub(crate) fn slice_to_dynamic(slice: &Slice) -> Dynamic {
 }
 
 /// A returned element as a slice; a count it does not carry comes from the input
-/// shard with the same URL.
+/// shard with the same URL. Its URL must be one of the input shards': hooks select,
+/// reorder, repeat and slice the shards they are given, and never name others (a
+/// `pipe:` URL would run a command on every trainer).
 pub(crate) fn dynamic_to_slice(
     value: Dynamic,
     known: &HashMap<String, Option<u64>>,
@@ -235,9 +237,14 @@ pub(crate) fn dynamic_to_slice(
     if shard.url.is_empty() {
         return Err("empty URL".to_string());
     }
-    let shard_samples = shard
-        .samples
-        .or_else(|| known.get(shard.url.as_str()).copied().flatten());
+    let Some(input_samples) = known.get(shard.url.as_str()) else {
+        return Err(format!(
+            "`{}` is not one of the configured shards (a hook may only select, reorder \
+             and repeat the shards it is given)",
+            crate::error::escaped(shard.url.as_bytes())
+        ));
+    };
+    let shard_samples = shard.samples.or(*input_samples);
     Ok(Slice {
         url: shard.url,
         shard_samples,
@@ -339,7 +346,8 @@ mod tests {
 
     #[test]
     fn returned_shards_are_validated() {
-        let known: HashMap<String, Option<u64>> = [("a.tar".to_string(), Some(10))].into();
+        let known: HashMap<String, Option<u64>> =
+            [("a.tar".to_string(), Some(10)), ("b.tar".to_string(), None)].into();
         let map = |pairs: &[(&str, Dynamic)]| {
             let mut m = Map::new();
             for (k, v) in pairs {
@@ -381,6 +389,18 @@ mod tests {
             (Dynamic::from(""), "empty URL"),
             (map(&[("start", 1.into())]), "missing `url`"),
             (map(&[("url", 1.into())]), "`url` must be a string"),
+            (
+                Dynamic::from("pipe:touch /tmp/owned"),
+                "`pipe:touch /tmp/owned` is not one of the configured shards",
+            ),
+            (
+                map(&[("url", "c.tar".into()), ("samples", 5.into())]),
+                "`c.tar` is not one of the configured shards",
+            ),
+            (
+                Dynamic::from("a.tar\u{1b}[2J"),
+                "`a.tar\\u{1b}[2J` is not one",
+            ),
             (
                 map(&[("url", "a.tar".into()), ("stride", 0.into())]),
                 "`stride` must be at least 1",

@@ -187,6 +187,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
             http_timeout_secs: shards.http_timeout_secs,
             http_attempts: shards.http_attempts,
             http_retry_delay_ms: shards.http_retry_delay_ms,
+            pipe_idle_timeout_secs: shards.pipe_idle_timeout_secs,
             cache_dir: (!shards.cache_dir.is_empty()).then(|| shards.cache_dir.clone()),
             cache_max_bytes: crate::units::parse_size(&shards.cache_max_size).unwrap_or(0),
         },
