@@ -640,7 +640,7 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
         train.loss_scale_init,
         0.0,
         true,
-        1e30,
+        f32::MAX.into(),
     )?;
     real("train.bucket_mb", train.bucket_mb, 0.0, true, 4096.0)?;
     whole(

@@ -54,7 +54,7 @@ fn two_cpu_trainers_on_two_nodes_learn_agree_and_checkpoint() {
     );
     assert!(
         printed.contains(&format!(
-            "2 CPU trainer(s) (node {}: 1, node {}: 1); planned as 2 node(s) x 1",
+            "2 CPU trainer(s) on node {}, node {}: 2 node(s) x 1 rank(s)",
             cluster.head_id, cluster.node_id
         )),
         "{printed}"

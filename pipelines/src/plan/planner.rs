@@ -155,12 +155,10 @@ impl Planner {
                 let quota = self.worker_quota(size, worker);
                 let (slices, rng) = self.run_hooks(epoch, epoch, rank, worker)?;
                 let exact = self.assumed_counts == 0 && slices.iter().all(|s| s.len().is_some());
-                let items = if exact {
-                    draw(slices, rng, quota, rank, worker)?
-                } else {
+                if !exact {
                     served = Some(quota);
-                    draw_whole(slices, rng, quota, rank, worker)?
-                };
+                }
+                let items = draw(slices, rng, quota, (rank, worker), !exact)?;
                 (items, epoch.saturating_mul(quota))
             }
             (PlanMode::Resampled, None) => {
@@ -262,52 +260,20 @@ impl Planner {
     }
 }
 
-/// Resampled mode where some counts are unknown or assumed (`data.samples_per_shard`):
-/// draw whole shards with replacement until their counts (1 for an unknown one, the
-/// least a shard that is not empty holds) reach `quota`. The worker reads them in turn
-/// and stops at its quota, so a shard holding more than its assumed count is read on
-/// (not cut at the count), and one holding fewer leaves the next draws to make up.
-fn draw_whole(
-    slices: Vec<Slice>,
-    mut rng: SplitMix64,
-    quota: u64,
-    rank: Rank,
-    worker: WorkerId,
-) -> Result<Vec<WorkItem>, PlanError> {
-    let lens: Vec<u64> = slices.iter().map(|s| s.len().unwrap_or(1)).collect();
-    if quota > 0 && lens.iter().all(|&n| n == 0) {
-        return Err(PlanError::EmptyStream { rank, worker });
-    }
-    let mut items = Vec::new();
-    let mut counted = 0;
-    while counted < quota {
-        let index = rng.below(slices.len() as u64) as usize;
-        if lens[index] == 0 {
-            continue;
-        }
-        items.push(slices[index].clone().into_item(None));
-        counted += lens[index];
-    }
-    Ok(items)
-}
-
-/// Resampled mode: draw shards with replacement until `quota` samples; the last one may
-/// be cut short.
+/// Resampled mode: draw shards with replacement until `quota` samples. With `whole`
+/// (some counts unknown or assumed, `data.samples_per_shard`), each draw is a whole
+/// shard, counted as its count or as 1 when unknown (the least a shard that is not
+/// empty holds), and the worker stops at its quota as it reads: a shard holding more
+/// than its assumed count is read on, one holding fewer leaves the next draws to make
+/// up. Otherwise the last draw is cut to the quota.
 fn draw(
     slices: Vec<Slice>,
     mut rng: SplitMix64,
     quota: u64,
-    rank: Rank,
-    worker: WorkerId,
+    (rank, worker): (Rank, WorkerId),
+    whole: bool,
 ) -> Result<Vec<WorkItem>, PlanError> {
-    let missing = slices.iter().filter(|s| s.len().is_none()).count();
-    if missing > 0 {
-        return Err(PlanError::NeedsCounts {
-            what: "resampled mode",
-            missing,
-        });
-    }
-    let lens: Vec<u64> = slices.iter().map(|s| s.len().unwrap_or(0)).collect();
+    let lens: Vec<u64> = slices.iter().map(|s| s.len().unwrap_or(1)).collect();
     if quota > 0 && lens.iter().all(|&n| n == 0) {
         return Err(PlanError::EmptyStream { rank, worker });
     }
@@ -320,7 +286,8 @@ fn draw(
             continue;
         }
         let take = len.min(need);
-        items.push(slices[index].clone().into_item(Some(take)));
+        let slice = slices[index].clone();
+        items.push(slice.into_item(if whole { None } else { Some(take) }));
         need -= take;
     }
     Ok(items)
