@@ -4,10 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use actors::train::{AllreduceChoice, LossScaling, ModelKind};
 use anyhow::Context;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
-use serde::Deserialize;
+use pipelines::{ErrorPolicy, PlanMode};
+use serde::{Deserialize, Deserializer};
 
 /// The defaults, kept in one place: the `cluster.toml` at the root of the repository.
 pub const DEFAULTS: &str = include_str!("../cluster.toml");
@@ -34,7 +36,8 @@ pub struct DataConfig {
     /// beside the shards.
     pub manifest: String,
     pub hooks: String,
-    pub mode: String,
+    #[serde(deserialize_with = "choice")]
+    pub mode: PlanMode,
     pub policy: String,
     pub nbatches: u64,
     pub dsrepeat: u64,
@@ -105,9 +108,63 @@ impl SizePhase {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    pub name: String,
+    #[serde(deserialize_with = "choice")]
+    pub name: ModelKind,
     pub width: i64,
     pub seed: u64,
+}
+
+/// A choice of a fixed set, read through its type's `FromStr` when the configuration is
+/// loaded: a wrong value is refused there with the valid ones, naming the key and where
+/// it was set.
+fn choice<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// `train.schedule`: the learning rate's decay after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    Cosine,
+    Step,
+    Constant,
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cosine" => Ok(Self::Cosine),
+            "step" => Ok(Self::Step),
+            "constant" => Ok(Self::Constant),
+            other => Err(format!("`{other}`: expected cosine, step or constant")),
+        }
+    }
+}
+
+/// `train.precision`: full f32, or autocast with loss scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Amp,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fp32" => Ok(Self::Fp32),
+            "amp" => Ok(Self::Amp),
+            other => Err(format!("`{other}`: expected fp32 or amp")),
+        }
+    }
 }
 
 /// `[train]`: optimisation, evaluation, checkpoints and the world.
@@ -124,14 +181,18 @@ pub struct TrainConfig {
     pub label_smoothing: f64,
     pub warmup_epochs: f64,
     pub warmup_start_fraction: f64,
-    pub schedule: String,
+    #[serde(deserialize_with = "choice")]
+    pub schedule: Schedule,
     pub final_lr_fraction: f64,
     pub milestones: Vec<u64>,
     pub gamma: f64,
-    pub precision: String,
-    pub loss_scaling: String,
+    #[serde(deserialize_with = "choice")]
+    pub precision: Precision,
+    #[serde(deserialize_with = "choice")]
+    pub loss_scaling: LossScaling,
     pub loss_scale_init: f64,
-    pub allreduce: String,
+    #[serde(deserialize_with = "choice")]
+    pub allreduce: AllreduceChoice,
     pub bucket_mb: f64,
     pub eval_every_epochs: u64,
     pub eval_every_steps: u64,
@@ -149,7 +210,8 @@ pub struct TrainConfig {
 #[serde(deny_unknown_fields)]
 pub struct ShardsConfig {
     pub read_buffer: usize,
-    pub error_policy: String,
+    #[serde(deserialize_with = "choice")]
+    pub error_policy: ErrorPolicy,
     pub max_member: u64,
     pub http_timeout_secs: u64,
     pub http_attempts: u32,
@@ -492,10 +554,6 @@ fn invalid(key: &'static str, message: impl std::fmt::Display) -> Invalid {
 /// found.
 fn validate(config: &Config) -> Result<(), Invalid> {
     let shards = &config.shards;
-    shards
-        .error_policy
-        .parse::<pipelines::ErrorPolicy>()
-        .map_err(|e| invalid("shards.error_policy", e))?;
     if shards.read_buffer == 0 {
         return Err(invalid("shards.read_buffer", "must be positive"));
     }
@@ -545,6 +603,12 @@ const MAX_IMAGE_SIDE: u64 = 4096;
 fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
     let data = &config.data;
     let train = &config.train;
+    pipelines::BatchPolicy::parse(
+        &data.policy,
+        (data.nbatches > 0).then_some(data.nbatches),
+        (data.dsrepeat > 0).then_some(data.dsrepeat),
+    )
+    .map_err(|e| invalid("data.policy", e))?;
     let whole = |key: &'static str, value: u64, lo: u64, hi: u64| {
         if (lo..=hi).contains(&value) {
             Ok(())
@@ -672,10 +736,8 @@ impl ShardsConfig {
 
     /// A reader with these settings; `policy` overrides the configured error policy.
     pub fn reader(&self, policy: Option<pipelines::ErrorPolicy>) -> pipelines::SampleReader {
-        // Invariant: `validate` checked the policy when the config was loaded.
-        let configured = self.error_policy.parse().unwrap_or_default();
         pipelines::SampleReader::new(pipelines::Sources::new(self.source_options()))
-            .with_policy(policy.unwrap_or(configured))
+            .with_policy(policy.unwrap_or(self.error_policy))
             .with_max_member(self.max_member)
     }
 }
@@ -792,6 +854,17 @@ mod tests {
             ("[train]\nepochs = 0\n", "train.epochs"),
             ("[train]\nbatch_size = 0\n", "train.batch_size"),
             ("[model]\nwidth = 0\n", "model.width"),
+            // Choices are typed: a wrong one is refused at load with the valid ones.
+            ("[data]\nmode = \"splitt\"\n", "resampled or split"),
+            ("[data]\npolicy = \"sometimes\"\n", "data.policy"),
+            ("[model]\nname = \"vgg\"\n", "small_cnn"),
+            (
+                "[train]\nschedule = \"linear\"\n",
+                "cosine, step or constant",
+            ),
+            ("[train]\nprecision = \"fp16\"\n", "fp32 or amp"),
+            ("[train]\nallreduce = \"mpi\"\n", "train.allreduce"),
+            ("[shards]\nerror_policy = \"ignore\"\n", "`fail` or `skip`"),
         ];
         for (text, want) in cases {
             let path = dir.path().join("cluster.toml");

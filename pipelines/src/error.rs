@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::io;
 
 /// What the data path does when a shard or a sample is bad.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ErrorPolicy {
     /// Stop at the first problem and return it.
     #[default]

@@ -104,8 +104,7 @@ pub struct DataSpec {
     pub queue_batches: usize,
     pub image_fields: Vec<String>,
     pub label_field: String,
-    /// `skip` or `fail`.
-    pub errors: String,
+    pub errors: ErrorPolicy,
     /// Train crop side, by epoch: `(first epoch, size)`, sorted; the first entry is epoch 0.
     /// Each entry starts a phase.
     pub sizes: Vec<(u64, u32)>,
@@ -211,7 +210,7 @@ pub enum ScheduleSpec {
 
 impl DataSpec {
     fn error_policy(&self) -> ErrorPolicy {
-        self.errors.parse().unwrap_or_default()
+        self.errors
     }
 
     /// The training plan's settings for a world of `shape`.

@@ -4,23 +4,19 @@
 use std::path::{Path, PathBuf};
 
 use actors::train::{
-    AllreduceChoice, DataSpec, JobSpec, LossScaling, ModelKind, ModelSpec, OptimSpec, ScheduleSpec,
-    SgdConfig, ShardSet, SourceSpec,
+    DataSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet, SourceSpec,
 };
 use anyhow::{Context, bail};
 use pipelines::{HookSources, Manifest, ShardList};
 
-use crate::config::Config;
+use crate::config::{Config, Precision, Schedule};
 
 /// The configuration turned into what every trainer gets.
 pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
     let model = &config.model;
     let train = &config.train;
     let (data, manifest) = data_spec(config)?;
-    let kind: ModelKind = model
-        .name
-        .parse()
-        .map_err(|e| anyhow::anyhow!("model.name: {e}"))?;
+    let kind = model.name;
     let classes = match config.data.classes {
         0 => manifest
             .map(|m| m.classes.len() as i64)
@@ -32,36 +28,18 @@ pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             )?,
         n => n,
     };
-    let schedule = match train.schedule.as_str() {
-        "cosine" => ScheduleSpec::Cosine {
+    let schedule = match train.schedule {
+        Schedule::Cosine => ScheduleSpec::Cosine {
             final_fraction: train.final_lr_fraction,
         },
-        "step" => ScheduleSpec::Step {
+        Schedule::Step => ScheduleSpec::Step {
             milestones: train.milestones.clone(),
             gamma: train.gamma,
         },
-        "constant" => ScheduleSpec::Constant,
-        other => bail!("train.schedule `{other}`: expected cosine, step or constant"),
+        Schedule::Constant => ScheduleSpec::Constant,
     };
-    let amp = match train.precision.as_str() {
-        "fp32" => false,
-        "amp" => true,
-        other => bail!("train.precision `{other}`: expected fp32 or amp"),
-    };
-    let loss_scaling: LossScaling = train
-        .loss_scaling
-        .parse()
-        .map_err(|e| anyhow::anyhow!("train.loss_scaling: {e}"))?;
-    anyhow::ensure!(
-        train.loss_scale_init.is_finite() && train.loss_scale_init > 0.0,
-        "train.loss_scale_init must be a positive number (it is {})",
-        train.loss_scale_init
-    );
-    let allreduce: AllreduceChoice = train
-        .allreduce
-        .parse()
-        .map_err(|e| anyhow::anyhow!("train.allreduce: {e}"))?;
-    anyhow::ensure!(train.epochs > 0, "train.epochs must be at least 1");
+    let amp = train.precision == Precision::Amp;
+    let (loss_scaling, allreduce) = (train.loss_scaling, train.allreduce);
     Ok(JobSpec {
         data,
         model: ModelSpec {
@@ -128,10 +106,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         (data.dsrepeat > 0).then_some(data.dsrepeat),
     )
     .map_err(|e| anyhow::anyhow!("data.policy: {e}"))?;
-    let mode: pipelines::PlanMode = data
-        .mode
-        .parse()
-        .map_err(|e| anyhow::anyhow!("data.mode: {e}"))?;
+    let mode = data.mode;
     let pairs: Vec<(u64, u32)> = data
         .size_schedule
         .iter()
@@ -175,7 +150,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         queue_batches: data.queue_batches.max(1),
         image_fields: data.image_fields.clone(),
         label_field: data.label_field.clone(),
-        errors: shards.error_policy.clone(),
+        errors: shards.error_policy,
         sizes,
         phase_train,
         eval_size: data.eval_size,
