@@ -334,7 +334,9 @@ mod tests {
     #[test]
     fn bases_take_each_name_where_their_percent_s_is_or_after_them() {
         let ok = |urls: &[&str]| Ok::<_, &str>(urls.iter().map(|u| u.to_string()).collect());
-        let cases: Vec<(&str, &str, Result<Vec<String>, &str>)> = vec![
+        // (base, spec, the URLs or words of the error)
+        type Case<'a> = (&'a str, &'a str, Result<Vec<String>, &'a str>);
+        let cases: Vec<Case> = vec![
             (
                 "pipe:gsutil cat gs://bucket/%s",
                 "a-{0..1}.tar",

@@ -452,7 +452,7 @@ mod tests {
             queue_batches: 2,
             image_fields: vec!["jpg".into()],
             label_field: "cls".into(),
-            errors: "skip".into(),
+            errors: ErrorPolicy::Skip,
             sizes: vec![(0, 32)],
             phase_train: Vec::new(),
             eval_size: 32,
