@@ -47,7 +47,8 @@ pub struct DataConfig {
     pub samples_per_shard: u64,
     pub classes: i64,
     pub seed: u64,
-    pub workers: u32,
+    /// Loader workers per trainer (a reader and a decoder thread each).
+    pub loader_workers: u32,
     pub shuffle_buffer: usize,
     pub queue_batches: usize,
     pub image_fields: Vec<String>,
@@ -201,7 +202,8 @@ pub struct TrainConfig {
     pub runs_dir: String,
     pub name: String,
     pub gpus: u32,
-    pub workers: u32,
+    /// CPU trainers when the cluster has no GPU (0: one per node).
+    pub cpu_trainers: u32,
     pub threads: u32,
     pub step_timeout_secs: u64,
 }
@@ -516,6 +518,12 @@ fn override_toml(item: &str) -> anyhow::Result<String> {
     Ok(format!("[{section}]\n{name} = {value}\n"))
 }
 
+/// Keys that were renamed so that one name means one thing: (old, new).
+const RENAMED: [(&str, &str); 2] = [
+    ("train.workers", "train.cpu_trainers"),
+    ("data.workers", "data.loader_workers"),
+];
+
 /// One line per figment error, each naming the key and where it was set.
 fn describe(error: figment::Error) -> String {
     error
@@ -528,6 +536,8 @@ fn describe(error: figment::Error) -> String {
                 .map_or_else(|| "the configuration".to_string(), |m| origin(m, &key));
             if key.is_empty() {
                 format!("bad configuration in {origin}: {}", e.kind)
+            } else if let Some((_, new)) = RENAMED.iter().find(|(old, _)| *old == key) {
+                format!("configuration key `{key}` in {origin} was renamed: it is `{new}` now")
             } else {
                 format!("bad configuration key `{key}` in {origin}: {}", e.kind)
             }
@@ -646,7 +656,7 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
     for phase in &data.size_schedule {
         whole("data.size_schedule", phase.size().into(), 1, MAX_IMAGE_SIDE)?;
     }
-    whole("data.workers", data.workers.into(), 1, 256)?;
+    whole("data.loader_workers", data.loader_workers.into(), 1, 256)?;
     whole("data.queue_batches", data.queue_batches as u64, 1, 1024)?;
     whole(
         "data.shuffle_buffer",
@@ -854,6 +864,8 @@ mod tests {
             ("[train]\nepochs = 0\n", "train.epochs"),
             ("[train]\nbatch_size = 0\n", "train.batch_size"),
             ("[model]\nwidth = 0\n", "model.width"),
+            ("[train]\nworkers = 2\n", "it is `train.cpu_trainers` now"),
+            ("[data]\nworkers = 2\n", "it is `data.loader_workers` now"),
             // Choices are typed: a wrong one is refused at load with the valid ones.
             ("[data]\nmode = \"splitt\"\n", "resampled or split"),
             ("[data]\npolicy = \"sometimes\"\n", "data.policy"),

@@ -502,7 +502,7 @@ fn config_mistakes_name_the_key_and_file() {
 fn the_demo_runs_its_own_job_whatever_cluster_toml_is_in_the_folder() {
     let checkout = concat!(env!("CARGO_MANIFEST_DIR"), "/cluster.toml");
     let user = "[shards]\nread_buffer = 65536\n\n[data]\nmode = \"split\"\nimage_size = 224\n\n\
-                [model]\nname = \"resnet50\"\n\n[train]\nepochs = 90\nworkers = 1\n";
+                [model]\nname = \"resnet50\"\n\n[train]\nepochs = 90\ncpu_trainers = 1\n";
     for (name, text) in [
         (
             "the checkout's",
@@ -625,7 +625,7 @@ fn plan_reproduces_the_simdist_example() {
         &spec,
         "--nodes",
         "3",
-        "--workers",
+        "--loader-workers",
         "3",
         "--batch-size",
         "10",

@@ -130,7 +130,7 @@ fn plan_and_train_agree_on_every_epochs_steps() {
             &[
                 "data.mode=\"split\"",
                 "data.policy=\"join\"",
-                "data.workers=2",
+                "data.loader_workers=2",
             ],
         ),
         (
@@ -160,13 +160,13 @@ fn plan_and_train_agree_on_every_epochs_steps() {
             &[
                 "data.mode=\"split\"",
                 "data.policy=\"join\"",
-                "train.workers=3",
+                "train.cpu_trainers=3",
             ],
         ),
     ];
     const EPOCHS: u64 = 2;
     for (name, sets) in cases {
-        let uneven = sets.contains(&"train.workers=3");
+        let uneven = sets.contains(&"train.cpu_trainers=3");
         let layout = if uneven { "2,1" } else { "1,1" };
         let planned: Vec<u64> = (0..EPOCHS)
             .map(|epoch| cluster.planned_steps_on(name, sets, epoch, layout))
@@ -1356,7 +1356,7 @@ impl Dataset {
             quoted("data.train", &self.train),
             quoted("data.val", &self.val),
             quoted("train.runs_dir", &runs.display().to_string()),
-            "data.workers=1".to_string(),
+            "data.loader_workers=1".to_string(),
             "data.shuffle_buffer=100".to_string(),
             "data.image_size=32".to_string(),
             "data.eval_size=32".to_string(),

@@ -37,8 +37,11 @@ pub struct PlanArgs {
     /// 3 CPU trainers on 2 nodes).
     #[arg(long, default_value = "1", value_name = "N[,N...]")]
     ranks_per_node: String,
-    /// Loader workers per rank [data.workers].
+    /// Loader workers per rank [data.loader_workers].
     #[arg(long)]
+    loader_workers: Option<u32>,
+    /// Deprecated: the old name of `--loader-workers`.
+    #[arg(long, hide = true, conflicts_with = "loader_workers")]
     workers: Option<u32>,
     /// Samples per rank per step [train.batch_size].
     #[arg(long)]
@@ -125,8 +128,12 @@ impl PlanArgs {
         if let Some(n) = self.samples_per_shard {
             out.push(number("data.samples_per_shard", n));
         }
-        if let Some(workers) = self.workers {
-            out.push(number("data.workers", workers.into()));
+        if let Some(count) = self.workers {
+            eprintln!("imgrun: --workers is deprecated: it is --loader-workers now");
+            out.push(number("data.loader_workers", count.into()));
+        }
+        if let Some(count) = self.loader_workers {
+            out.push(number("data.loader_workers", count.into()));
         }
         if let Some(batch) = self.batch_size {
             out.push(number("train.batch_size", batch));
@@ -173,7 +180,7 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let (data, _) = data_spec(&config.config)?;
     let node_ranks = args.node_ranks()?;
     anyhow::ensure!(!node_ranks.is_empty(), "--nodes must be at least 1");
-    let shape = ClusterShape::with_node_ranks(node_ranks, data.workers);
+    let shape = ClusterShape::with_node_ranks(node_ranks, data.loader_workers);
     let batch_size = config.config.train.batch_size;
     let plan = data
         .train_planner(shape, batch_size)

@@ -99,7 +99,7 @@ pub struct DataSpec {
     pub samples_per_shard: Option<u64>,
     pub seed: u64,
     /// Loader workers per trainer.
-    pub workers: u32,
+    pub loader_workers: u32,
     pub shuffle_buffer: usize,
     pub queue_batches: usize,
     pub image_fields: Vec<String>,
@@ -447,7 +447,7 @@ mod tests {
             nominal_size: None,
             samples_per_shard: None,
             seed: 0,
-            workers: 1,
+            loader_workers: 1,
             shuffle_buffer: 100,
             queue_batches: 2,
             image_fields: vec!["jpg".into()],

@@ -276,7 +276,8 @@ impl Trainer {
             .collect();
         let buffers = model.buffers().into_iter().map(|(_, t)| t).collect();
         let sgd = Sgd::new(named_params, job.optim.sgd);
-        let shape = ClusterShape::with_node_ranks(init.node_ranks.clone(), job.data.workers.max(1));
+        let shape =
+            ClusterShape::with_node_ranks(init.node_ranks.clone(), job.data.loader_workers.max(1));
         let planner = job
             .data
             .train_planner(shape.clone(), job.optim.batch_size)

@@ -450,7 +450,8 @@ pub(super) fn print_plan(
     let mut nodes: Vec<NodeId> = places.iter().map(|p| p.node).collect();
     nodes.dedup();
     let names: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
-    let shape = pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.workers);
+    let shape =
+        pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.loader_workers);
     println!("plan:");
     println!(
         "  world       {world} {device} trainer(s) on {}: {} ({})",
@@ -465,7 +466,7 @@ pub(super) fn print_plan(
     println!(
         "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each",
         places.first().map_or(0, |p| p.threads),
-        job.data.workers
+        job.data.loader_workers
     );
     println!(
         "  model       {} ({} classes)",

@@ -44,8 +44,11 @@ pub struct TrainArgs {
     /// GPU trainers (0: every free GPU).
     #[arg(long)]
     gpus: Option<u32>,
-    /// CPU trainers when the cluster has no GPUs (0: one per node).
+    /// CPU trainers when the cluster has no GPUs (0: one per node) [train.cpu_trainers].
     #[arg(long)]
+    cpu_trainers: Option<u32>,
+    /// Deprecated: the old name of `--cpu-trainers`.
+    #[arg(long, hide = true, conflicts_with = "cpu_trainers")]
     workers: Option<u32>,
     /// Epochs to train (train.epochs).
     #[arg(long)]
@@ -82,8 +85,12 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
     if let Some(gpus) = args.gpus {
         train.gpus = gpus;
     }
-    if let Some(workers) = args.workers {
-        train.workers = workers;
+    if let Some(count) = args.workers {
+        eprintln!("imgrun: --workers is deprecated: it is --cpu-trainers now");
+        train.cpu_trainers = count;
+    }
+    if let Some(count) = args.cpu_trainers {
+        train.cpu_trainers = count;
     }
     if let Some(epochs) = args.epochs {
         train.epochs = epochs;

@@ -145,7 +145,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         nominal_size: (data.nominal_size > 0).then_some(data.nominal_size),
         samples_per_shard: (data.samples_per_shard > 0).then_some(data.samples_per_shard),
         seed: data.seed,
-        workers: data.workers.max(1),
+        loader_workers: data.loader_workers.max(1),
         shuffle_buffer: data.shuffle_buffer,
         queue_batches: data.queue_batches.max(1),
         image_fields: data.image_fields.clone(),
@@ -295,7 +295,8 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
 /// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
 /// starts (each trainer plans every epoch again for itself, with the same planner).
 pub(super) fn check_plan(job: &JobSpec, node_ranks: &[u32]) -> anyhow::Result<()> {
-    let shape = pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.workers);
+    let shape =
+        pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.loader_workers);
     let plan = job
         .data
         .train_planner(shape, job.optim.batch_size)

@@ -127,10 +127,10 @@ pub(super) fn plan_world(
             "train.gpus = {} but the cluster has no free GPU",
             train.gpus
         );
-        let want = if train.workers == 0 {
+        let want = if train.cpu_trainers == 0 {
             live.len() as u32
         } else {
-            train.workers
+            train.cpu_trainers
         };
         take_spread(&vec![u32::MAX; live.len()], want)
     };
