@@ -6,7 +6,7 @@ warm-up epochs), 2 CPU trainers / DDP ranks (gloo), 1 libtorch thread and 1 load
 each, the same synthetic WebDataset shards. Each repeat runs, in an order that alternates
 between repeats so that machine noise shows:
 
-  * imgrun   `imgrun train --embedded --workers 2` (metrics.jsonl read back)
+  * imgrun   `imgrun train --embedded --cpu-trainers 2` (metrics.jsonl read back)
   * ddp      actors/benches/python/ddp_train.py, real shards (webdataset + Pillow loader)
   * ddp-syn  ddp_train.py --synthetic: a fixed random batch, no loader, no eval
              (compute + gradient all-reduce only: the ceiling for this model on 2 ranks)
@@ -247,11 +247,11 @@ def profile(pid, seconds, out_dir):
 def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf):
     runs_dir = os.path.join(tmp, "runs")
     name = f"cmp-{tag}"
-    cmd = [args.imgrun, "train", "--config", args.config, "--embedded", "--workers", "2",
+    cmd = [args.imgrun, "train", "--config", args.config, "--embedded", "--cpu-trainers", "2",
            "--epochs", str(args.epochs), "--no-plot", "--name", name,
            "--set", f'data.train="{train_spec}"', "--set", f'data.val="{val_spec}"',
            "--set", f'train.runs_dir="{runs_dir}"',
-           "--set", f"train.threads={args.threads}", "--set", f"data.workers={args.loader_workers}"]
+           "--set", f"train.threads={args.threads}", "--set", f"data.loader_workers={args.loader_workers}"]
     log = os.path.join(tmp, f"{name}.log")
     t0 = time.perf_counter()
     with open(log, "w") as out:
