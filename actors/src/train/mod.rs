@@ -8,6 +8,7 @@ mod loss;
 mod model;
 pub(crate) mod nccl;
 mod optim;
+mod protocol;
 mod scaler;
 mod schedule;
 mod spec;
@@ -18,6 +19,7 @@ pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
+pub use protocol::{DigestRequest, EvaluateRequest, ListenRequest, TrainerMethod};
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{

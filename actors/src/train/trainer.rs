@@ -29,6 +29,7 @@ use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
 use super::nccl;
 use super::optim::Sgd;
+use super::protocol::{DigestRequest, EvaluateRequest, ListenRequest, METHODS, TrainerMethod};
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
@@ -840,27 +841,27 @@ impl Trainer {
 impl Actor for Trainer {
     fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
         match method {
-            "listen" => reply(&self.listen()?),
-            "connect" => {
-                let request = json(payload, "connect request")?;
-                reply(&self.connect(request)?)
-            }
-            "train" => {
-                let request = json(payload, "train request")?;
-                reply(&self.train(request)?)
-            }
-            "evaluate" => reply(&self.evaluate()?),
-            "save" => {
-                let request = json(payload, "save request")?;
-                reply(&self.save(request)?)
-            }
-            "digest" => reply(&self.digest()?),
+            ListenRequest::NAME => answer(payload, |_: ListenRequest| self.listen()),
+            ConnectRequest::NAME => answer(payload, |request| self.connect(request)),
+            TrainRequest::NAME => answer(payload, |request| self.train(request)),
+            EvaluateRequest::NAME => answer(payload, |_: EvaluateRequest| self.evaluate()),
+            SaveRequest::NAME => answer(payload, |request| self.save(request)),
+            DigestRequest::NAME => answer(payload, |_: DigestRequest| self.digest()),
             other => Err(MethodError::new(format!(
-                "trainers have no method `{other}` (listen, connect, train, evaluate, save, \
-                 digest)"
+                "trainers have no method `{other}` ({})",
+                METHODS.join(", ")
             ))),
         }
     }
+}
+
+/// Reads the request of method `M`, runs it, and encodes its reply.
+fn answer<M: TrainerMethod>(
+    payload: &[u8],
+    run: impl FnOnce(M) -> Result<M::Reply, MethodError>,
+) -> Result<Vec<u8>, MethodError> {
+    let request: M = json(payload, &format!("{} request", M::NAME))?;
+    reply(&run(request)?)
 }
 
 /// A fatal error for a failed ring operation, marked with [`PEER_FAILURE`] when the

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use actors::train::{
-    AllreduceChoice, ConnectReply, ConnectRequest, DeviceSpec, DigestReply, JobSpec, ListenReply,
-    ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+    AllreduceChoice, ConnectReply, ConnectRequest, DeviceSpec, DigestReply, DigestRequest, JobSpec,
+    ListenReply, ListenRequest, ResumeFrom, TRAINER_KIND, TrainerInit, TrainerMethod, checkpoint,
+    scaled_lr, secret_hex,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::spec::check_plan;
 use super::steps::{RunningJob, Saved, StopControl, train_loop};
@@ -37,30 +37,23 @@ impl Rank {
     }
 }
 
-/// Calls `method` on every rank at once and returns the replies in rank order; the
-/// first failure ends the call, naming the rank and node.
-pub(super) async fn call_all<Rep: DeserializeOwned + Send + 'static>(
+/// Calls method `M` on every rank at once, each with its `request`, and returns the
+/// replies in rank order; the first failure ends the call, naming the rank and node.
+pub(super) async fn call_all<M: TrainerMethod>(
     ranks: &[Rank],
-    method: &'static str,
-    payload: impl Fn(&Rank) -> Vec<u8>,
+    request: impl Fn(&Rank) -> M,
     timeout: Duration,
-) -> anyhow::Result<Vec<Rep>> {
+) -> anyhow::Result<Vec<M::Reply>> {
     let mut tasks = tokio::task::JoinSet::new();
     for rank in ranks {
         let rank = rank.clone();
-        let payload = payload(&rank);
+        let payload = to_json(&request(&rank));
         tasks.spawn(async move {
-            let result = rank.actor.call(method, payload, timeout).await;
-            let outcome = result
-                .map_err(|e| anyhow::anyhow!("{}: {method}: {e}", rank.name()))
-                .and_then(|bytes| {
-                    serde_json::from_slice::<Rep>(&bytes)
-                        .with_context(|| format!("{}: {method}: bad reply", rank.name()))
-                });
+            let outcome = call_payload::<M>(&rank, payload, timeout).await;
             (rank.rank, outcome)
         });
     }
-    let mut replies: BTreeMap<u32, Rep> = BTreeMap::new();
+    let mut replies: BTreeMap<u32, M::Reply> = BTreeMap::new();
     while let Some(joined) = tasks.join_next().await {
         let (rank, outcome) = joined.context("a call task failed")?;
         replies.insert(rank, outcome?);
@@ -68,7 +61,31 @@ pub(super) async fn call_all<Rep: DeserializeOwned + Send + 'static>(
     Ok(replies.into_values().collect())
 }
 
-pub(super) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+/// Calls method `M` on one rank.
+pub(super) async fn call_one<M: TrainerMethod>(
+    rank: &Rank,
+    request: &M,
+    timeout: Duration,
+) -> anyhow::Result<M::Reply> {
+    call_payload::<M>(rank, to_json(request), timeout).await
+}
+
+async fn call_payload<M: TrainerMethod>(
+    rank: &Rank,
+    payload: Vec<u8>,
+    timeout: Duration,
+) -> anyhow::Result<M::Reply> {
+    let method = M::NAME;
+    let bytes = rank
+        .actor
+        .call(method, payload, timeout)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {method}: {e}", rank.name()))?;
+    serde_json::from_slice::<M::Reply>(&bytes)
+        .with_context(|| format!("{}: {method}: bad reply", rank.name()))
+}
+
+fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
     // Invariant: these request types hold only strings, numbers and paths, which always
     // encode.
     serde_json::to_vec(value).unwrap_or_default()
@@ -178,8 +195,7 @@ impl Driver {
         );
         let ranks = spawn_trainers(cluster, &job, &job_name, &places, &node_ranks).await?;
         let long = Duration::from_secs(train.step_timeout_secs.max(10));
-        let listens: Vec<ListenReply> =
-            call_all(&ranks, "listen", |_| b"{}".to_vec(), long).await?;
+        let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
         let steps_per_epoch = listens[0].steps_per_epoch;
         if let Some(bad) = listens
             .iter()
@@ -203,21 +219,20 @@ impl Driver {
         let job_id = format!("{}", run_dir.display());
         let connects: Vec<ConnectReply> = call_all(
             &ranks,
-            "connect",
             |rank| {
                 let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
                 let port = listens[next.rank as usize].port;
                 let next_addr = format!("{}:{port}", next.place.ip)
                     .parse()
                     .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-                to_json(&ConnectRequest {
+                ConnectRequest {
                     next: next_addr,
                     secret: secret_hex(&secret),
                     job: job_id.clone(),
                     op_timeout_secs: train.step_timeout_secs,
                     resume: resume.clone(),
                     nccl_id: listens[0].nccl_id.clone(),
-                })
+                }
             },
             long,
         )
@@ -262,8 +277,7 @@ impl Driver {
         watcher.stop();
         let mut summary = loop_result?;
 
-        let digests: Vec<DigestReply> =
-            call_all(&ranks, "digest", |_| b"{}".to_vec(), long).await?;
+        let digests: Vec<DigestReply> = call_all(&ranks, |_| DigestRequest {}, long).await?;
         if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
             bail!(
                 "the replicas differ after training: {}",

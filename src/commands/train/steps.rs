@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::train::{
-    CheckpointState, EpochReceived, EpochSums, EvalReply, JobSpec, ResumeFrom, SaveRequest,
-    StepRecord, TrainReply, TrainRequest,
+    CheckpointState, EpochReceived, EpochSums, EvalReply, EvaluateRequest, JobSpec, ResumeFrom,
+    SaveRequest, StepRecord, TrainReply, TrainRequest,
 };
 use anyhow::{Context, bail};
 use pipelines::RankCursor;
 
-use super::driver::{Metrics, Rank, call_all, to_json};
+use super::driver::{Metrics, Rank, call_all, call_one};
 use super::{Interrupted, JobSummary};
 use crate::commands::progress_bar;
 use crate::config::Config;
@@ -96,23 +96,18 @@ impl RunningJob<'_> {
         };
         let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10));
         let rank0 = &self.ranks[0];
-        let reply = rank0
-            .actor
-            .call("save", to_json(&request), timeout)
-            .await
-            .with_context(|| {
-                let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
-                    (Some(saved), run) => format!(
-                        "; the newest checkpoint, {}, is intact and `latest` points at it: \
+        let path = call_one(rank0, &request, timeout).await.with_context(|| {
+            let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
+                (Some(saved), run) => format!(
+                    "; the newest checkpoint, {}, is intact and `latest` points at it: \
                          free space or fix the cause, then continue with --resume {}",
-                        saved.dir.display(),
-                        run.display()
-                    ),
-                    (None, _) => "; no earlier checkpoint was written".to_string(),
-                };
-                format!("{}: saving checkpoint {name}{newest}", rank0.name())
-            })?;
-        let path: PathBuf = serde_json::from_slice(&reply).context("save: bad reply")?;
+                    saved.dir.display(),
+                    run.display()
+                ),
+                (None, _) => "; no earlier checkpoint was written".to_string(),
+            };
+            format!("{}: saving checkpoint {name}{newest}", rank0.name())
+        })?;
         tracing::info!(path = %path.display(), "checkpoint saved");
         self.stop.progress().checkpoint = Some(Saved {
             dir: path,
@@ -178,8 +173,7 @@ impl RunningJob<'_> {
         elapsed_s: f64,
     ) -> anyhow::Result<Option<(f64, f64)>> {
         let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10) * 6);
-        let evals: Vec<EvalReply> =
-            call_all(self.ranks, "evaluate", |_| b"{}".to_vec(), timeout).await?;
+        let evals: Vec<EvalReply> = call_all(self.ranks, |_| EvaluateRequest {}, timeout).await?;
         let samples: u64 = evals.iter().map(|e| e.samples).sum();
         if samples == 0 {
             return Ok(None);
@@ -297,13 +291,8 @@ pub(super) async fn train_loop(
             let request = TrainRequest { epoch, max_steps };
             let called = Instant::now();
             let called_at_s = started.elapsed().as_secs_f64();
-            let replies: Vec<TrainReply> = call_all(
-                ranks,
-                "train",
-                |_| to_json(&request),
-                long + Duration::from_secs(60),
-            )
-            .await?;
+            let replies: Vec<TrainReply> =
+                call_all(ranks, |_| request.clone(), long + Duration::from_secs(60)).await?;
             let elapsed = called.elapsed().as_secs_f64();
             let first = &replies[0];
             if let Some(bad) = replies.iter().position(|r| {

@@ -1,0 +1,73 @@
+//! The trainer's methods as types. Each request type names its method and fixes its
+//! reply type, so the job's client and the trainer cannot disagree on either: a method
+//! name is written once, here, and a reply is read as the type the method returns.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::trainer::{
+    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, SaveRequest, TrainReply,
+    TrainRequest,
+};
+
+/// A trainer method: the request is `Self`, the reply `Self::Reply`.
+pub trait TrainerMethod: Serialize + DeserializeOwned {
+    /// The method's name on the wire.
+    const NAME: &'static str;
+    type Reply: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// Opens the trainer's ring port (and, between CUDA trainers, an NCCL id).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ListenRequest {}
+
+/// Evaluates the current model on this rank's share of the validation set.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct EvaluateRequest {}
+
+/// The SHA-256 of the replica's parameters and buffers.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct DigestRequest {}
+
+impl TrainerMethod for ListenRequest {
+    const NAME: &'static str = "listen";
+    type Reply = ListenReply;
+}
+
+impl TrainerMethod for ConnectRequest {
+    const NAME: &'static str = "connect";
+    type Reply = ConnectReply;
+}
+
+impl TrainerMethod for TrainRequest {
+    const NAME: &'static str = "train";
+    type Reply = TrainReply;
+}
+
+impl TrainerMethod for EvaluateRequest {
+    const NAME: &'static str = "evaluate";
+    type Reply = EvalReply;
+}
+
+/// The reply is the checkpoint's folder.
+impl TrainerMethod for SaveRequest {
+    const NAME: &'static str = "save";
+    type Reply = PathBuf;
+}
+
+impl TrainerMethod for DigestRequest {
+    const NAME: &'static str = "digest";
+    type Reply = DigestReply;
+}
+
+/// Every method's name, for an error about one that does not exist.
+pub const METHODS: [&str; 6] = [
+    ListenRequest::NAME,
+    ConnectRequest::NAME,
+    TrainRequest::NAME,
+    EvaluateRequest::NAME,
+    SaveRequest::NAME,
+    DigestRequest::NAME,
+];
