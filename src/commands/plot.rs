@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
+use actors::train::MetricsRecord;
 use anyhow::{Context, anyhow, bail};
 use image::ImageEncoder;
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::Loaded;
 
@@ -136,7 +137,7 @@ fn parse_metrics(path: &Path, bytes: &[u8]) -> anyhow::Result<Metrics> {
             Err(error) => bail!("{}: invalid JSON ({error})", at()),
         };
         metrics
-            .add_record(&value)
+            .add_record(value)
             .map_err(|problem| anyhow!("{}: {problem}", at()))?;
     }
     if metrics.steps.is_empty() {
@@ -146,58 +147,58 @@ fn parse_metrics(path: &Path, bytes: &[u8]) -> anyhow::Result<Metrics> {
 }
 
 impl Metrics {
-    /// Adds one record; the error is a message without the place.
-    fn add_record(&mut self, value: &Value) -> Result<(), String> {
-        let Value::Object(record) = value else {
-            return Err("record is not a JSON object".to_string());
+    /// Adds one record (a line's JSON); the error is a message without the place.
+    fn add_record(&mut self, value: Value) -> Result<(), String> {
+        let kind = match &value {
+            Value::Object(record) => match record.get("kind") {
+                Some(Value::String(kind)) => kind.clone(),
+                Some(_) => return Err(r#""kind" is not a string"#.to_string()),
+                None => return Err(r#"record has no "kind""#.to_string()),
+            },
+            _ => return Err("record is not a JSON object".to_string()),
         };
-        let kind = match record.get("kind") {
-            Some(Value::String(kind)) => kind.as_str(),
-            Some(_) => return Err(r#""kind" is not a string"#.to_string()),
-            None => return Err(r#"record has no "kind""#.to_string()),
-        };
-        let fields = Fields { kind, record };
-        match kind {
-            "job" => {
+        let record: MetricsRecord =
+            serde_json::from_value(value).map_err(|e| format!("{kind} record: {e}"))?;
+        match record {
+            MetricsRecord::Job(job) => {
                 // A resumed job continues after the checkpoint's step: what an earlier
                 // run wrote past it is history that did not happen in this run.
-                if let Some(at) = fields.optional_count("resumed_at_step")? {
+                if let Some(at) = job.resumed_at_step {
+                    let epoch = job
+                        .resumed_epoch
+                        .ok_or("job record has \"resumed_at_step\" but no \"resumed_epoch\"")?;
                     self.steps.split_off(&(at + 1));
                     self.evals.split_off(&(at + 1));
-                    let epoch = fields.count("resumed_epoch")?;
                     self.epochs.split_off(&epoch);
                 }
                 self.job = Some(Job {
-                    model: record
-                        .get("model")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    world: record.get("world").and_then(Value::as_u64),
+                    model: job.model,
+                    world: job.world.map(u64::from),
                 });
             }
-            "step" => {
+            MetricsRecord::Step(step) => {
                 let point = StepPoint {
-                    epoch: fields.count("epoch")?,
-                    loss: fields.number("loss")?,
-                    lr: fields.number("lr")?,
-                    images_per_s: fields.number("images_per_s")?,
+                    epoch: step.epoch,
+                    loss: step.loss,
+                    lr: step.lr,
+                    images_per_s: step.images_per_s,
                 };
-                self.steps.insert(fields.count("step")?, point);
+                self.steps.insert(step.step, point);
             }
-            "eval" => {
+            MetricsRecord::Eval(eval) => {
                 let point = EvalPoint {
-                    epoch: fields.count("epoch")?,
-                    loss: fields.number("loss")?,
-                    top1: fields.number("top1")?,
-                    top5: fields.number("top5")?,
+                    epoch: eval.epoch,
+                    loss: eval.loss,
+                    top1: eval.top1,
+                    top5: eval.top5,
                 };
-                self.evals.insert(fields.count("step")?, point);
+                self.evals.insert(eval.step, point);
             }
-            "epoch" => {
-                self.epochs.insert(fields.count("epoch")?);
+            MetricsRecord::Epoch(epoch) => {
+                self.epochs.insert(epoch.epoch);
             }
-            // Kinds from newer versions.
-            _ => {}
+            // Kinds the plot does not draw, and kinds from newer versions.
+            MetricsRecord::Connect(_) | MetricsRecord::Stop(_) | MetricsRecord::Unknown => {}
         }
         Ok(())
     }
@@ -233,46 +234,6 @@ impl Metrics {
             None => summary += ", no eval records",
         }
         summary
-    }
-}
-
-/// The fields of one record of a known kind.
-struct Fields<'a> {
-    kind: &'a str,
-    record: &'a Map<String, Value>,
-}
-
-impl Fields<'_> {
-    /// A required number; `null` reads as NaN, which is how serde_json writes a NaN loss.
-    fn number(&self, key: &str) -> Result<f64, String> {
-        match self.record.get(key) {
-            Some(Value::Null) => Ok(f64::NAN),
-            Some(value) => value
-                .as_f64()
-                .ok_or_else(|| format!(r#"{} record's "{key}" is not a number"#, self.kind)),
-            None => Err(format!(r#"{} record has no "{key}""#, self.kind)),
-        }
-    }
-
-    /// A required count (step, epoch).
-    fn count(&self, key: &str) -> Result<u64, String> {
-        self.optional_count(key)?
-            .ok_or_else(|| format!(r#"{} record has no "{key}""#, self.kind))
-    }
-
-    /// A count that may be absent.
-    fn optional_count(&self, key: &str) -> Result<Option<u64>, String> {
-        self.record
-            .get(key)
-            .map(|value| {
-                value.as_u64().ok_or_else(|| {
-                    format!(
-                        r#"{} record's "{key}" is not a non-negative integer"#,
-                        self.kind
-                    )
-                })
-            })
-            .transpose()
     }
 }
 
@@ -778,12 +739,12 @@ mod tests {
             (
                 "a resume point that is not a step",
                 format!("{good}\n{{\"kind\":\"job\",\"resumed_at_step\":-1,\"resumed_epoch\":0}}"),
-                r#"run/metrics.jsonl:2: job record's "resumed_at_step" is not a non-negative integer"#,
+                "run/metrics.jsonl:2: job record: invalid value: integer `-1`, expected u64",
             ),
             (
                 "a resume without its epoch",
                 format!("{good}\n{{\"kind\":\"job\",\"resumed_at_step\":1}}"),
-                r#"run/metrics.jsonl:2: job record has no "resumed_epoch""#,
+                r#"run/metrics.jsonl:2: job record has "resumed_at_step" but no "resumed_epoch""#,
             ),
             (
                 "truncated line in the middle",
@@ -811,17 +772,17 @@ mod tests {
                     "{good}\n\n{}",
                     r#"{"kind":"step","epoch":0,"step":2,"lr":0.1,"images_per_s":1}"#
                 ),
-                r#"run/metrics.jsonl:3: step record has no "loss""#,
+                "run/metrics.jsonl:3: step record: missing field `loss`",
             ),
             (
                 "loss as a string",
                 r#"{"kind":"step","epoch":0,"step":2,"loss":"1","lr":0.1,"images_per_s":1}"#.into(),
-                r#"run/metrics.jsonl:1: step record's "loss" is not a number"#,
+                r#"run/metrics.jsonl:1: step record: invalid type: string "1", expected f64"#,
             ),
             (
                 "negative step",
                 r#"{"kind":"step","epoch":0,"step":-2,"loss":1,"lr":0.1,"images_per_s":1}"#.into(),
-                r#"run/metrics.jsonl:1: step record's "step" is not a non-negative integer"#,
+                "run/metrics.jsonl:1: step record: invalid value: integer `-2`, expected u64",
             ),
             (
                 "eval without top1",
@@ -829,12 +790,12 @@ mod tests {
                     "{good}\n{}",
                     r#"{"kind":"eval","epoch":0,"step":1,"loss":1,"top5":0.9}"#
                 ),
-                r#"run/metrics.jsonl:2: eval record has no "top1""#,
+                "run/metrics.jsonl:2: eval record: missing field `top1`",
             ),
             (
                 "epoch without epoch",
                 format!("{good}\n{}", r#"{"kind":"epoch","step":1,"train_loss":1}"#),
-                r#"run/metrics.jsonl:2: epoch record has no "epoch""#,
+                "run/metrics.jsonl:2: epoch record: missing field `epoch`",
             ),
         ];
         for (name, text, expected) in cases {

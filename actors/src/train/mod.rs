@@ -9,6 +9,7 @@ mod model;
 pub(crate) mod nccl;
 mod optim;
 mod protocol;
+mod records;
 mod scaler;
 mod schedule;
 mod spec;
@@ -20,6 +21,9 @@ pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{DigestRequest, EvaluateRequest, ListenRequest, TrainerMethod};
+pub use records::{
+    ConnectRecord, EpochRecord, EvalRecord, JobRecord, MetricsRecord, StepMetrics, StopRecord,
+};
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use actors::train::{
-    AllreduceChoice, ConnectReply, ConnectRequest, DeviceSpec, DigestReply, DigestRequest, JobSpec,
-    ListenReply, ListenRequest, ResumeFrom, TRAINER_KIND, TrainerInit, TrainerMethod, checkpoint,
-    scaled_lr, secret_hex,
+    AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
+    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, ResumeFrom,
+    TRAINER_KIND, TrainerInit, TrainerMethod, checkpoint, scaled_lr, secret_hex,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
@@ -169,25 +169,24 @@ impl Driver {
             }
         }
         let mut metrics = Metrics::open(&metrics_path)?;
-        let mut record = serde_json::json!({
-            "kind": "job",
-            "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            "world": world,
-            "nodes": node_ranks.len(),
-            "node_ranks": node_ranks,
-            "model": job.model.kind.name(),
-            "classes": job.model.classes,
-            "global_batch": global_batch,
-            "lr": job.optim.lr,
-            "epochs": job.optim.epochs,
-            "resumed_from": resume.as_ref().map(|r| r.dir.display().to_string()),
-        });
-        if let Some(resume) = &resume {
+        metrics.write(&MetricsRecord::Job(JobRecord {
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            world: Some(world),
+            nodes: Some(node_ranks.len() as u32),
+            node_ranks: node_ranks.clone(),
+            model: Some(job.model.kind.name().to_string()),
+            classes: Some(job.model.classes),
+            global_batch: Some(global_batch),
+            lr: Some(job.optim.lr),
+            epochs: Some(job.optim.epochs),
+            resumed_from: resume.as_ref().map(|r| r.dir.display().to_string()),
             // `imgrun plot` drops what an earlier run wrote past this point.
-            record["resumed_at_step"] = resume.state.global_step.into();
-            record["resumed_epoch"] = resume.state.epoch.into();
-        }
-        metrics.write(&record)?;
+            resumed_at_step: resume.as_ref().map(|r| r.state.global_step),
+            resumed_epoch: resume.as_ref().map(|r| r.state.epoch),
+        }))?;
 
         let job_name = run_dir.file_name().map_or_else(
             || run_dir.display().to_string(),
@@ -241,10 +240,9 @@ impl Driver {
             "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
             connects[0].buckets, connects[0].allreduce
         );
-        metrics.write(&serde_json::json!({
-            "kind": "connect",
-            "buckets": connects[0].buckets,
-            "allreduce": connects[0].allreduce,
+        metrics.write(&MetricsRecord::Connect(ConnectRecord {
+            buckets: connects[0].buckets,
+            allreduce: connects[0].allreduce.clone(),
         }))?;
 
         let running = RunningJob {
@@ -525,8 +523,10 @@ impl Metrics {
         })
     }
 
-    pub(super) fn write(&mut self, value: &serde_json::Value) -> anyhow::Result<()> {
-        writeln!(self.file, "{value}").with_context(|| format!("writing {}", self.path.display()))
+    pub(super) fn write(&mut self, record: &MetricsRecord) -> anyhow::Result<()> {
+        let line = serde_json::to_string(record)
+            .with_context(|| format!("encoding a {} record", record.kind()))?;
+        writeln!(self.file, "{line}").with_context(|| format!("writing {}", self.path.display()))
     }
 }
 

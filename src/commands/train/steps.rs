@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::train::{
-    CheckpointState, EpochReceived, EpochSums, EvalReply, EvaluateRequest, JobSpec, ResumeFrom,
-    SaveRequest, StepRecord, TrainReply, TrainRequest,
+    CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
+    JobSpec, MetricsRecord, ResumeFrom, SaveRequest, StepMetrics, StepRecord, StopRecord,
+    TrainReply, TrainRequest,
 };
 use anyhow::{Context, bail};
 use pipelines::RankCursor;
@@ -154,9 +155,14 @@ impl RunningJob<'_> {
             }
         }
         let progress = self.stop.progress().clone();
-        let _ = metrics.write(&serde_json::json!({
-            "kind": "stop", "signal": signal, "epoch": epoch, "step": global_step,
-            "checkpoint": progress.checkpoint.as_ref().map(|c| c.dir.display().to_string()),
+        let _ = metrics.write(&MetricsRecord::Stop(StopRecord {
+            signal: signal.to_string(),
+            epoch,
+            step: global_step,
+            checkpoint: progress
+                .checkpoint
+                .as_ref()
+                .map(|c| c.dir.display().to_string()),
         }));
         Interrupted::in_time(signal, progress).into()
     }
@@ -182,9 +188,14 @@ impl RunningJob<'_> {
         let loss = evals.iter().map(|e| e.loss_sum).sum::<f64>() / n;
         let top1 = evals.iter().map(|e| e.top1).sum::<u64>() as f64 / n;
         let top5 = evals.iter().map(|e| e.top5).sum::<u64>() as f64 / n;
-        metrics.write(&serde_json::json!({
-            "kind": "eval", "epoch": epoch, "step": global_step, "loss": loss,
-            "top1": top1, "top5": top5, "samples": samples, "elapsed_s": elapsed_s,
+        metrics.write(&MetricsRecord::Eval(EvalRecord {
+            epoch,
+            step: global_step,
+            loss,
+            top1,
+            top5,
+            samples,
+            elapsed_s,
         }))?;
         Ok(Some((top1, top5)))
     }
@@ -328,25 +339,21 @@ pub(super) async fn train_loop(
                     replies.iter().filter_map(|r| r.steps.get(i)).collect();
                 let figures = step_figures(step.samples, &ranks_records);
                 step_end_s += figures.step_s;
-                let mut record = serde_json::json!({
-                    "kind": "step",
-                    "epoch": epoch,
-                    "step": step.step,
-                    "loss": step.loss,
-                    "accuracy": step.accuracy,
-                    "lr": step.lr,
-                    "samples": step.samples,
-                    "images_per_s": figures.images_per_s,
-                    "data_wait_s": figures.data_wait_s,
-                    "allreduce_s": figures.allreduce_s,
-                    "step_s": figures.step_s,
-                    "elapsed_s": step_end_s,
-                });
-                if let Some(scale) = step.loss_scale {
-                    record["loss_scale"] = scale.into();
-                    record["skipped"] = step.skipped.into();
-                }
-                metrics.write(&record)?;
+                metrics.write(&MetricsRecord::Step(StepMetrics {
+                    epoch,
+                    step: step.step,
+                    loss: step.loss.into(),
+                    accuracy: step.accuracy.into(),
+                    lr: step.lr,
+                    samples: step.samples,
+                    images_per_s: figures.images_per_s,
+                    data_wait_s: figures.data_wait_s,
+                    allreduce_s: figures.allreduce_s,
+                    step_s: figures.step_s,
+                    elapsed_s: step_end_s,
+                    loss_scale: step.loss_scale,
+                    skipped: step.loss_scale.map(|_| step.skipped),
+                }))?;
                 sums.add(step.loss, step.accuracy, step.samples);
                 summary.first_loss.get_or_insert(step.loss);
                 summary.last_loss = Some(step.loss);
@@ -424,14 +431,20 @@ pub(super) async fn train_loop(
         let (train_loss, train_accuracy) = sums.means();
         let images_per_s = images as f64 / busy_s.max(1e-9);
         let data_wait_fraction = wait_s / busy_s.max(1e-9);
-        metrics.write(&serde_json::json!({
-            "kind": "epoch", "epoch": epoch, "step": global_step, "train_loss": train_loss,
-            "train_accuracy": train_accuracy, "steps": sums.steps, "samples": sums.samples,
-            "images_per_s": images_per_s, "data_wait_fraction": data_wait_fraction,
-            "seconds": epoch_s, "elapsed_s": started.elapsed().as_secs_f64(),
+        metrics.write(&MetricsRecord::Epoch(EpochRecord {
+            epoch,
+            step: global_step,
+            train_loss,
+            train_accuracy,
+            steps: sums.steps,
+            samples: sums.samples,
+            images_per_s,
+            data_wait_fraction,
+            seconds: epoch_s,
+            elapsed_s: started.elapsed().as_secs_f64(),
             // What each rank actually trained on (this run's part of a resumed epoch).
-            "image_sizes": received.iter().map(|r| r.image_sizes.clone()).collect::<Vec<_>>(),
-            "train_shards": received.iter().map(|r| r.shards.clone()).collect::<Vec<_>>(),
+            image_sizes: received.iter().map(|r| r.image_sizes.clone()).collect(),
+            train_shards: received.iter().map(|r| r.shards.clone()).collect(),
         }))?;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
         println!(
