@@ -16,6 +16,7 @@ use serde_json::Value;
 // The workspace's one rule for a test whose precondition is missing here.
 #[path = "../../pipelines/tests/common/skip.rs"]
 pub mod skip;
+pub mod train;
 
 pub const HEARTBEAT_MS: &str = "100";
 pub const DEAD_AFTER_MS: &str = "1000";

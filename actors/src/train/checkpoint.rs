@@ -77,20 +77,21 @@ impl EpochSums {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{path}: {source}")]
+    // The I/O error is part of the message and not a `source`, so that a report of the
+    // whole chain (`{:#}`) does not say it twice.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: {message}")]
     Bad { path: PathBuf, message: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
+    move |error| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -99,6 +100,19 @@ fn bad(path: &Path, message: impl ToString) -> CheckpointError {
         path: path.to_path_buf(),
         message: message.to_string(),
     }
+}
+
+/// libtorch's error without the C++ stack trace it carries (`Exception raised from ...`
+/// and dozens of `frame #N` lines): what went wrong, on one line.
+fn torch(path: &Path, error: tch::TchError) -> CheckpointError {
+    let text = error.to_string();
+    let message = text
+        .split("\nException raised from")
+        .next()
+        .unwrap_or(&text)
+        .trim()
+        .replace('\n', " ");
+    bad(path, message)
 }
 
 /// Writes a checkpoint named `name` into `root` (the run's `checkpoints/` folder) and
@@ -159,7 +173,7 @@ fn write_files(
 /// Named tensors in libtorch's file format, in memory.
 fn serialize(tensors: &[(String, Tensor)], path: &Path) -> Result<Vec<u8>, CheckpointError> {
     let buffer = SharedBuffer::default();
-    Tensor::save_multi_to_stream(tensors, buffer.clone()).map_err(|e| bad(path, e))?;
+    Tensor::save_multi_to_stream(tensors, buffer.clone()).map_err(|e| torch(path, e))?;
     Ok(buffer.take())
 }
 
@@ -239,9 +253,9 @@ pub fn read_tensors(
     dir: &Path,
 ) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>), CheckpointError> {
     let model_path = dir.join(MODEL_FILE);
-    let model = Tensor::load_multi(&model_path).map_err(|e| bad(&model_path, e))?;
+    let model = Tensor::load_multi(&model_path).map_err(|e| torch(&model_path, e))?;
     let optimizer_path = dir.join(OPTIMIZER_FILE);
-    let optimizer = Tensor::load_multi(&optimizer_path).map_err(|e| bad(&optimizer_path, e))?;
+    let optimizer = Tensor::load_multi(&optimizer_path).map_err(|e| torch(&optimizer_path, e))?;
     Ok((model, optimizer))
 }
 
@@ -267,7 +281,7 @@ pub fn restore(
             ));
         }
         let value = value.to_device(target.device()).to_kind(target.kind());
-        tch::no_grad(|| target.shallow_clone().f_copy_(&value)).map_err(|e| bad(path, e))?;
+        tch::no_grad(|| target.shallow_clone().f_copy_(&value)).map_err(|e| torch(path, e))?;
     }
     Ok(())
 }
@@ -354,7 +368,7 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("/dev/full"), "{text}");
         assert!(
-            matches!(&err, CheckpointError::Io { source, .. } if source.raw_os_error() == Some(28)),
+            matches!(&err, CheckpointError::Io { error, .. } if error.raw_os_error() == Some(28)),
             "ENOSPC expected: {text}"
         );
     }
@@ -375,5 +389,17 @@ mod tests {
         assert!(err.to_string().contains("shape"), "{err}");
         let err = restore(dir.path(), &[], &target).expect_err("missing");
         assert!(err.to_string().contains("`w`"), "{err}");
+        // A damaged tensor file: one line naming it, without libtorch's C++ stack trace.
+        let damaged = dir.path().join(MODEL_FILE);
+        std::fs::write(&damaged, b"PK\x03\x04 not a whole archive").expect("write");
+        let err = read_tensors(dir.path()).expect_err("damaged");
+        let text = err.to_string();
+        assert!(text.contains(MODEL_FILE), "{text}");
+        assert!(!text.contains("frame #") && !text.contains('\n'), "{text}");
+        // An unreadable state.json names its cause once.
+        std::fs::write(dir.path().join(STATE_FILE), [0xffu8, 0xfe]).expect("write");
+        let err = anyhow::Error::from(read_state(dir.path()).expect_err("not UTF-8"));
+        let text = format!("{err:#}");
+        assert_eq!(text.matches("valid UTF-8").count(), 1, "{text}");
     }
 }

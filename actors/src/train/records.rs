@@ -158,6 +158,9 @@ pub struct EpochRecord {
     /// Per rank: a brace summary of the shards its samples came from.
     #[serde(default)]
     pub train_shards: Vec<String>,
+    /// Bad samples and shards skipped over all ranks (`shards.error_policy = "skip"`).
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -287,6 +287,8 @@ pub(super) async fn train_loop(
         // The loaders' problems (bad samples skipped, shards whose counts are wrong),
         // each told once.
         let mut told: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // Bad samples and shards each rank has skipped so far this epoch.
+        let mut skipped: Vec<u64> = Vec::new();
         while !done {
             let stop = *run.stop.requested.borrow();
             if let Some(signal) = stop {
@@ -359,6 +361,7 @@ pub(super) async fn train_loop(
                 summary.last_loss = Some(step.loss);
                 last_figures = Some(figures);
             }
+            skipped = replies.iter().map(|r| r.skipped).collect();
             for (rank, reply) in replies.iter().enumerate() {
                 for problem in &reply.problems {
                     if told.insert(problem.clone()) {
@@ -429,6 +432,13 @@ pub(super) async fn train_loop(
             }
         }
         let (train_loss, train_accuracy) = sums.means();
+        let skipped: u64 = skipped.iter().sum();
+        if skipped > 0 {
+            eprintln!(
+                "warning: epoch {epoch}: {skipped} bad sample(s) or shard(s) skipped \
+                 (shards.error_policy = \"skip\")"
+            );
+        }
         let images_per_s = images as f64 / busy_s.max(1e-9);
         let data_wait_fraction = wait_s / busy_s.max(1e-9);
         metrics.write(&MetricsRecord::Epoch(EpochRecord {
@@ -445,6 +455,8 @@ pub(super) async fn train_loop(
             // What each rank actually trained on (this run's part of a resumed epoch).
             image_sizes: received.iter().map(|r| r.image_sizes.clone()).collect(),
             train_shards: received.iter().map(|r| r.shards.clone()).collect(),
+            // Bad samples and shards skipped over all ranks (shards.error_policy = "skip").
+            skipped,
         }))?;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
         println!(

@@ -1,0 +1,516 @@
+//! The fixture of the end-to-end training tests (`tests/train.rs`, `tests/faults.rs`): a
+//! head and a joined node as background daemons, tiny synthetic shards, `imgrun train`
+//! as a process whose output is collected, and readers of what a run leaves behind
+//! (metrics.jsonl, checkpoints, the replica digest).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Signal, kill_process};
+use serde_json::Value;
+
+use super::{Machine, describe, is_running, pid_of, wait_alive, wait_for};
+
+/// The longest any one job of these tests may run.
+pub const JOB_LIMIT: Duration = Duration::from_secs(90);
+/// How long the cluster may take to settle after a job: reservations released, workers
+/// gone.
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(15);
+/// Per-rank batch size of every job.
+pub const BATCH: u64 = 16;
+
+/// A head and one joined node, with no GPUs, a dataset, and a folder for runs.
+pub struct TrainCluster {
+    // Dropped before the folder they live in.
+    pub head: Machine,
+    pub node: Machine,
+    /// The join line: (address, token, CA hash).
+    pub join: (String, String, String),
+    pub head_id: u64,
+    pub node_id: u64,
+    pub data: Dataset,
+    pub runs: PathBuf,
+    pub root: tempfile::TempDir,
+}
+
+impl TrainCluster {
+    pub fn start() -> TrainCluster {
+        let root = tempfile::tempdir().expect("temp dir");
+        let head = Machine::new(root.path(), "head");
+        let node = Machine::new(root.path(), "node");
+        let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
+        let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
+        assert!(out.status.success(), "join failed:\n{}", describe(&out));
+        let status = wait_alive(&head, 2, Duration::from_secs(10));
+        // The head is the member at the address nodes join.
+        let ids: Vec<(bool, u64)> = super::nodes(&status)
+            .iter()
+            .filter_map(|n| Some((n["address"] == join.0.as_str(), n["id"].as_u64()?)))
+            .collect();
+        let id = |head: bool| ids.iter().find(|(h, _)| *h == head).map(|(_, id)| *id);
+        let (head_id, node_id) = (id(true).expect("head id"), id(false).expect("node id"));
+        let data = Dataset::synth(root.path());
+        let runs = root.path().join("runs");
+        TrainCluster {
+            head,
+            node,
+            join,
+            head_id,
+            node_id,
+            data,
+            runs,
+            root,
+        }
+    }
+
+    /// Starts `imgrun train` on the head's machine.
+    pub fn job(&self, name: &str, epochs: u64, sets: &[&str], plot: bool) -> Job {
+        self.job_with(name, epochs, sets, plot, &[])
+    }
+
+    pub fn job_with(
+        &self,
+        name: &str,
+        epochs: u64,
+        sets: &[&str],
+        plot: bool,
+        flags: &[String],
+    ) -> Job {
+        let mut args = self.data.args(&self.runs, name, epochs);
+        for set in sets {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        if !plot {
+            args.push("--no-plot".to_string());
+        }
+        args.extend_from_slice(flags);
+        Job::start(&self.head, &args, self.root.path())
+    }
+
+    /// The steps `imgrun plan --json` gives epoch `epoch` of the job `name` with `sets`,
+    /// on this cluster's 2 nodes with one trainer each.
+    pub fn planned_steps(&self, name: &str, sets: &[&str], epoch: u64) -> u64 {
+        self.planned_steps_on(name, sets, epoch, "1,1")
+    }
+
+    /// The same, with `node_ranks` trainers on the nodes (`2,1`).
+    pub fn planned_steps_on(&self, name: &str, sets: &[&str], epoch: u64, node_ranks: &str) -> u64 {
+        let mut args: Vec<String> = self.data.args(&self.runs, name, 1);
+        // `train --name N --epochs E` become `plan --nodes 2 --epoch e --json`.
+        args.splice(0..5, ["plan".to_string()]);
+        args.extend(
+            sets.iter()
+                .flat_map(|s| ["--set".to_string(), s.to_string()]),
+        );
+        args.extend(["--ranks-per-node", node_ranks, "--json", "--epoch"].map(String::from));
+        args.push(epoch.to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.head.run(&args);
+        assert!(
+            out.status.success(),
+            "{name}: plan failed:\n{}",
+            describe(&out)
+        );
+        let plan: Value = serde_json::from_slice(&out.stdout).expect("plan --json");
+        plan["steps"].as_u64().expect("the plan's steps")
+    }
+
+    /// Waits until the run has `count` step records, failing if the job ends first.
+    pub fn wait_for_steps(&self, job: &mut Job, name: &str, count: usize) {
+        wait_for_steps(job, &self.runs.join(name), count);
+    }
+
+    /// The per-shard sample counts of the training set, from its manifest.
+    pub fn train_counts(&self) -> Vec<u64> {
+        let manifest = read_json(&self.data.train_dir.join("manifest.json"));
+        manifest["shards"]
+            .as_array()
+            .expect("shards")
+            .iter()
+            .map(|s| s["samples"].as_u64().expect("samples"))
+            .collect()
+    }
+
+    /// After a job: no reservation left on the head, no worker process left on any
+    /// live daemon.
+    pub fn assert_settled(&self) {
+        wait_for(SETTLE_LIMIT, "no reservation left", || {
+            let status = self.head.status();
+            let left = status["reservations"].as_array().map_or(0, Vec::len);
+            (left == 0).then_some(())
+        });
+        let daemons: Vec<u32> = [&self.head, &self.node]
+            .iter()
+            .flat_map(|m| m.daemon_pids())
+            .filter(|&p| is_running(p))
+            .collect();
+        wait_for(SETTLE_LIMIT, "no worker process left", || {
+            daemons
+                .iter()
+                .all(|&d| workers_of(d).is_empty())
+                .then_some(())
+        });
+    }
+}
+
+impl Drop for TrainCluster {
+    /// Stops the cluster and anything it started, whatever happened in the test.
+    fn drop(&mut self) {
+        let daemons: Vec<u32> = [&self.head, &self.node]
+            .iter()
+            .flat_map(|m| m.daemon_pids())
+            .collect();
+        let workers: Vec<u32> = daemons.iter().flat_map(|&d| workers_of(d)).collect();
+        let _ = self.head.run(&["stop", "--all"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemons.iter().chain(&workers).any(|&p| is_running(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Machine's own drop kills daemons still recorded; workers are killed here.
+        for &pid in &workers {
+            if let Some(pid) = pid_of(pid).filter(|_| is_running(pid)) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+}
+
+/// Waits until the run in `run` has `count` step records, failing if the job ends first.
+pub fn wait_for_steps(job: &mut Job, run: &Path, count: usize) {
+    let deadline = Instant::now() + JOB_LIMIT;
+    loop {
+        assert!(
+            job.running(),
+            "the job ended early:\n{}",
+            job.finish(JOB_LIMIT).describe()
+        );
+        let done = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|t| t.matches("\"kind\":\"step\"").count())
+            .unwrap_or(0);
+        if done >= count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "fewer than {count} steps");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `imgrun shards synth` of 4 classes into `root/name`, with the shards named after the
+/// folder: the folder and the spec it prints.
+pub fn synth_shards(
+    root: &Path,
+    name: &str,
+    per_class: u32,
+    maxcount: u32,
+    seed: u64,
+    size: u32,
+) -> (PathBuf, String) {
+    let dir = root.join(name);
+    let number = |n: u64| n.to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
+        .args(["shards", "synth"])
+        .arg(&dir)
+        .args(["--classes", "4", "--per-class", &number(per_class.into())])
+        .args(["--size", &number(size.into())])
+        .args([
+            "--maxcount",
+            &number(maxcount.into()),
+            "--seed",
+            &number(seed),
+        ])
+        .args(["--prefix", name, "--threads", "1"])
+        .env_remove("IMGRUN_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run imgrun shards synth");
+    assert!(out.status.success(), "synth failed:\n{}", describe(&out));
+    let spec = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("spec line")
+        .to_string();
+    (dir, spec)
+}
+
+/// Tiny synthetic shards: 5 training shards of unequal size (50, 50, 50, 50, 40 samples
+/// of 4 classes) and 2 validation shards of 30, 32-pixel images.
+pub struct Dataset {
+    pub train_dir: PathBuf,
+    pub train: String,
+    pub val: String,
+}
+
+impl Dataset {
+    pub fn synth(root: &Path) -> Dataset {
+        let (train_dir, train) = synth_shards(root, "train", 60, 50, 1, 32);
+        let (_, val) = synth_shards(root, "val", 15, 30, 2, 32);
+        Dataset {
+            train_dir,
+            train,
+            val,
+        }
+    }
+
+    /// The arguments of a small job on this data: the small CNN of width 8 on 32-pixel
+    /// images, one loader worker, batches of 16, no warm-up.
+    pub fn args(&self, runs: &Path, name: &str, epochs: u64) -> Vec<String> {
+        let quoted = |key: &str, value: &str| format!("{key}={value:?}");
+        let mut args = vec![
+            "train".to_string(),
+            "--name".to_string(),
+            name.to_string(),
+            "--epochs".to_string(),
+            epochs.to_string(),
+        ];
+        let sets = [
+            quoted("data.train", &self.train),
+            quoted("data.val", &self.val),
+            quoted("train.runs_dir", &runs.display().to_string()),
+            "data.loader_workers=1".to_string(),
+            "data.shuffle_buffer=100".to_string(),
+            "data.image_size=32".to_string(),
+            "data.eval_size=32".to_string(),
+            "data.resize_ratio=1.0".to_string(),
+            "data.crop_scale=[1.0, 1.0]".to_string(),
+            "data.flip=false".to_string(),
+            "model.name=small_cnn".to_string(),
+            "model.width=8".to_string(),
+            format!("train.batch_size={BATCH}"),
+            "train.lr=0.4".to_string(),
+            "train.reference_batch=32".to_string(),
+            "train.warmup_epochs=0.0".to_string(),
+            "train.label_smoothing=0.0".to_string(),
+            // A rank lost in a collective fails the job in seconds, not minutes.
+            "train.step_timeout_secs=20".to_string(),
+        ];
+        for set in sets {
+            args.extend(["--set".to_string(), set]);
+        }
+        args
+    }
+}
+
+/// A running `imgrun` whose output is collected by threads of its own; killed on drop.
+pub struct Job {
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+/// What an ended job printed.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn describe(&self) -> String {
+        format!(
+            "status {}\nstdout:\n{}\nstderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Job {
+    pub fn start(machine: &Machine, args: &[String], cwd: &Path) -> Job {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Job::spawn(machine.command(&args), cwd)
+    }
+
+    /// Runs a command line through `sh`, with `machine`'s environment.
+    pub fn start_shell(machine: &Machine, line: &str, cwd: &Path) -> Job {
+        let template = machine.command(&[]);
+        let mut command = std::process::Command::new("sh");
+        command.args(["-c", line]);
+        for (key, value) in template.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        Job::spawn(command, cwd)
+    }
+
+    pub fn spawn(mut command: std::process::Command, cwd: &Path) -> Job {
+        let mut child = command
+            .current_dir(cwd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start imgrun train");
+        let collect = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = pipe.read_to_string(&mut text);
+                text
+            })
+        };
+        let stdout = child.stdout.take().map(|p| collect(Box::new(p)));
+        let stderr = child.stderr.take().map(|p| collect(Box::new(p)));
+        Job {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The process id of the job's `imgrun` (of `sh` for [`Job::start_shell`]).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        let pid = pid_of(self.child.id()).expect("pid");
+        kill_process(pid, signal).expect("signal the job");
+    }
+
+    /// Waits for the job to end within `limit`; kills it and fails the test otherwise.
+    pub fn finish(&mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let out = self.output_so_far();
+                panic!("imgrun did not end within {limit:?}:\n{out}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let take =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        Finished {
+            status,
+            stdout: take(self.stdout.take()),
+            stderr: take(self.stderr.take()),
+        }
+    }
+
+    pub fn output_so_far(&mut self) -> String {
+        let take =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        format!(
+            "stdout:\n{}\nstderr:\n{}",
+            take(self.stdout.take()),
+            take(self.stderr.take())
+        )
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The `imgrun worker` processes started by the daemon `daemon`.
+pub fn workers_of(daemon: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| is_running(pid))
+        .filter(|&pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            parent == Some(daemon) && cmdline.split(|&b| b == 0).any(|arg| arg == b"worker")
+        })
+        .collect()
+}
+
+pub fn read_json(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Every record of a run's metrics.jsonl.
+pub fn metrics(run: &Path) -> Vec<Value> {
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// The run's latest checkpoint is at the last step its metrics.jsonl records (the step
+/// an interrupted job completed last); returns that step.
+pub fn assert_checkpoint_at_last_step(run: &Path) -> u64 {
+    let records = metrics(run);
+    let last = last_step_value(&records)
+        .and_then(|v| v.as_u64())
+        .expect("a step record");
+    let state = read_json(&checkpoint_dir(run).join("state.json"));
+    assert_eq!(
+        state["global_step"].as_u64(),
+        Some(last),
+        "the checkpoint is not at the last completed step: {state}"
+    );
+    let stop = records
+        .iter()
+        .rfind(|r| r["kind"] == "stop")
+        .expect("a stop record");
+    assert_eq!(stop["step"].as_u64(), Some(last), "{stop}");
+    last
+}
+
+/// The job's steps in all: `N steps per epoch` from its output times `epochs`.
+pub fn total_steps(stdout: &str, epochs: u64) -> u64 {
+    let per_epoch = stdout
+        .lines()
+        .find_map(|l| {
+            let (before, _) = l.split_once(" steps per epoch")?;
+            before.rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no steps per epoch in:\n{stdout}"));
+    per_epoch * epochs
+}
+
+pub fn last_step_value(records: &[Value]) -> Option<Value> {
+    records
+        .iter()
+        .rfind(|r| r["kind"] == "step")
+        .map(|r| r["step"].clone())
+}
+
+/// The checkpoint folder `checkpoints/latest` names.
+pub fn checkpoint_dir(run: &Path) -> PathBuf {
+    let checkpoints = run.join("checkpoints");
+    let named = std::fs::read_to_string(checkpoints.join("latest"))
+        .unwrap_or_else(|e| panic!("{}/latest: {e}", checkpoints.display()));
+    let dir = checkpoints.join(named.trim());
+    assert!(
+        dir.is_dir(),
+        "latest names {named:?}, which is not a folder"
+    );
+    dir
+}
+
+/// The hash prefix of `replicas: identical on all N ranks (sha256 ...)`.
+pub fn replica_digest(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.split_once("(sha256 "))
+        .map(|(_, rest)| rest.trim_end_matches(')').to_string())
+        .unwrap_or_else(|| panic!("no replica digest in:\n{stdout}"))
+}
