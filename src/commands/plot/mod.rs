@@ -1,0 +1,104 @@
+//! `imgrun plot RUN_DIR`: draws a run's `metrics.jsonl` to a PNG, a 2x2 grid of training
+//! loss, eval accuracy, throughput and learning rate. `parse.rs` reads the file (leniently where a run's history makes it messy, strictly
+//! everywhere else), `draw.rs` draws it.
+
+mod draw;
+mod parse;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use self::draw::{draw_png, title};
+use self::parse::parse_metrics;
+use crate::config::Loaded;
+
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// The run folder (holds metrics.jsonl).
+    run_dir: PathBuf,
+    /// Where to write the PNG [default: RUN_DIR/metrics.png].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Image width in pixels.
+    #[arg(long, default_value_t = DEFAULT_SIZE.0, value_parser = clap::value_parser!(u32).range(320..=8000))]
+    width: u32,
+    /// Image height in pixels.
+    #[arg(long, default_value_t = DEFAULT_SIZE.1, value_parser = clap::value_parser!(u32).range(240..=8000))]
+    height: u32,
+}
+
+pub fn run(_loaded: &Loaded, args: PlotArgs) -> anyhow::Result<ExitCode> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.run_dir.join("metrics.png"));
+    let summary = plot_run(&args.run_dir, &out, (args.width, args.height))?;
+    println!("{}", out.display());
+    println!("{summary}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Draws `run_dir/metrics.jsonl` to the PNG `out` at the default size (for `imgrun
+/// train`, which plots when a run ends).
+pub fn render(run_dir: &Path, out: &Path) -> anyhow::Result<()> {
+    plot_run(run_dir, out, DEFAULT_SIZE)?;
+    Ok(())
+}
+
+/// Width and height when none are given.
+const DEFAULT_SIZE: (u32, u32) = (1600, 1000);
+
+/// Reads `run_dir/metrics.jsonl`, draws it to `out` and returns the one-line summary.
+fn plot_run(run_dir: &Path, out: &Path, size: (u32, u32)) -> anyhow::Result<String> {
+    let path = run_dir.join("metrics.jsonl");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let metrics = parse_metrics(&path, &bytes)?;
+    if let Some(line) = metrics.skipped_last_line {
+        tracing::warn!(file = %path.display(), line, "skipped a truncated last line");
+    }
+    let title = title(run_dir, metrics.job.as_ref());
+    let png = draw_png(&metrics, &title, size)?;
+    std::fs::write(out, png).with_context(|| format!("writing {}", out.display()))?;
+    Ok(metrics.summary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse::fixtures::{sample, step};
+    use super::*;
+
+    #[test]
+    fn renders_a_png_of_the_requested_size() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let no_eval: String = sample(60, 3)
+            .lines()
+            .filter(|line| !line.contains(r#""kind":"eval""#))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let cases = [
+            ("full", sample(300, 10), (800, 500)),
+            ("no eval records", no_eval, (640, 480)),
+            ("one step", step(7, 0, 1.0), (1600, 1000)),
+        ];
+        for (name, text, (width, height)) in cases {
+            let run_dir = dir.path().join(name.replace(' ', "-"));
+            std::fs::create_dir(&run_dir).expect("run dir");
+            std::fs::write(run_dir.join("metrics.jsonl"), text).expect("metrics");
+            let out = run_dir.join("metrics.png");
+            let summary = plot_run(&run_dir, &out, (width, height))
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert!(summary.contains(" steps, "), "{name}: {summary}");
+            let reader = image::ImageReader::open(&out)
+                .and_then(|reader| reader.with_guessed_format())
+                .expect("open the PNG");
+            assert_eq!(reader.format(), Some(image::ImageFormat::Png), "{name}");
+            assert_eq!(
+                reader.into_dimensions().expect("PNG header"),
+                (width, height),
+                "{name}"
+            );
+        }
+    }
+}
