@@ -54,7 +54,7 @@ pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
 pub use source::{
     DEFAULT_READ_BUFFER, ShardList, ShardListError, ShardSource, ShardStream, SourceOptions,
-    Sources,
+    Sources, local_folder, local_path,
 };
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{

@@ -137,6 +137,33 @@ impl Sources {
     }
 }
 
+/// The local file a shard URL names: a plain path, or a `file:` / `file://` URL. None
+/// for `http(s)://`, `pipe:` and standard input (`-`). The one rule for which shards are
+/// local, for every command.
+pub fn local_path(url: &str) -> Option<&std::path::Path> {
+    if url == "-" || url.starts_with("pipe:") {
+        return None;
+    }
+    let path = match url
+        .strip_prefix("file://")
+        .or_else(|| url.strip_prefix("file:"))
+    {
+        Some(path) => path,
+        None if url.contains("://") => return None,
+        None => url,
+    };
+    Some(std::path::Path::new(path))
+}
+
+/// The folder of a local shard (`.` for a bare file name).
+pub fn local_folder(url: &str) -> Option<&std::path::Path> {
+    let path = local_path(url)?;
+    Some(match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    })
+}
+
 /// Local files: plain paths and `file:` / `file://` URLs.
 #[derive(Debug)]
 struct FileSource;
@@ -147,10 +174,7 @@ impl ShardSource for FileSource {
     }
 
     fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
-        let path = url
-            .strip_prefix("file://")
-            .or_else(|| url.strip_prefix("file:"))
-            .unwrap_or(url);
+        let path = local_path(url).unwrap_or(std::path::Path::new(url));
         let file = std::fs::File::open(path).map_err(|source| ShardError::Open {
             url: url.to_string(),
             source,
@@ -331,6 +355,24 @@ mod tests {
     use super::*;
 
     /// The base rule: `(base, spec, Ok(urls) or Err(words the error holds))`.
+    #[test]
+    fn local_shards_are_paths_and_file_urls() {
+        let cases = [
+            ("data/a.tar", Some("data/a.tar"), Some("data")),
+            ("a.tar", Some("a.tar"), Some(".")),
+            ("file:/d/a.tar", Some("/d/a.tar"), Some("/d")),
+            ("file:///d/a.tar", Some("/d/a.tar"), Some("/d")),
+            ("http://h/a.tar", None, None),
+            ("pipe:cat a.tar", None, None),
+            ("-", None, None),
+        ];
+        for (url, path, folder) in cases {
+            let as_str = |p: Option<&std::path::Path>| p.map(|p| p.display().to_string());
+            assert_eq!(as_str(local_path(url)), path.map(String::from), "{url}");
+            assert_eq!(as_str(local_folder(url)), folder.map(String::from), "{url}");
+        }
+    }
+
     #[test]
     fn bases_take_each_name_where_their_percent_s_is_or_after_them() {
         let ok = |urls: &[&str]| Ok::<_, &str>(urls.iter().map(|u| u.to_string()).collect());

@@ -332,23 +332,11 @@ fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
 
 /// The folder holding every shard of `urls`, when they are all local files in one.
 fn local_folder(urls: &[String]) -> Option<PathBuf> {
-    let mut folders = urls.iter().map(|url| {
-        let is_local = url.starts_with("file:")
-            || (!url.contains("://") && !url.starts_with("pipe:") && url != "-");
-        let path = url
-            .strip_prefix("file://")
-            .or_else(|| url.strip_prefix("file:"))
-            .unwrap_or(url);
-        let path = std::path::Path::new(path);
-        is_local.then(|| match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        })
-    });
+    let mut folders = urls.iter().map(|url| pipelines::local_folder(url));
     let first = folders.next()??;
     folders
-        .all(|folder| folder.as_ref() == Some(&first))
-        .then_some(first)
+        .all(|folder| folder == Some(first))
+        .then(|| first.to_path_buf())
 }
 
 fn verify(
@@ -404,13 +392,8 @@ fn classes_beside(urls: &[String]) -> anyhow::Result<Option<u64>> {
     let Some(first) = urls.first() else {
         return Ok(None);
     };
-    if first.contains("://") || first.starts_with("pipe:") || first == "-" {
+    let Some(dir) = pipelines::local_folder(first) else {
         return Ok(None);
-    }
-    let path = std::path::Path::new(first.trim_start_matches("file:"));
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
     };
     if !dir.join(MANIFEST_FILE).exists() {
         return Ok(None);

@@ -1,7 +1,7 @@
 //! The configuration turned into the job every trainer gets, checked before anything
 //! starts.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use actors::train::{
     DataSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet, SourceSpec,
@@ -210,8 +210,7 @@ pub(crate) fn shard_set(
     anyhow::ensure!(!urls.is_empty(), "shard spec `{spec}` names no shards");
     let missing: Vec<&String> = urls
         .iter()
-        .filter(|u| !u.contains("://") && !u.starts_with("pipe:") && u.as_str() != "-")
-        .filter(|u| !Path::new(u.trim_start_matches("file:")).is_file())
+        .filter(|u| pipelines::local_path(u).is_some_and(|path| !path.is_file()))
         .collect();
     if let Some(first) = missing.first() {
         bail!(
@@ -280,16 +279,7 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
             }
         };
     }
-    if first.contains("://") || first.starts_with("pipe:") {
-        return None;
-    }
-    let dir = Path::new(first.trim_start_matches("file:")).parent()?;
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    Manifest::read_from(dir).ok()
+    Manifest::read_from(pipelines::local_folder(first)?).ok()
 }
 
 /// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
