@@ -1016,6 +1016,56 @@ fn a_paused_node_comes_back_fenced(pause: Pause) {
     cluster.assert_settled();
 }
 
+/// SIGKILL the head's daemon in the middle of a job: `imgrun train` says it lost the head
+/// (not that a ring peer failed) and how to continue, and no trainer is left anywhere.
+#[test]
+fn a_job_whose_head_is_killed_says_the_head_was_lost_and_leaves_no_trainer() {
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("headless", 200, &["train.checkpoint_every_steps=2"], false);
+    cluster.wait_for_steps(&mut job, "headless", 4);
+    let head = cluster.head.daemon_pids();
+    let node = cluster.node.daemon_pids();
+    assert_eq!((head.len(), node.len()), (1, 1), "one daemon each");
+    let trainers: Vec<u32> = [head[0], node[0]]
+        .iter()
+        .flat_map(|&d| workers_of(d))
+        .collect();
+    assert_eq!(trainers.len(), 2, "a trainer on each daemon: {trainers:?}");
+    let killed_at = Instant::now();
+    kill_process(pid_of(head[0]).expect("pid"), Signal::KILL).expect("kill -9 the head");
+    let out = job.finish(Duration::from_secs(60));
+    let took = killed_at.elapsed();
+    assert!(!out.status.success(), "{}", out.describe());
+    let first_line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    let lost = format!("lost the head node at {}", cluster.join.0);
+    assert!(
+        first_line.contains(&lost),
+        "the error does not lead with `{lost}`:\n{}",
+        out.describe()
+    );
+    for words in ["cannot continue", "--resume"] {
+        assert!(
+            out.stderr.contains(words),
+            "`{words}` not in:\n{}",
+            out.stderr
+        );
+    }
+    wait_for(SETTLE_LIMIT, "no trainer process left", || {
+        trainers.iter().all(|&p| !is_running(p)).then_some(())
+    });
+    eprintln!(
+        "head killed: `imgrun train` exited after {took:?}, every trainer gone after {:?}; \
+         it said:\n{}",
+        killed_at.elapsed(),
+        out.stderr
+    );
+    assert!(is_running(node[0]), "the node daemon lives on");
+}
+
 /// While a job runs, `imgrun status` names its job and each trainer's rank. Ctrl-C then
 /// lets the step in flight end, saves a checkpoint at the last completed step, stops
 /// every trainer, exits with 130 and prints the command that continues the run; that
