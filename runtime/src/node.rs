@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     stopped: watch::Sender<bool>,
     actor_handler: RwLock<Option<Arc<dyn ActorHandler>>>,
+    /// The node's own actors, which it fences when its session ends.
+    actors: Arc<NodeActors>,
     tasks: Mutex<Vec<AbortHandle>>,
 }
 
@@ -166,6 +168,7 @@ impl Node {
             closed: AtomicBool::new(false),
             stopped: watch::Sender::new(false),
             actor_handler: RwLock::new(Some(actor_handler(actors.clone()))),
+            actors: actors.clone(),
             tasks: Mutex::new(Vec::new()),
         });
         shared.write_record()?;

@@ -382,6 +382,12 @@ impl WorkerPool {
         ids.sort();
         ids
     }
+
+    /// How many worker processes have not ended yet (retired and killed ones count until
+    /// they have exited and been reaped).
+    pub fn processes(&self) -> usize {
+        self.inner.lock().controls.len()
+    }
 }
 
 impl PoolInner {

@@ -7,13 +7,20 @@
 //! starts and stops actors on a node (`ActorStart`, `ActorStop` from the peer `head`);
 //! any member of the cluster calls and tells them. Every actor that ended is reported to
 //! the head once ([`report_exits`]): `ActorEnded`, retried while the head is unreachable.
+//!
+//! Fencing: when the node's session is over (the head refused it, or the node was cut off
+//! from the head for the dead window), the head has failed every actor of that session.
+//! [`NodeActors::fence`] kills them all and waits for their worker processes to exit;
+//! until [`NodeActors::unfence`] (the node is back in a session) it starts nothing.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::Shared;
@@ -33,6 +40,8 @@ const FIRST_REPORT_PAUSE: Duration = Duration::from_millis(50);
 const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
 /// How long one report may wait for the head's answer.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a fence looks whether what it killed has ended.
+const FENCE_POLL: Duration = Duration::from_millis(20);
 
 /// What a daemon needs to host actors: the kinds it can build, and how to start worker
 /// processes. The default hosts nothing (an empty registry) and starts no workers.
@@ -67,6 +76,19 @@ pub(crate) struct NodeActors {
     pool: Option<WorkerPool>,
     /// The actors started in a worker process; every other one is in `local`.
     pooled: Mutex<HashSet<ActorId>>,
+    /// The actors started (or starting) here whose end the head has not been told of.
+    unreported: Mutex<HashSet<ActorId>>,
+    /// Set by [`NodeActors::fence`] until [`NodeActors::unfence`]: starts are refused.
+    fenced: AtomicBool,
+}
+
+/// What a fence did.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    /// The actors it killed.
+    pub(crate) killed: Vec<ActorId>,
+    /// Whether every actor ended and every worker process exited within the limit.
+    pub(crate) settled: bool,
 }
 
 impl NodeActors {
@@ -96,6 +118,8 @@ impl NodeActors {
             local,
             pool,
             pooled: Mutex::default(),
+            unreported: Mutex::default(),
+            fenced: AtomicBool::new(false),
         };
         Ok((Arc::new(actors), ended))
     }
@@ -103,6 +127,26 @@ impl NodeActors {
     /// Starts an actor here: in the daemon when `group` is empty, else in the group's
     /// worker process. Returns once its constructor has finished.
     pub(crate) async fn start(&self, spec: ActorSpec, group: &str) -> Result<(), ActorError> {
+        let id = spec.id;
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(ActorError::Start {
+                actor_id: id,
+                kind: spec.kind,
+                reason: "this node's session with the head is over and it has not joined \
+                         again; it starts no actor until it has"
+                    .to_owned(),
+            });
+        }
+        // Before the start: an actor may end before its start returns.
+        lock_set(&self.unreported).insert(id);
+        let started = self.start_in(spec, group).await;
+        if started.is_err() {
+            lock_set(&self.unreported).remove(&id);
+        }
+        started
+    }
+
+    async fn start_in(&self, spec: ActorSpec, group: &str) -> Result<(), ActorError> {
         let id = spec.id;
         if group.is_empty() {
             self.lock().remove(&id);
@@ -121,6 +165,65 @@ impl NodeActors {
             self.lock().remove(&id);
         }
         started
+    }
+
+    /// Kills every actor hosted here and refuses starts until [`NodeActors::unfence`];
+    /// then waits, at most `limit`, until every actor has ended and every worker process
+    /// has exited. An actor hosted in the daemon itself whose method is running cannot be
+    /// interrupted: it counts as ended (as any kill does) and its method finishes.
+    pub(crate) async fn fence(&self, limit: Duration) -> Fence {
+        self.fenced.store(true, Ordering::SeqCst);
+        let mut killed = self.local.actors();
+        if let Some(pool) = &self.pool {
+            killed.extend(pool.actors());
+        }
+        killed.sort();
+        killed.dedup();
+        for &actor in &killed {
+            // An actor that ended meanwhile needs no kill.
+            let _ = self.stop(actor, true).await;
+        }
+        let settled = self.wait_until(limit, || self.stopped()).await;
+        Fence { killed, settled }
+    }
+
+    /// Waits, at most `limit`, until the head has been told of the end of every actor
+    /// that ran here (or the reports were given up); whether it was.
+    pub(crate) async fn wait_reported(&self, limit: Duration) -> bool {
+        self.wait_until(limit, || lock_set(&self.unreported).is_empty())
+            .await
+    }
+
+    /// The node is in a session again: starts are taken.
+    pub(crate) fn unfence(&self) {
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    /// The head was told of `actor`'s end (or the report was given up).
+    pub(crate) fn reported(&self, actor: ActorId) {
+        lock_set(&self.unreported).remove(&actor);
+    }
+
+    /// Whether no actor runs here and no worker process is left.
+    fn stopped(&self) -> bool {
+        self.local.actors().is_empty()
+            && self
+                .pool
+                .as_ref()
+                .is_none_or(|pool| pool.actors().is_empty() && pool.processes() == 0)
+    }
+
+    async fn wait_until(&self, limit: Duration, done: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if done() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(FENCE_POLL).await;
+        }
     }
 
     /// Calls `method` of an actor hosted here, waiting at most `timeout`.
@@ -274,9 +377,13 @@ impl NodeActors {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashSet<ActorId>> {
-        // A set of ids: consistent after every statement.
-        self.pooled.lock().unwrap_or_else(PoisonError::into_inner)
+        lock_set(&self.pooled)
     }
+}
+
+fn lock_set(set: &Mutex<HashSet<ActorId>>) -> MutexGuard<'_, HashSet<ActorId>> {
+    // A set of ids: consistent after every statement.
+    set.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The wire's `ActorError` for a request that did not reach a running actor. The message
@@ -355,6 +462,7 @@ pub(super) async fn report_exits(
                 }
                 Err(error) if attempt == REPORT_TRIES => {
                     warn!(actor = %actor_id, %error, "cannot report an ended actor to the head; giving up");
+                    break;
                 }
                 Err(error) => {
                     debug!(actor = %actor_id, %error, attempt, "cannot report an ended actor yet");
@@ -363,5 +471,6 @@ pub(super) async fn report_exits(
                 }
             }
         }
+        actors.reported(actor_id);
     }
 }

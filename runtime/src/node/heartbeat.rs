@@ -3,6 +3,11 @@
 //! a rejoin with the node's certificate; on a lost connection, a new one after an
 //! exponential backoff. A lost connection alone does not rejoin: the session may still be
 //! on, and a rejoin would end it and release what the node holds.
+//!
+//! Fencing: a session the head refused, or one not acknowledged for the dead window, is
+//! over at the head, which has failed its actors (or is gone). The node then kills every
+//! actor it hosts and waits for their worker processes to exit before it joins again, so
+//! that its resources are counted free only once nothing of the old session uses them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +26,11 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a new connection to the head may take.
 const RECONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a fence waits for the worker processes it killed to exit.
+const FENCE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a node about to join again waits for the head to hear of the actors it
+/// killed (reports from the old session must not reach the head after the new one began).
+const REPORT_LIMIT: Duration = Duration::from_secs(10);
 
 /// What became of one heartbeat.
 enum Beat {
@@ -36,6 +46,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
     let mut seq = 0u64;
     let mut backoff = FIRST_BACKOFF;
     let mut lost = false;
+    // When the head last acknowledged this node's session (or it joined).
+    let mut last_ack = Instant::now();
+    // Whether the actors of the current session were killed.
+    let mut fenced = false;
     loop {
         let session = shared.session();
         let started = Instant::now();
@@ -47,6 +61,14 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     info!(node = %session.node_id, "reached the head again");
                     lost = false;
                 }
+                last_ack = Instant::now();
+                if fenced {
+                    // The head kept the session after all (it was itself stopped for as
+                    // long); it learns of the killed actors from the node's reports.
+                    info!(node = %session.node_id, "the head kept this node's session; taking actors again");
+                    shared.actors.unfence();
+                    fenced = false;
+                }
                 backoff = FIRST_BACKOFF;
                 let interval = Duration::from_millis(session.heartbeat_ms);
                 tokio::time::sleep_until(started + interval).await;
@@ -54,8 +76,22 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
             Beat::Refused(reason) => {
                 debug!(node = %session.node_id, %reason, "heartbeat refused; joining again");
+                if !fenced {
+                    fence(&shared, "the head ended its session").await;
+                    fenced = true;
+                }
+                if !shared.actors.wait_reported(REPORT_LIMIT).await {
+                    warn!(
+                        node = %session.node_id,
+                        limit_ms = REPORT_LIMIT.as_millis() as u64,
+                        "the head was not told of every killed actor in time; joining again anyway"
+                    );
+                }
                 match rejoin(&shared).await {
                     Ok(()) => {
+                        shared.actors.unfence();
+                        fenced = false;
+                        last_ack = Instant::now();
                         backoff = FIRST_BACKOFF;
                         lost = false;
                         continue;
@@ -74,11 +110,41 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     debug!(%error, "head still unreachable");
                 }
                 shared.forget_connection();
+                let window = Duration::from_millis(session.dead_after_ms);
+                if !fenced && last_ack.elapsed() >= window {
+                    fence(&shared, "cut off from the head for the dead window").await;
+                    fenced = true;
+                }
                 backoff
             }
         };
         tokio::time::sleep(pause).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Kills every actor of the node's session (over at the head: `why`) and waits for their
+/// worker processes to exit.
+async fn fence(shared: &Shared, why: &'static str) {
+    let session = shared.session();
+    let fence = shared.actors.fence(FENCE_LIMIT).await;
+    if fence.killed.is_empty() {
+        info!(node = %session.node_id, session = %session.session, why, "session over; no actor to stop");
+    } else {
+        warn!(
+            node = %session.node_id,
+            session = %session.session,
+            why,
+            killed = ?fence.killed,
+            "session over: killed the actors it hosted"
+        );
+    }
+    if !fence.settled {
+        warn!(
+            node = %session.node_id,
+            limit_ms = FENCE_LIMIT.as_millis() as u64,
+            "killed actors or their worker processes had not ended in time"
+        );
     }
 }
 

@@ -259,21 +259,40 @@ impl Driver {
             result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
             failure = watcher.failure() => Err(anyhow::anyhow!(failure)),
         };
-        let loop_result = match loop_result {
+        let lost_head = match &loop_result {
+            Err(error)
+                if !error.is::<super::Interrupted>()
+                    && !format!("{error:#}").starts_with(LOST_HEAD) =>
+            {
+                head_lost(&cluster.client).await
+            }
+            _ => None,
+        };
+        let loop_result = match (loop_result, lost_head) {
+            // Without the head the job cannot go on, whatever the ranks saw first.
+            (Err(error), Some(lost)) => {
+                Err(anyhow::anyhow!("{lost}\n  (the trainers saw: {error:#})"))
+            }
             // The first error is often a healthy rank seeing its ring peer go away; the
             // head's events name the rank that failed first, once it has noticed (a lost
             // node takes `dead_after_ms`).
-            Err(error) if format!("{error:#}").contains(actors::train::PEER_FAILURE) => {
+            (Err(error), None) if format!("{error:#}").contains(actors::train::PEER_FAILURE) => {
                 let wait = Duration::from_millis(config.cluster.dead_after_ms + 2000);
                 match watcher.root_cause(wait).await {
                     Some(cause) => Err(anyhow::anyhow!("{cause}\n  (then: {error:#})")),
                     None => Err(error),
                 }
             }
-            other => other,
+            (other, _) => other,
         };
         watcher.stop();
-        let mut summary = loop_result?;
+        let mut summary = loop_result.map_err(|error| {
+            if format!("{error:#}").starts_with(LOST_HEAD) {
+                anyhow::anyhow!("{error:#}\n{}", lost_head_consequences(&stop.progress()))
+            } else {
+                error
+            }
+        })?;
 
         let digests: Vec<DigestReply> = call_all(&ranks, |_| DigestRequest {}, long).await?;
         if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
@@ -530,8 +549,69 @@ impl Metrics {
     }
 }
 
+/// How a lost head's error begins.
+const LOST_HEAD: &str = "lost the head node at";
+/// How long the head may take to answer a status request before a job that failed calls
+/// it lost.
+const HEAD_PROBE: Duration = Duration::from_secs(5);
+
+/// Why the head is lost, if it is: its connection ended, or it did not answer a status
+/// request within [`HEAD_PROBE`]. The connection is then closed, so that what the client
+/// still asks of the head (killing trainers) fails at once rather than waiting.
+async fn head_lost(client: &ClusterClient) -> Option<String> {
+    let why = if client.connection().is_closed() {
+        "the connection to it ended".to_owned()
+    } else {
+        match tokio::time::timeout(HEAD_PROBE, client.status()).await {
+            Ok(Err(
+                error @ (runtime::DaemonError::Unreachable { .. }
+                | runtime::DaemonError::Request { .. }),
+            )) => error.to_string(),
+            // It answered, if not with a status.
+            Ok(_) => return None,
+            Err(_) => format!(
+                "it did not answer a status request within {} s",
+                HEAD_PROBE.as_secs()
+            ),
+        }
+    };
+    client.connection().close();
+    Some(format!("{LOST_HEAD} {}: {why}", client.head()))
+}
+
+/// What a lost head means for the job, and how to continue it.
+fn lost_head_consequences(progress: &super::steps::Progress) -> String {
+    let mut text = String::from(
+        "the job cannot continue without the head, which places and supervises its \
+         trainers; they end: those on the head's machine with its daemon (or, if the head \
+         lives on, when it sees this client gone), those on other nodes when their node \
+         has been cut off from the head for the dead window (cluster.dead_after_ms)",
+    );
+    match (&progress.checkpoint, &progress.run_dir) {
+        (Some(saved), Some(run)) => {
+            let args: Vec<String> = std::env::args().collect();
+            text.push_str(&format!(
+                "\nlast checkpoint: {} (epoch {}, step {} of the epoch, global step {}); once \
+                 the head is back (`imgrun start --head`, and the nodes joined), continue \
+                 with:\n  {}",
+                saved.dir.display(),
+                saved.epoch,
+                saved.step_in_epoch,
+                saved.global_step,
+                super::resume_command(&args, run)
+            ));
+        }
+        _ => text.push_str(
+            "\nno checkpoint was written: nothing to resume; start the job again once the \
+             head is back",
+        ),
+    }
+    text
+}
+
 /// Watches the head's events for the job's trainers: any failure or stop we did not ask
-/// for ends the job, naming the rank, node and cause.
+/// for ends the job, naming the rank, node and cause; so does the end of the connection
+/// to the head.
 pub(super) struct FailureWatcher {
     pub(super) failures: tokio::sync::mpsc::Receiver<String>,
     pub(super) task: tokio::task::JoinHandle<()>,
@@ -547,9 +627,18 @@ impl FailureWatcher {
         let task = tokio::spawn(async move {
             let mut after = 0;
             loop {
-                let Ok(page) = client.events(after, Duration::from_secs(30)).await else {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
+                let page = match client.events(after, Duration::from_secs(30)).await {
+                    Ok(page) => page,
+                    Err(error) if client.connection().is_closed() => {
+                        let _ = tx
+                            .send(format!("{LOST_HEAD} {}: {error}", client.head()))
+                            .await;
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
                 };
                 for event in page.events {
                     after = after.max(event.seq);

@@ -5,7 +5,7 @@
 //! rank in a worker process of its own on its node, wires the ranks into a ring, and then
 //! drives them: the same number of steps to every rank per call, evaluation, checkpoints,
 //! metrics, progress. Every trainer failure or node loss ends the job with the rank, node
-//! and cause. Ctrl-C or SIGTERM lets the step in flight end (for at most [`STOP_GRACE`]),
+//! and cause; the loss of the head ends it saying so, with the command that resumes. Ctrl-C or SIGTERM lets the step in flight end (for at most [`STOP_GRACE`]),
 //! saves a checkpoint at the last completed step, stops every trainer and prints the
 //! command that continues the run.
 

@@ -313,6 +313,7 @@ pub(super) async fn run_own_exits(
 ) {
     while let Some(exit) = exits.recv().await {
         this.own.ended(exit.actor_id);
+        this.own.reported(exit.actor_id);
         let Some(head) = this.head.upgrade() else {
             return;
         };
