@@ -18,7 +18,7 @@ use common::train::{
     checkpoint_dir, last_step_value, metrics, read_json, replica_digest, synth_shards, total_steps,
     workers_of,
 };
-use common::{Machine, describe, node_states, pid_of, wait_for};
+use common::{Machine, describe, is_running, node_states, pid_of, wait_for};
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
 
