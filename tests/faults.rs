@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::train::{
     Dataset, Finished, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
-    checkpoint_dir, metrics, read_json, replica_digest, total_steps, wait_for_steps, workers_of,
+    checkpoint_dir, metrics, printed_resume_command, read_json, replica_digest, total_steps,
+    wait_for_steps, workers_of,
 };
 use common::{Machine, is_running, wait_alive, wait_for};
 use rustix::process::Signal;
@@ -178,18 +179,7 @@ fn sigterm_case(site: Site) {
     let saved_step = assert_checkpoint_at_last_step(&run);
     let total = total_steps(&out.stdout, EPOCHS);
     assert!(saved_step < total, "not cut: step {saved_step} of {total}");
-    let command = out
-        .stderr
-        .lines()
-        .skip_while(|l| !l.starts_with("to continue this run:"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("no resume command in:\n{}", out.stderr))
-        .trim()
-        .to_string();
-    assert!(
-        command.ends_with(&format!("--resume {}", run.display())),
-        "{command}"
-    );
+    let command = printed_resume_command(&out.stderr, &run);
 
     let mut resumed = site.shell(&command);
     let resumed = resumed.finish(JOB_LIMIT);

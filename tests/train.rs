@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::train::{
     BATCH, Dataset, JOB_LIMIT, Job, SETTLE_LIMIT, TrainCluster, assert_checkpoint_at_last_step,
-    checkpoint_dir, last_step_value, metrics, read_json, replica_digest, synth_shards, total_steps,
-    workers_of,
+    checkpoint_dir, last_step_value, metrics, printed_resume_command, read_json, replica_digest,
+    synth_shards, total_steps, workers_of,
 };
 use common::{Machine, describe, is_running, node_states, pid_of, wait_for};
 use rustix::process::{Signal, kill_process};
@@ -1134,18 +1134,7 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
         saved_step < total,
         "the job was not cut: step {saved_step} of {total}"
     );
-    let command = out
-        .stderr
-        .lines()
-        .skip_while(|l| !l.starts_with("to continue this run:"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("no resume command in:\n{}", out.stderr))
-        .trim()
-        .to_string();
-    assert!(
-        command.ends_with(&format!("--resume {}", run.display())),
-        "{command}"
-    );
+    let command = printed_resume_command(&out.stderr, &run);
     cluster.assert_settled();
 
     let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);

@@ -514,3 +514,20 @@ pub fn replica_digest(stdout: &str) -> String {
         .map(|(_, rest)| rest.trim_end_matches(')').to_string())
         .unwrap_or_else(|| panic!("no replica digest in:\n{stdout}"))
 }
+
+/// The `imgrun train ... --resume RUN` line an interrupted job printed after "to continue
+/// this run:", checked to resume `run`.
+pub fn printed_resume_command(stderr: &str, run: &Path) -> String {
+    let command = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("to continue this run:"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no resume command in:\n{stderr}"))
+        .trim()
+        .to_string();
+    assert!(
+        command.ends_with(&format!("--resume {}", run.display())),
+        "{command}"
+    );
+    command
+}
