@@ -7,6 +7,7 @@ mod ddp;
 mod loss;
 mod model;
 pub(crate) mod nccl;
+mod negotiate;
 mod optim;
 mod protocol;
 mod records;

@@ -28,6 +28,7 @@ use super::ddp::{GradSync, SyncError};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
 use super::nccl;
+use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::protocol::{DigestRequest, EvaluateRequest, ListenRequest, METHODS, TrainerMethod};
 use super::scaler::{LossScaler, StepVerdict};
@@ -412,68 +413,18 @@ impl Trainer {
         self.device != Device::Cpu && self.init.job.optim.allreduce != AllreduceChoice::Ring
     }
 
-    /// Moves `sync` onto NCCL when every rank can: each loads the library and takes rank
-    /// 0's id, joins the communicator, and checks a sum and a broadcast of known values;
-    /// after each stage the ranks agree over the ring, so all switch or none does. Returns
-    /// what averages the gradients, with why NCCL is not used when it is not. Under
-    /// `train.allreduce = "nccl"` a failed stage fails the rank.
+    /// Moves `sync` onto NCCL when every rank can (see [`negotiate::start_nccl`]);
+    /// returns what averages the gradients.
     fn start_nccl(&self, sync: &mut GradSync, id: Option<&str>) -> Result<String, MethodError> {
-        let rank = self.init.rank;
-        let required = self.init.job.optim.allreduce == AllreduceChoice::Nccl;
-        let fall_back = |stage: &str, why: String| -> Result<String, MethodError> {
-            let message = format!("NCCL {stage}: {why}");
-            if required {
-                return Err(MethodError::fatal(format!(
-                    "rank {rank}: {message} (train.allreduce = \"nccl\"; \"auto\" falls back \
-                     to imgrun's ring)"
-                )));
-            }
-            tracing::warn!(rank, %message, "gradients go through imgrun's ring");
-            Ok(format!("imgrun's ring ({message})"))
+        let rank = Negotiating {
+            rank: self.init.rank,
+            world: self.init.world as usize,
+            device: self.device,
+            required: self.init.job.optim.allreduce == AllreduceChoice::Nccl,
+            may_use: self.may_use_nccl(),
+            problem: self.nccl_problem.clone(),
         };
-        // Every rank gets the same id or none, so all take part in the agreement below or
-        // none does, whatever device each has.
-        let Some(hex) = id else {
-            return match (&self.nccl_problem, self.device) {
-                (Some(why), _) => fall_back("not loaded", why.clone()),
-                (None, Device::Cpu) => Ok("imgrun's ring".to_string()),
-                (None, _) if !self.may_use_nccl() => {
-                    Ok("imgrun's ring (train.allreduce = \"ring\")".to_string())
-                }
-                (None, _) => fall_back("not loaded", "rank 0 made no unique id".to_string()),
-            };
-        };
-        let loaded = match self.device {
-            Device::Cuda(ordinal) => nccl::UniqueId::from_hex(hex)
-                .and_then(|id| nccl::library().map(|lib| (lib, id, ordinal)))
-                .map_err(|e| e.to_string()),
-            other => Err(format!("rank {rank} runs on {other:?}")),
-        };
-        let (lib, id, ordinal) = match (agree(sync, rank, loaded.as_ref().err())?, loaded) {
-            (None, Ok(loaded)) => loaded,
-            (Some(why), _) | (None, Err(why)) => return fall_back("not loaded", why),
-        };
-        let world = self.init.world as usize;
-        let joined = nccl::Communicator::init(lib, &id, world, rank as usize, ordinal);
-        let problem = agree(sync, rank, joined.as_ref().err())?;
-        let communicator = match (problem, joined) {
-            (None, Ok(communicator)) => communicator,
-            (Some(why), _) => return fall_back("not started", why),
-            (None, Err(error)) => return fall_back("not started", error.to_string()),
-        };
-        let checked = self_check(&communicator, rank, world);
-        if let Some(why) = agree(sync, rank, checked.err())? {
-            return fall_back("failed its check", why);
-        }
-        let version = lib.version();
-        sync.use_device_collective(Box::new(communicator));
-        tracing::info!(
-            rank,
-            version,
-            library = lib.library_name(),
-            "gradients go through NCCL"
-        );
-        Ok(format!("NCCL {version}"))
+        negotiate::start_nccl(sync, &rank, id)
     }
 
     fn restore(&mut self, resume: &ResumeFrom) -> Result<(), MethodError> {
@@ -866,49 +817,7 @@ fn answer<M: TrainerMethod>(
 
 /// A fatal error for a failed ring operation, marked with [`PEER_FAILURE`] when the
 /// cause is another rank (its link closed or failed, or it stopped answering).
-/// Whether any rank saw a problem (this rank's is `problem`): the ranks sum their
-/// failures over the ring. Returns the reason to report, this rank's own when it has one.
-fn agree(
-    sync: &mut GradSync,
-    rank: u32,
-    problem: Option<impl ToString>,
-) -> Result<Option<String>, MethodError> {
-    let mut failures = [f32::from(u8::from(problem.is_some()))];
-    sync.sum(&mut failures)
-        .map_err(|e| ring_failure(rank, "agreeing on NCCL", &e))?;
-    Ok(match (problem, failures[0]) {
-        (Some(problem), _) => Some(problem.to_string()),
-        (None, n) if n > 0.0 => Some(format!("it failed on {n} other rank(s)")),
-        (None, _) => None,
-    })
-}
-
-/// Sums and broadcasts known values through `communicator` and checks what comes back.
-fn self_check(communicator: &nccl::Communicator, rank: u32, world: usize) -> Result<(), String> {
-    let device = Device::Cuda(communicator.device());
-    // Odd sizes cross NCCL's chunking without being large.
-    let sum = Tensor::f_full([4099], f64::from(rank + 1), (Kind::Float, device))
-        .map_err(|e| e.to_string())?;
-    communicator
-        .all_reduce_sum(&sum)
-        .map_err(|e| e.to_string())?;
-    let root = Tensor::f_full([1031], f64::from(rank), (Kind::Float, device))
-        .map_err(|e| e.to_string())?;
-    communicator
-        .broadcast(&root, 0)
-        .map_err(|e| e.to_string())?;
-    let want = (world * (world + 1) / 2) as f64;
-    let sum_ok = sum.eq(want).all().int64_value(&[]) != 0;
-    let root_ok = root.eq(0.0).all().int64_value(&[]) != 0;
-    communicator.check().map_err(|e| e.to_string())?;
-    match (sum_ok, root_ok) {
-        (true, true) => Ok(()),
-        (false, _) => Err(format!("a sum over {world} ranks did not give {want}")),
-        (_, false) => Err("a broadcast from rank 0 did not arrive".to_string()),
-    }
-}
-
-fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
+pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
     let peer = matches!(
         error,
         SyncError::Collective(
