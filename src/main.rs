@@ -58,6 +58,10 @@ enum Command {
     /// Trains a model data-parallel on the cluster (or an embedded one), one trainer per
     /// GPU or CPU trainers, with evaluation, checkpoints and metrics.
     Train(commands::train::TrainArgs),
+    /// Benchmarks on your own data: `bench loader SPEC` runs the training loader on your
+    /// shards and says whether it can feed the GPUs.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
     /// Draws a training run's metrics (loss, accuracy, throughput, learning rate) to a PNG.
     Plot(commands::plot::PlotArgs),
     /// Hosts the actors of one process group for the node daemon that started it; its
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
             | Command::Shards(_)
             | Command::Status(_)
             | Command::Plot(_)
+            | Command::Bench(_)
     ) {
         exit_quietly_on_closed_pipe();
     }
@@ -116,6 +121,7 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Demo(args) => commands::demo::run(loaded, args),
         Command::Doctor => commands::doctor::run(loaded),
         Command::Plan(args) => commands::plan::run(loaded, args),
+        Command::Bench(command) => commands::bench::run(loaded, command),
         Command::Shards(command) => commands::shards::run(loaded, command),
         Command::Serve(args) => commands::serve::run(loaded, args),
         Command::Start(args) => commands::cluster::start(loaded, args),

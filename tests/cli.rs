@@ -797,3 +797,57 @@ fn shards_index_writes_the_manifest_and_plan_takes_it() {
         "{stderr}"
     );
 }
+
+/// `imgrun bench loader` runs the training loader on the user's shards and prints the
+/// stages, the whole loader's rate and the cores a target needs; with shards that hold
+/// no image it says so.
+#[test]
+fn bench_loader_reports_stages_rate_and_the_cores_a_target_needs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, spec) = small_dataset(dir.path());
+    let out = imgrun()
+        .args([
+            "bench",
+            "loader",
+            &spec,
+            "--seconds",
+            "30",
+            "--batches",
+            "3",
+        ])
+        .args(["--target", "1000", "--loader-workers", "2"])
+        .args(["--set", "data.image_size=32", "--set", "train.batch_size=8"])
+        .output()
+        .expect("run bench loader");
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "3 shard(s)",
+        "32 px crops, batches of 8, 2 loader worker(s)",
+        "over the first 60 images",
+        "train transform (decode, crop, resize, flip)",
+        "whole loader, 2 worker(s), 3 batches in",
+        "1000 images/s takes about",
+    ] {
+        assert!(text.contains(want), "lacks `{want}`:\n{text}");
+    }
+
+    // Shards whose samples hold no image field.
+    let pattern = dir.path().join("text-%03d.tar");
+    let mut writer =
+        pipelines::ShardWriter::new(pattern.to_string_lossy(), 10, u64::MAX).expect("pattern");
+    writer
+        .write(&pipelines::Sample::new("a").with("txt", "hi"))
+        .expect("write");
+    let bare = writer.finish().expect("finish")[0].path.clone();
+    let out = imgrun()
+        .args(["bench", "loader", bare.to_str().expect("utf-8")])
+        .output()
+        .expect("run bench loader");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has an image field (jpg, jpeg, png)"),
+        "{stderr}"
+    );
+}

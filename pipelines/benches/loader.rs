@@ -37,7 +37,7 @@ use common::{data_dir, load_average, machine_line, ratio_line, repo_root, warm};
 use pipelines::{
     BatchPolicy, ClusterShape, DecodeLimits, Hooks, Loader, LoaderConfig, OutputFormat, PlanConfig,
     PlanMode, PlanShard, Planner, Rank, SampleReader, Sources, SplitMix64, TrainTransform,
-    Transform, TransformError, decode_rgb,
+    Transform, TransformError, decode_rgb, process_cpu_seconds,
 };
 use shards::{DATA_VERSION, ensure_shards};
 
@@ -246,18 +246,6 @@ fn loader_epoch(urls: &[String], workers: usize, transform: Transform) -> Result
         seconds,
         cpu_seconds,
     })
-}
-
-/// CPU time of this process (all threads) in seconds, from `/proc/self/stat` (user and
-/// system time in clock ticks of 1/100 s).
-fn process_cpu_seconds() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) start at the state, field 3.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let user: f64 = fields.get(11)?.parse().ok()?;
-    let system: f64 = fields.get(12)?.parse().ok()?;
-    Some((user + system) / 100.0)
 }
 
 /// Command-line options (after `--`); unknown arguments (such as cargo's `--bench`) are

@@ -20,6 +20,7 @@ mod loader;
 mod manifest;
 mod pipe;
 mod plan;
+mod profile;
 mod reader;
 mod sample;
 mod source;
@@ -50,6 +51,7 @@ pub use plan::{
     Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
     WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
 };
+pub use profile::{StageProfile, process_cpu_seconds, profile_stages};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
 pub use source::{

@@ -1,5 +1,6 @@
 //! One module per `imgrun` command.
 
+pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod doctor;
