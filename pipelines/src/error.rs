@@ -36,18 +36,15 @@ impl std::str::FromStr for ErrorPolicy {
 /// uncompressed tar stream where the problem was found.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    #[error("{url}: cannot open: {source}")]
-    Open {
-        url: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("{url}: read failed at byte {offset}: {source}")]
+    // The I/O error is in the message and not the error's source, so that a report of
+    // the whole chain says it once.
+    #[error("{url}: cannot open: {error}")]
+    Open { url: String, error: io::Error },
+    #[error("{url}: read failed at byte {offset}: {error}")]
     Read {
         url: String,
         offset: u64,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     #[error("{url}: not a valid tar stream at byte {offset}: {reason}")]
     Corrupt {
@@ -152,6 +149,28 @@ fn stderr_suffix(tail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report of the whole chain (`{:#}`) says an I/O cause once: it is in the message,
+    /// not the source as well.
+    #[test]
+    fn io_causes_are_said_once() {
+        let missing = || io::Error::from(io::ErrorKind::NotFound);
+        let errors = [
+            ShardError::Open {
+                url: "a.tar".into(),
+                error: missing(),
+            },
+            ShardError::Read {
+                url: "a.tar".into(),
+                offset: 7,
+                error: missing(),
+            },
+        ];
+        for error in errors {
+            assert!(std::error::Error::source(&error).is_none(), "{error}");
+            assert!(error.to_string().contains("entity not found"), "{error}");
+        }
+    }
 
     #[test]
     fn outside_bytes_are_escaped_for_messages() {

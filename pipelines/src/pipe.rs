@@ -57,9 +57,9 @@ impl ShardSource for PipeSource {
             // can be ended together.
             .process_group(0)
             .spawn()
-            .map_err(|source| ShardError::Open {
+            .map_err(|error| ShardError::Open {
                 url: url.to_string(),
-                source,
+                error,
             })?;
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();

@@ -361,7 +361,7 @@ pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
         _ => ShardError::Read {
             url: url.to_string(),
             offset,
-            source: error,
+            error,
         },
     }
 }

@@ -175,9 +175,9 @@ impl ShardSource for FileSource {
 
     fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
         let path = local_path(url).unwrap_or(std::path::Path::new(url));
-        let file = std::fs::File::open(path).map_err(|source| ShardError::Open {
+        let file = std::fs::File::open(path).map_err(|error| ShardError::Open {
             url: url.to_string(),
-            source,
+            error,
         })?;
         Ok(Box::new(file))
     }
