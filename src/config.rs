@@ -206,6 +206,7 @@ pub struct TrainConfig {
     pub cpu_trainers: u32,
     pub threads: u32,
     pub step_timeout_secs: u64,
+    pub straggler_secs: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -724,6 +725,13 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
         86_400,
     )?;
     whole("train.threads", train.threads.into(), 0, 1024)?;
+    real(
+        "train.straggler_secs",
+        train.straggler_secs,
+        0.0,
+        false,
+        86_400.0,
+    )?;
     Ok(())
 }
 

@@ -343,6 +343,64 @@ fn python_with_webdataset() -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// A rank whose loader is slow holds every rank up in the gradient average: the job
+/// names it, its node and why, and records it in the metrics. Rank 1's shards come
+/// through a command that waits 3 s before it sends anything.
+#[test]
+fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
+    let cluster = TrainCluster::start();
+    let dir = cluster.data.train_dir.display().to_string();
+    let shard = |i: usize| format!("{dir}/train-{i:06}.tar");
+    let slow = |i: usize| format!("pipe:sh -c 'sleep 3; cat {}'", shard(i));
+    // Split mode gives rank r the shards r, r + 2, ...: rank 1 reads 1 and 3.
+    let spec = [shard(0), slow(1), shard(2), slow(3), shard(4)].join("::");
+    let train = format!("data.train={spec:?}");
+    let sets = [
+        train.as_str(),
+        "data.mode=\"split\"",
+        "data.policy=\"join\"",
+        "train.straggler_secs=1.0",
+    ];
+    let out = cluster.job("late", 1, &sets, false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let node = cluster.node_id;
+    let head = cluster.head_id;
+    let named = [node, head].iter().any(|n| {
+        out.stderr
+            .contains(&format!("warning: rank 1 (node {n}) is "))
+    });
+    assert!(named, "rank 1 is not named:\n{}", out.describe());
+    assert!(
+        out.stderr.contains("behind the others at step") && out.stderr.contains("waiting for data"),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stderr.contains("held the others up on"),
+        "no epoch summary:\n{}",
+        out.describe()
+    );
+    assert!(
+        !out.stderr.contains("warning: rank 0 "),
+        "{}",
+        out.describe()
+    );
+    let late: Vec<Value> = metrics(&cluster.runs.join("late"))
+        .into_iter()
+        .filter(|r| r["kind"] == "late")
+        .collect();
+    assert!(!late.is_empty(), "no late record");
+    for record in &late {
+        assert_eq!(record["rank"], 1, "{record}");
+        assert_eq!(record["cause"], "waiting_for_data", "{record}");
+        assert!(
+            record["behind_s"].as_f64().is_some_and(|s| s > 1.0),
+            "{record}"
+        );
+    }
+    cluster.assert_settled();
+}
+
 /// Progressive resizing as the DAWNBench recipe does it: the size schedule holds from
 /// epoch 0, and a phase reading pre-resized copies of the shards switches to the full
 /// shards at its epoch boundary, in a whole run and in one resumed from the checkpoint

@@ -14,6 +14,7 @@ mod records;
 mod scaler;
 mod schedule;
 mod spec;
+mod straggler;
 mod trainer;
 
 pub use checkpoint::{CheckpointState, EpochSums};
@@ -23,7 +24,8 @@ pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{DigestRequest, EvaluateRequest, ListenRequest, TrainerMethod};
 pub use records::{
-    ConnectRecord, EpochRecord, EvalRecord, JobRecord, MetricsRecord, StepMetrics, StopRecord,
+    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, StepMetrics,
+    StopRecord,
 };
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
@@ -31,6 +33,7 @@ pub use spec::{
     AllreduceChoice, DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet,
     SourceSpec, TrainPlanner, TrainerInit,
 };
+pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, PEER_FAILURE,
     ResumeFrom, SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest,

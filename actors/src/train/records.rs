@@ -21,6 +21,8 @@ pub enum MetricsRecord {
     Epoch(EpochRecord),
     /// The job stopped by a signal.
     Stop(StopRecord),
+    /// A rank that held the others up in a step (`train.straggler_secs`).
+    Late(LateRecord),
     /// A kind from a newer version, kept in the file and skipped by readers.
     #[serde(other)]
     Unknown,
@@ -36,6 +38,7 @@ impl MetricsRecord {
             Self::Eval(_) => "eval",
             Self::Epoch(_) => "epoch",
             Self::Stop(_) => "stop",
+            Self::Late(_) => "late",
             Self::Unknown => "unknown",
         }
     }
@@ -172,6 +175,18 @@ pub struct StopRecord {
     /// The checkpoint to resume from, if any.
     #[serde(default)]
     pub checkpoint: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LateRecord {
+    pub epoch: u64,
+    pub step: u64,
+    pub rank: u32,
+    /// The node it runs on.
+    pub node: u64,
+    /// How much longer its own work took than the quickest rank's.
+    pub behind_s: f64,
+    pub cause: super::straggler::LateCause,
 }
 
 /// A number, or `null` read as NaN (how JSON carries a NaN loss).

@@ -135,7 +135,10 @@ impl Metrics {
                 self.epochs.insert(epoch.epoch);
             }
             // Kinds the plot does not draw, and kinds from newer versions.
-            MetricsRecord::Connect(_) | MetricsRecord::Stop(_) | MetricsRecord::Unknown => {}
+            MetricsRecord::Connect(_)
+            | MetricsRecord::Stop(_)
+            | MetricsRecord::Late(_)
+            | MetricsRecord::Unknown => {}
         }
         Ok(())
     }

@@ -2,14 +2,15 @@
 //! checkpoints when due, metrics and progress, and the checkpoint at the last step when
 //! the job is asked to stop.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
-    JobSpec, MetricsRecord, ResumeFrom, SaveRequest, StepMetrics, StepRecord, StopRecord,
-    TrainReply, TrainRequest,
+    JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SaveRequest, StepMetrics,
+    StepRecord, StepTiming, StopRecord, TrainReply, TrainRequest, late_rank,
 };
 use anyhow::{Context, bail};
 use pipelines::RankCursor;
@@ -287,6 +288,8 @@ pub(super) async fn train_loop(
         // The loaders' problems (bad samples skipped, shards whose counts are wrong),
         // each told once.
         let mut told: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // Ranks that held the others up this epoch: steps late and the most behind.
+        let mut late: BTreeMap<usize, (u64, f64, LateCause)> = BTreeMap::new();
         // Bad samples and shards each rank has skipped so far this epoch.
         let mut skipped: Vec<u64> = Vec::new();
         while !done {
@@ -341,6 +344,34 @@ pub(super) async fn train_loop(
                     replies.iter().filter_map(|r| r.steps.get(i)).collect();
                 let figures = step_figures(step.samples, &ranks_records);
                 step_end_s += figures.step_s;
+                let timings: Vec<StepTiming> = ranks_records.iter().map(|r| r.timing).collect();
+                if let Some(found) = late_rank(&timings, train.straggler_secs) {
+                    let who = &ranks[found.rank];
+                    let seen = late.entry(found.rank).or_insert((0, 0.0, found.cause));
+                    if seen.0 == 0 {
+                        bar.suspend(|| {
+                            eprintln!(
+                                "warning: {} is {:.1} s behind the others at step {}: {}",
+                                who.name(),
+                                found.behind_s,
+                                step.step,
+                                found.cause.explain()
+                            )
+                        });
+                    }
+                    seen.0 += 1;
+                    if found.behind_s > seen.1 {
+                        *seen = (seen.0, found.behind_s, found.cause);
+                    }
+                    metrics.write(&MetricsRecord::Late(LateRecord {
+                        epoch,
+                        step: step.step,
+                        rank: who.rank,
+                        node: who.place.node.0,
+                        behind_s: found.behind_s,
+                        cause: found.cause,
+                    }))?;
+                }
                 metrics.write(&MetricsRecord::Step(StepMetrics {
                     epoch,
                     step: step.step,
@@ -432,6 +463,17 @@ pub(super) async fn train_loop(
             }
         }
         let (train_loss, train_accuracy) = sums.means();
+        for (rank, (steps, most, cause)) in &late {
+            eprintln!(
+                "warning: epoch {epoch}: {} held the others up on {steps} step(s), by up to \
+                 {most:.1} s ({})",
+                ranks[*rank].name(),
+                match cause {
+                    LateCause::WaitingForData => "waiting for data",
+                    LateCause::Computing => "computing",
+                }
+            );
+        }
         let skipped: u64 = skipped.iter().sum();
         if skipped > 0 {
             eprintln!(
