@@ -27,8 +27,8 @@ pub mod wire;
 
 pub use actor::{
     Actor, ActorContext, ActorError, ActorEventKind, ActorExit, ActorFactory, ActorId, ActorLabel,
-    ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason, LocalActors,
-    LocalOptions, MethodError, PoolOptions, RestartPolicy, WorkerCommand, WorkerPool,
+    ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason, FailureOrigin,
+    LocalActors, LocalOptions, MethodError, PoolOptions, RestartPolicy, WorkerCommand, WorkerPool,
     diagnostic_registry, worker_main,
 };
 pub use client::{

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use runtime::{
     Actor, ActorCallError, ActorContext, ActorEvent, ActorEventKind, ActorHosting, ActorRef,
-    ActorRegistry, ClusterClient, ClusterStatus, Head, HeadConfig, MembershipConfig, MethodError,
-    Node, NodeConfig, NodeId, Resources, SpawnOptions, StateDir, Strategy, TransportOptions,
+    ActorRegistry, ClusterClient, ClusterStatus, FailureOrigin, Head, HeadConfig, MembershipConfig,
+    MethodError, Node, NodeConfig, NodeId, Resources, SpawnOptions, StateDir, Strategy,
+    TransportOptions,
 };
 use tempfile::TempDir;
 
@@ -66,6 +67,7 @@ impl Actor for Probe {
                 "released".to_owned()
             }
             "fail" => return Err(MethodError::fatal(text)),
+            "fail_elsewhere" => return Err(MethodError::fatal(text).caused_elsewhere()),
             other => return Err(MethodError::new(format!("no method {other}"))),
         };
         Ok(answer.into_bytes())
@@ -537,6 +539,63 @@ async fn failures_reach_the_owner_and_restarts_are_followed_by_the_handle() {
     );
     let status = cluster.status().await;
     assert_eq!(reservations(&status).len(), 1, "{status}");
+}
+
+#[tokio::test]
+async fn a_failure_caused_elsewhere_arrives_typed_at_callers_and_in_events() {
+    let cluster = Cluster::start().await;
+    let [head, one, _] = cluster.ids();
+    let mut seen = 0;
+    // On a node (its end report crosses to the head) and on the head itself; the first
+    // with a restart, so its `Restarting` event carries the origin too.
+    let cases = [
+        (one, 1, ActorEventKind::Restarting, FailureOrigin::Elsewhere),
+        (head, 0, ActorEventKind::Failed, FailureOrigin::Elsewhere),
+        (one, 0, ActorEventKind::Failed, FailureOrigin::Here),
+    ];
+    for (node, restarts, kind, origin) in cases {
+        let options = probe(1, Strategy::Node(node)).restart(restarts, Duration::from_millis(20));
+        let actor = cluster.spawn(options).await;
+        let method = match origin {
+            FailureOrigin::Here => "fail",
+            FailureOrigin::Elsewhere => "fail_elsewhere",
+        };
+        let error = call(&actor, method, "peer gone").await.expect_err("fails");
+        assert_eq!(error.failure_origin(), Some(origin), "{error}");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "actor {} on node {node} failed: {method}: peer gone",
+                actor.id()
+            )
+        );
+        let events = events_until(&cluster.client, &mut seen, |events| {
+            events.iter().any(|e| e.kind == kind)
+        })
+        .await;
+        let event = events.iter().find(|e| e.kind == kind).expect("the event");
+        assert_eq!(
+            (event.actor, event.origin),
+            (actor.id(), origin),
+            "{events:?}"
+        );
+        if kind == ActorEventKind::Failed {
+            // A later caller learns it from the head's record of the actor.
+            let error = call(&actor, "echo", "").await.expect_err("failed for good");
+            assert_eq!(error.failure_origin(), Some(origin), "{error}");
+        }
+    }
+    // Events that are not failures come from nowhere else.
+    let actor = cluster.spawn(probe(1, Strategy::Node(one))).await;
+    within("stop", actor.stop()).await.expect("stop");
+    let events = events_until(&cluster.client, &mut seen, |events| {
+        events.iter().any(|e| e.kind == ActorEventKind::Stopped)
+    })
+    .await;
+    assert!(
+        events.iter().all(|e| e.origin == FailureOrigin::Here),
+        "{events:?}"
+    );
 }
 
 #[tokio::test]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{
     Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
-    ActorRegistry, ActorSpec, ClusterClient, DiscoverOptions, ExitReason, Head, HeadConfig,
-    MembershipConfig, MethodError, PoolOptions, Resources, SpawnOptions, StateDir,
+    ActorRegistry, ActorSpec, ClusterClient, DiscoverOptions, ExitReason, FailureOrigin, Head,
+    HeadConfig, MembershipConfig, MethodError, PoolOptions, Resources, SpawnOptions, StateDir,
     TransportOptions, VisibleDevices, WorkerCommand, WorkerPool, discover, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -38,6 +38,7 @@ const CASES: &[(&str, Case)] = cases![
     sigkill_fails_every_actor_of_the_worker,
     an_exit_fails_with_its_code_and_last_stderr,
     a_panic_fails_only_that_actor,
+    a_failure_caused_elsewhere_keeps_its_origin,
     starts_that_cannot_happen_say_why,
     calls_sent_before_a_graceful_stop_get_their_replies,
     stopping_the_last_actor_retires_the_worker,
@@ -157,6 +158,9 @@ impl Actor for Probe {
                 std::process::exit(3);
             }
             "panic" => panic!("kaboom"),
+            "fail_elsewhere" => {
+                return Err(MethodError::fatal("its peer went away").caused_elsewhere());
+            }
             other => return Err(MethodError::new(format!("no method {other}"))),
         };
         Ok(text.into_bytes())
@@ -237,7 +241,7 @@ async fn exits(ended: &mut UnboundedReceiver<ActorExit>, count: usize) -> Result
 
 fn failure(exit: &ActorExit) -> Result<&str> {
     match &exit.reason {
-        ExitReason::Failed(reason) => Ok(reason),
+        ExitReason::Failed { reason, .. } => Ok(reason),
         other => bail!("actor {} ended {other}, not by a failure", exit.actor_id),
     }
 }
@@ -414,6 +418,27 @@ async fn a_panic_fails_only_that_actor() -> Result<()> {
     let exit = exits(&mut ended, 1).await?.remove(0);
     ensure!(exit.actor_id == ActorId(1) && failure(&exit)? == "panicked in panic: kaboom");
     ensure!(pid_of(&pool, 2).await? == pid, "the worker carried on");
+    Ok(())
+}
+
+async fn a_failure_caused_elsewhere_keeps_its_origin() -> Result<()> {
+    let (pool, mut ended) = pool()?;
+    start(&pool, "e", 1, "probe", &[]).await?;
+    let reason = "fail_elsewhere: its peer went away";
+    match call(&pool, 1, "fail_elsewhere", "").await {
+        Err(ActorError::Failed {
+            reason: got,
+            origin: FailureOrigin::Elsewhere,
+            ..
+        }) if got == reason => {}
+        other => bail!("the call got {other:?}, want a failure caused elsewhere"),
+    }
+    let exit = exits(&mut ended, 1).await?.remove(0);
+    let want = ExitReason::Failed {
+        reason: reason.to_owned(),
+        origin: FailureOrigin::Elsewhere,
+    };
+    ensure!(exit.reason == want, "{exit:?}");
     Ok(())
 }
 

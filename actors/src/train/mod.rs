@@ -35,7 +35,7 @@ pub use spec::{
 };
 pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, PEER_FAILURE,
-    ResumeFrom, SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest,
-    register, secret_hex,
+    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, ResumeFrom,
+    SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register,
+    secret_hex,
 };

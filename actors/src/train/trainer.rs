@@ -35,9 +35,10 @@ use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
 
-/// Marks a trainer failure that follows from another rank's: its ring peer went away or
-/// stopped answering. A job's client looks past these for the root cause.
-pub const PEER_FAILURE: &str = "lost its ring peer";
+/// Said of a trainer failure that follows from another rank's (its ring peer went away or
+/// stopped answering), for the person reading it; programs ask the failure's
+/// [`runtime::FailureOrigin`] instead.
+const PEER_FAILURE: &str = "lost its ring peer";
 
 /// The actor kind of trainers.
 pub const TRAINER_KIND: &str = "trainer";
@@ -815,8 +816,11 @@ fn answer<M: TrainerMethod>(
     reply(&run(request)?)
 }
 
-/// A fatal error for a failed ring operation, marked with [`PEER_FAILURE`] when the
-/// cause is another rank (its link closed or failed, or it stopped answering).
+/// A fatal error for a failed ring operation, [caused elsewhere] (and saying so) when the
+/// cause is another rank (its link closed or failed, or it stopped answering). A job's
+/// client looks past these for the root cause.
+///
+/// [caused elsewhere]: MethodError::caused_elsewhere
 pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
     let peer = matches!(
         error,
@@ -827,12 +831,12 @@ pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodEr
                 | CollectiveError::Poisoned { .. }
         )
     );
-    let mark = if peer {
-        format!(" ({PEER_FAILURE})")
+    if peer {
+        MethodError::fatal(format!("rank {rank}: {what} ({PEER_FAILURE}): {error}"))
+            .caused_elsewhere()
     } else {
-        String::new()
-    };
-    MethodError::fatal(format!("rank {rank}: {what}{mark}: {error}"))
+        MethodError::fatal(format!("rank {rank}: {what}: {error}"))
+    }
 }
 
 fn parse_secret(hex: &str) -> Result<RingSecret, MethodError> {

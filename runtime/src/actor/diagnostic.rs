@@ -10,6 +10,8 @@
 //! - `sleep`: sleeps the payload's milliseconds (at most 10 minutes), then returns it;
 //! - `fail`: fails the actor (a fatal error whose message is the payload), for tests of
 //!   failures and restarts;
+//! - `fail_elsewhere`: the same, the failure marked as following from another actor's
+//!   ([`MethodError::caused_elsewhere`]), for tests of failure origins;
 //! - `exit`: ends the actor's worker process at once with the payload as exit code, for
 //!   tests of crashes. Refused in a daemon (an actor with no process group), which it
 //!   would take down with every actor in it.
@@ -62,6 +64,9 @@ impl Actor for Echo {
                 Ok(payload.to_vec())
             }
             "fail" => Err(MethodError::fatal(String::from_utf8_lossy(payload))),
+            "fail_elsewhere" => {
+                Err(MethodError::fatal(String::from_utf8_lossy(payload)).caused_elsewhere())
+            }
             "exit" => {
                 if std::env::var_os(GROUP_VARIABLE).is_none() {
                     return Err(MethodError::new(
@@ -72,7 +77,8 @@ impl Actor for Echo {
                 std::process::exit(code)
             }
             other => Err(MethodError::new(format!(
-                "no method '{other}' (echo has echo, pid, gpus, data_ip, sleep, fail, exit)"
+                "no method '{other}' (echo has echo, pid, gpus, data_ip, sleep, fail, \
+                 fail_elsewhere, exit)"
             ))),
         }
     }
@@ -113,6 +119,11 @@ mod tests {
                 "MethodError(fatal: \"on purpose\")".into(),
             ),
             (
+                "fail_elsewhere",
+                "peer gone",
+                "MethodError(fatal, caused elsewhere: \"peer gone\")".into(),
+            ),
+            (
                 "exit",
                 "3",
                 "MethodError(error: \"exit is refused in a daemon: spawn the actor in a \
@@ -123,7 +134,7 @@ mod tests {
                 "nap",
                 "",
                 "MethodError(error: \"no method 'nap' (echo has echo, pid, gpus, data_ip, sleep, \
-                 fail, exit)\")"
+                 fail, fail_elsewhere, exit)\")"
                     .into(),
             ),
         ];

@@ -44,8 +44,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 
+use super::error::FailureOrigin;
 use crate::membership::NodeId;
 use crate::placement::{PlacementError, ReservationId, ResourceTable, Resources, Strategy};
+
+/// The origin of every failure the directory finds itself (a lost node, a start that
+/// failed or could not be placed): they start where they are seen.
+const HERE: FailureOrigin = FailureOrigin::Here;
 
 /// An actor, unique for the life of its head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -279,6 +284,8 @@ pub struct ActorEvent {
     pub kind: ActorEventKind,
     /// Why, for a person to read.
     pub reason: String,
+    /// Where a failure (`Failed`, `Restarting`) started; `Here` for other events.
+    pub origin: FailureOrigin,
 }
 
 /// The answer to [`ActorDirectory::events_after`].
@@ -335,6 +342,8 @@ pub struct ActorRecord {
     gpus: Vec<u32>,
     restarts: u32,
     last_failure: Option<String>,
+    /// Where the last failure started.
+    last_origin: FailureOrigin,
     /// Some while stopping.
     stop: Option<StopOrder>,
 }
@@ -412,6 +421,11 @@ impl ActorRecord {
     /// Why it last failed.
     pub fn last_failure(&self) -> Option<&str> {
         self.last_failure.as_deref()
+    }
+
+    /// Where the last failure started (`Here` if it never failed).
+    pub fn last_origin(&self) -> FailureOrigin {
+        self.last_origin
     }
 
     fn start_action(&self, node: NodeId, reservation: ReservationId) -> ActorAction {
@@ -508,6 +522,7 @@ impl ActorDirectory {
             gpus: reservation.gpus,
             restarts: 0,
             last_failure: None,
+            last_origin: FailureOrigin::Here,
             stop: None,
         };
         let action = record.start_action(reservation.node, reservation.id);
@@ -538,8 +553,14 @@ impl ActorDirectory {
                         "restart {} of {} on node {node}",
                         record.restarts, record.restart.max_restarts
                     );
-                    self.log
-                        .push(now, record, Some(node), ActorEventKind::Restarted, reason);
+                    self.log.push(
+                        now,
+                        record,
+                        Some(node),
+                        ActorEventKind::Restarted,
+                        reason,
+                        HERE,
+                    );
                 }
                 None
             }
@@ -563,7 +584,7 @@ impl ActorDirectory {
         reason: &str,
         table: &ResourceTable,
     ) -> Result<(), DirectoryError> {
-        self.failed(now, actor, node, reason, table)
+        self.failed(now, actor, node, reason, HERE, table)
     }
 
     /// The first start of `actor` failed (its node refused it, did not answer, or was lost
@@ -580,6 +601,7 @@ impl ActorDirectory {
         let node = record.release(table);
         record.stop = None;
         record.last_failure = Some(reason.to_string());
+        record.last_origin = HERE;
         record.state = ActorState::Failed;
         self.log.push(
             now,
@@ -587,20 +609,23 @@ impl ActorDirectory {
             node,
             ActorEventKind::Failed,
             reason.to_string(),
+            HERE,
         );
         self.ended(actor);
     }
 
-    /// `node` reports that the actor failed (its error, or its worker's exit). Releases its
-    /// resources, then restarts it after the backoff or marks it failed for good. An actor
-    /// that was stopping is stopped. A report from a node the actor is not on now, or about
-    /// an ended actor, is ignored; only an unknown actor is an error.
+    /// `node` reports that the actor failed (its error, or its worker's exit), where that
+    /// failure started (`origin`, kept in its events). Releases its resources, then
+    /// restarts it after the backoff or marks it failed for good. An actor that was
+    /// stopping is stopped. A report from a node the actor is not on now, or about an
+    /// ended actor, is ignored; only an unknown actor is an error.
     pub fn failed(
         &mut self,
         now: u64,
         actor: ActorId,
         node: NodeId,
         reason: &str,
+        origin: FailureOrigin,
         table: &ResourceTable,
     ) -> Result<(), DirectoryError> {
         let record = self.record(actor)?;
@@ -610,7 +635,7 @@ impl ActorDirectory {
         if matches!(record.state, ActorState::Stopping { .. }) {
             self.finish_stop(now, actor, Some(reason), table);
         } else {
-            self.fail(now, actor, reason.to_string(), table);
+            self.fail(now, actor, reason.to_string(), origin, table);
         }
         Ok(())
     }
@@ -668,7 +693,7 @@ impl ActorDirectory {
             if stopping {
                 self.finish_stop(now, actor, Some(&reason), table);
             } else {
-                self.fail(now, actor, reason.clone(), table);
+                self.fail(now, actor, reason.clone(), HERE, table);
             }
         }
     }
@@ -736,7 +761,7 @@ impl ActorDirectory {
                                 "restart {attempt} of {} could not be placed: {error}",
                                 record.restart.max_restarts
                             );
-                            self.fail(now, actor, reason, table);
+                            self.fail(now, actor, reason, HERE, table);
                         }
                     }
                 }
@@ -823,12 +848,20 @@ impl ActorDirectory {
     }
 
     /// A failure of a live actor: releases it, then restarting or failed.
-    fn fail(&mut self, now: u64, actor: ActorId, reason: String, table: &ResourceTable) {
+    fn fail(
+        &mut self,
+        now: u64,
+        actor: ActorId,
+        reason: String,
+        origin: FailureOrigin,
+        table: &ResourceTable,
+    ) {
         let Some(record) = self.actors.get_mut(&actor) else {
             return;
         };
         let node = record.release(table);
         record.last_failure = Some(reason.clone());
+        record.last_origin = origin;
         let max = record.restart.max_restarts;
         if record.restarts < max {
             let attempt = record.restarts + 1;
@@ -838,8 +871,14 @@ impl ActorDirectory {
                 at_ms: now.saturating_add(backoff),
             };
             let reason = format!("{reason}; restart {attempt} of {max} in {backoff} ms");
-            self.log
-                .push(now, record, node, ActorEventKind::Restarting, reason);
+            self.log.push(
+                now,
+                record,
+                node,
+                ActorEventKind::Restarting,
+                reason,
+                origin,
+            );
             return;
         }
         record.state = ActorState::Failed;
@@ -848,7 +887,7 @@ impl ActorDirectory {
             _ => format!("{reason}; no restarts left ({max} used)"),
         };
         self.log
-            .push(now, record, node, ActorEventKind::Failed, reason);
+            .push(now, record, node, ActorEventKind::Failed, reason, origin);
         self.ended(actor);
     }
 
@@ -867,7 +906,7 @@ impl ActorDirectory {
                 record.state = ActorState::Stopped;
                 let reason = format!("{reason} while waiting to restart");
                 self.log
-                    .push(now, record, None, ActorEventKind::Stopped, reason);
+                    .push(now, record, None, ActorEventKind::Stopped, reason, HERE);
                 self.ended(actor);
                 None
             }
@@ -911,7 +950,7 @@ impl ActorDirectory {
             reason = format!("{reason}; {also}");
         }
         self.log
-            .push(now, record, node, ActorEventKind::Stopped, reason);
+            .push(now, record, node, ActorEventKind::Stopped, reason, HERE);
         self.ended(actor);
     }
 
@@ -981,6 +1020,7 @@ impl EventLog {
         node: Option<NodeId>,
         kind: ActorEventKind,
         reason: String,
+        origin: FailureOrigin,
     ) {
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -992,6 +1032,7 @@ impl EventLog {
             node,
             kind,
             reason,
+            origin,
         });
         while self.events.len() > self.max {
             let Some(old) = self.events.pop_front() else {

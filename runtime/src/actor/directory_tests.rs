@@ -104,9 +104,14 @@ fn apply(directory: &mut ActorDirectory, table: &ResourceTable, step: Step) -> V
             directory.spawn_failed(at, ActorId(actor), reason, table);
             vec![]
         }
-        Failed(at, actor, node, reason) => {
-            done(directory.failed(at, ActorId(actor), NodeId(node), reason, table))
-        }
+        Failed(at, actor, node, reason) => done(directory.failed(
+            at,
+            ActorId(actor),
+            NodeId(node),
+            reason,
+            FailureOrigin::Here,
+            table,
+        )),
         Stopped(at, actor, node) => {
             done(directory.stopped(at, ActorId(actor), NodeId(node), table))
         }
@@ -976,7 +981,10 @@ fn the_owners_that_lost_events_are_bounded_too() {
             .spawn(0, owner, request, &table)
             .expect("room for all");
         let at = u64::try_from(i).expect("small");
-        assert_eq!(directory.failed(at, actor, NodeId(1), "x", &table), Ok(()));
+        assert_eq!(
+            directory.failed(at, actor, NodeId(1), "x", FailureOrigin::Here, &table),
+            Ok(())
+        );
     }
     // Events 1..=8 went to o0..o7; 6, 7 and 8 are kept. Dropping 4 overflowed the map
     // of owners (o0..o2), so asking from before 3 reports `missed` to anyone: needless
@@ -1041,7 +1049,10 @@ fn ended_actors_are_forgotten_oldest_first_and_keep_no_args() {
         actors.push(actor);
     }
     for actor in &actors[..3] {
-        assert_eq!(directory.failed(9, *actor, NodeId(1), "x", &table), Ok(()));
+        assert_eq!(
+            directory.failed(9, *actor, NodeId(1), "x", FailureOrigin::Here, &table),
+            Ok(())
+        );
     }
     let known: Vec<u64> = directory.records().map(|record| record.id().0).collect();
     assert_eq!(known, [2, 3, 4]);
@@ -1138,7 +1149,7 @@ fn resources_are_released_exactly_once() {
     let reports = |directory: &mut ActorDirectory, at: u64| {
         for actor in &actors {
             for node in [NodeId(1), NodeId(2), NodeId(3)] {
-                let _ = directory.failed(at, *actor, node, "again", &table);
+                let _ = directory.failed(at, *actor, node, "again", FailureOrigin::Here, &table);
                 let _ = directory.stopped(at, *actor, node, &table);
             }
         }

@@ -16,8 +16,13 @@ pub enum ActorError {
         message: String,
     },
     /// The actor failed for good: a fatal error, a panic, its worker process died.
+    /// `origin` says whether the failure started in this actor or follows from another's.
     #[error("actor {actor_id} failed: {reason}")]
-    Failed { actor_id: ActorId, reason: String },
+    Failed {
+        actor_id: ActorId,
+        reason: String,
+        origin: FailureOrigin,
+    },
     /// The actor was killed; what was queued for it was dropped.
     #[error("actor {0} was killed")]
     Killed(ActorId),
@@ -79,6 +84,37 @@ fn list(kinds: &[String]) -> String {
     }
 }
 
+/// Where an actor's failure started, so that whoever watches several actors can tell
+/// the failure that came first from those that follow from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FailureOrigin {
+    /// In the actor that failed: its own error, a panic, its process or node gone. What a
+    /// failure is unless the actor says otherwise.
+    #[default]
+    Here,
+    /// In another actor this one depended on: a peer went away or stopped answering, and
+    /// this actor cannot go on without it (see [`MethodError::caused_elsewhere`]).
+    ///
+    /// [`MethodError::caused_elsewhere`]: crate::MethodError::caused_elsewhere
+    Elsewhere,
+}
+
+impl FailureOrigin {
+    /// Whether the failure follows from another actor's.
+    pub fn is_elsewhere(self) -> bool {
+        self == FailureOrigin::Elsewhere
+    }
+
+    /// From the wire's flag ([`is_elsewhere`](Self::is_elsewhere) is the other way).
+    pub(crate) fn from_elsewhere(elsewhere: bool) -> Self {
+        if elsewhere {
+            FailureOrigin::Elsewhere
+        } else {
+            FailureOrigin::Here
+        }
+    }
+}
+
 /// How an actor ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitReason {
@@ -86,14 +122,26 @@ pub enum ExitReason {
     Stopped,
     /// A kill: what was queued was dropped.
     Killed,
-    /// A fatal error, a panic, or the death of its worker process, for a person to read.
-    Failed(String),
+    /// A fatal error, a panic, or the death of its worker process, for a person to read,
+    /// and where that failure started.
+    Failed {
+        reason: String,
+        origin: FailureOrigin,
+    },
 }
 
 impl ExitReason {
+    /// A failure that started in the actor itself.
+    pub fn failed(reason: impl Into<String>) -> Self {
+        ExitReason::Failed {
+            reason: reason.into(),
+            origin: FailureOrigin::Here,
+        }
+    }
+
     /// Whether the actor failed (rather than being stopped or killed on request).
     pub fn is_failure(&self) -> bool {
-        matches!(self, ExitReason::Failed(_))
+        matches!(self, ExitReason::Failed { .. })
     }
 
     /// The error a caller of the ended actor gets.
@@ -101,9 +149,10 @@ impl ExitReason {
         match self {
             ExitReason::Stopped => ActorError::Stopped(actor_id),
             ExitReason::Killed => ActorError::Killed(actor_id),
-            ExitReason::Failed(reason) => ActorError::Failed {
+            ExitReason::Failed { reason, origin } => ActorError::Failed {
                 actor_id,
                 reason: reason.clone(),
+                origin: *origin,
             },
         }
     }
@@ -114,7 +163,7 @@ impl fmt::Display for ExitReason {
         match self {
             ExitReason::Stopped => f.write_str("stopped"),
             ExitReason::Killed => f.write_str("killed"),
-            ExitReason::Failed(reason) => write!(f, "failed: {reason}"),
+            ExitReason::Failed { reason, .. } => write!(f, "failed: {reason}"),
         }
     }
 }

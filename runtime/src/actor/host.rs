@@ -24,7 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 use tracing::{Span, debug, warn};
 
 use super::ActorId;
-use super::error::{ActorError, ExitReason};
+use super::error::{ActorError, ExitReason, FailureOrigin};
 use super::registry::{Actor, MethodError};
 
 /// An actix system running on its own thread, stopped (with every arbiter) on drop.
@@ -197,7 +197,7 @@ impl Host {
         let Some(actor) = self.actor.as_deref_mut() else {
             return Err(ActorError::Stopped(id));
         };
-        let failure = match catch_unwind(AssertUnwindSafe(|| f(actor))) {
+        let (reason, origin) = match catch_unwind(AssertUnwindSafe(|| f(actor))) {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) if !error.is_fatal() => {
                 return Err(ActorError::Method {
@@ -206,16 +206,23 @@ impl Host {
                     message: error.message().to_string(),
                 });
             }
-            Ok(Err(error)) => format!("{method}: {}", error.message()),
-            Err(panic) => format!("panicked in {method}: {}", panic_message(&*panic)),
+            Ok(Err(error)) => (format!("{method}: {}", error.message()), error.origin()),
+            Err(panic) => (
+                format!("panicked in {method}: {}", panic_message(&*panic)),
+                FailureOrigin::Here,
+            ),
         };
-        warn!(reason = %failure, "actor failed");
+        warn!(%reason, ?origin, "actor failed");
         // A failed actor is not used again; it is dropped when its context ends.
-        self.shared.finish(ExitReason::Failed(failure.clone()));
+        self.shared.finish(ExitReason::Failed {
+            reason: reason.clone(),
+            origin,
+        });
         actix::ActorContext::stop(ctx);
         Err(ActorError::Failed {
             actor_id: id,
-            reason: failure,
+            reason,
+            origin,
         })
     }
 }

@@ -303,7 +303,7 @@ async fn fatal_errors_and_panics_fail_only_that_actor() {
         );
         let exit = next_exit(&mut setup.exits).await;
         assert_eq!(exit.actor_id, ActorId(1));
-        assert_eq!(exit.reason, ExitReason::Failed(reason.into()));
+        assert_eq!(exit.reason, ExitReason::failed(reason));
         // Later callers learn why; the other actor and the host carry on.
         assert_eq!(call(&setup.actors, 1, "echo", "hi").await, Err(failed));
         assert_eq!(call(&setup.actors, 2, "echo", "hi").await, Ok("hi".into()));

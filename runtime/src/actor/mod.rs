@@ -25,7 +25,9 @@
 //!   killed" at once; a method already running on a thread is never interrupted, except
 //!   by killing its worker process;
 //! - a fatal [`MethodError`] or a panic in actor code fails that actor only, with the
-//!   message as the reason; never the process that hosts it;
+//!   message as the reason; never the process that hosts it; the failure's
+//!   [`FailureOrigin`] (`Elsewhere` when the actor said it follows from another actor's)
+//!   reaches its callers and its owner's events;
 //! - an error does not mean the method did not run (a timed-out call that had started
 //!   completes; one that had not is skipped).
 
@@ -44,7 +46,7 @@ pub(crate) use directory::{
     ActorAction, ActorDirectory, DirectoryConfig, DirectoryError, SpawnRequest,
 };
 pub use directory::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
-pub use error::{ActorError, ActorExit, ExitReason};
+pub use error::{ActorError, ActorExit, ExitReason, FailureOrigin};
 pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
 pub use pool::{PoolOptions, WorkerCommand, WorkerPool};
 pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, MethodError};

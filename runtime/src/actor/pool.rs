@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ActorId;
-use super::error::{ActorError, ActorExit, ExitReason, Tombstones};
+use super::error::{ActorError, ActorExit, ExitReason, FailureOrigin, Tombstones};
 use super::local::{ActorSpec, join};
 use super::process::{self, Control, ReadEnd};
 use crate::wire::{self, DEFAULT_MAX_FRAME, Message, WireError};
@@ -321,6 +321,7 @@ impl WorkerPool {
             .map_err(|_| ActorError::Failed {
                 actor_id: actor,
                 reason: "its worker process is gone".into(),
+                origin: FailureOrigin::Here,
             })
     }
 
@@ -522,10 +523,15 @@ impl PoolInner {
                     other => debug!(actor = %actor, state = other, "unknown actor state"),
                 }
             }
-            Message::ActorFailed { actor_id, reason } => {
+            Message::ActorFailed {
+                actor_id,
+                reason,
+                elsewhere,
+            } => {
                 let actor = ActorId(actor_id);
                 if state.generation_of(actor) == Some(generation) {
-                    self.ended(&mut state, actor, ExitReason::Failed(reason));
+                    let origin = FailureOrigin::from_elsewhere(elsewhere);
+                    self.ended(&mut state, actor, ExitReason::Failed { reason, origin });
                 }
             }
             _ => warn!("unexpected message from a worker; ignored"),
@@ -576,7 +582,7 @@ impl PoolInner {
         actors.sort();
         warn!(%reason, actors = ?actors, "worker process ended; its actors failed");
         for actor in actors {
-            state.end(actor, ExitReason::Failed(reason.clone()), &self.exits);
+            state.end(actor, ExitReason::failed(reason.clone()), &self.exits);
         }
     }
 }
@@ -629,7 +635,7 @@ impl PoolState {
         match entry.phase {
             Phase::Starting(started) => {
                 let error = match reason {
-                    ExitReason::Failed(reason) => ActorError::Start {
+                    ExitReason::Failed { reason, .. } => ActorError::Start {
                         actor_id: actor,
                         kind: entry.kind,
                         reason,

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::ActorId;
-use super::error::ActorError;
+use super::error::{ActorError, FailureOrigin};
 
 /// User code that the runtime hosts: one instance per actor, called one message at a
 /// time on a thread of its own, so a method may block (libtorch) without holding up
@@ -42,6 +42,7 @@ pub trait Actor: Send + 'static {
 pub struct MethodError {
     message: String,
     fatal: bool,
+    origin: FailureOrigin,
 }
 
 impl MethodError {
@@ -50,6 +51,7 @@ impl MethodError {
         Self {
             message: message.into(),
             fatal: false,
+            origin: FailureOrigin::Here,
         }
     }
 
@@ -59,7 +61,24 @@ impl MethodError {
         Self {
             message: message.into(),
             fatal: true,
+            origin: FailureOrigin::Here,
         }
+    }
+
+    /// Marks the error as following from another actor's failure (a peer this actor
+    /// works with went away or stopped answering): [`FailureOrigin::Elsewhere`]. The
+    /// mark travels with the actor's failure to its callers and its owner's events, so
+    /// a program that watches many actors can look past it for the failure that came
+    /// first.
+    pub fn caused_elsewhere(mut self) -> Self {
+        self.origin = FailureOrigin::Elsewhere;
+        self
+    }
+
+    /// Where the failure started: [`FailureOrigin::Here`] unless the actor said
+    /// [`caused_elsewhere`](Self::caused_elsewhere).
+    pub fn origin(&self) -> FailureOrigin {
+        self.origin
     }
 
     /// Whether the actor ends with this error.
@@ -89,7 +108,11 @@ impl fmt::Display for MethodError {
 
 impl fmt::Debug for MethodError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = if self.fatal { "fatal" } else { "error" };
+        let kind = match (self.fatal, self.origin) {
+            (false, _) => "error",
+            (true, FailureOrigin::Here) => "fatal",
+            (true, FailureOrigin::Elsewhere) => "fatal, caused elsewhere",
+        };
         write!(f, "MethodError({kind}: {:?})", self.message)
     }
 }

@@ -134,12 +134,15 @@ async fn handle(
             tokio::spawn(async move {
                 let answer = match actors.start(spec).await {
                     Ok(()) => location(actor_id, "running"),
-                    Err(ActorError::Start { reason, .. }) => {
-                        Message::ActorFailed { actor_id, reason }
-                    }
+                    Err(ActorError::Start { reason, .. }) => Message::ActorFailed {
+                        actor_id,
+                        reason,
+                        elsewhere: false,
+                    },
                     Err(error) => Message::ActorFailed {
                         actor_id,
                         reason: error.to_string(),
+                        elsewhere: false,
                     },
                 };
                 let _ = outgoing.send(answer).await;
@@ -256,9 +259,10 @@ async fn report_exits(
     while let Some(ActorExit { actor_id, reason }) = ended.recv().await {
         replies.settled(actor_id).await;
         let message = match reason {
-            ExitReason::Failed(reason) => Message::ActorFailed {
+            ExitReason::Failed { reason, origin } => Message::ActorFailed {
                 actor_id: actor_id.0,
                 reason,
+                elsewhere: origin.is_elsewhere(),
             },
             ExitReason::Stopped => location(actor_id.0, "stopped"),
             ExitReason::Killed => location(actor_id.0, "killed"),
@@ -276,6 +280,7 @@ fn location(actor_id: u64, state: &str) -> Message {
         address: String::new(),
         state: state.to_string(),
         reason: String::new(),
+        elsewhere: false,
     }
 }
 
@@ -305,6 +310,7 @@ pub(crate) fn visible_gpus(value: Option<&str>) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actor::FailureOrigin;
 
     #[test]
     fn visible_gpus_are_read_as_the_pool_writes_them() {
@@ -345,6 +351,7 @@ mod tests {
                 Err(ActorError::Failed {
                     actor_id: ActorId(1),
                     reason: "panicked".into(),
+                    origin: FailureOrigin::Here,
                 }),
                 None,
             ),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::actor::ActorId;
+use crate::actor::{ActorId, FailureOrigin};
 use crate::daemon::DaemonError;
 use crate::membership::NodeId;
 
@@ -32,12 +32,14 @@ pub enum ActorCallError {
         method: String,
         after: Duration,
     },
-    /// The actor failed (for good, or it is not back yet).
+    /// The actor failed (for good, or it is not back yet). `origin` says whether the
+    /// failure started in it or follows from another actor's (its peer went away).
     #[error("actor {actor} on node {node} failed: {reason}")]
     Failed {
         actor: ActorId,
         node: NodeId,
         reason: String,
+        origin: FailureOrigin,
     },
     /// The actor does not take messages now: `restarting`, `starting`, `stopping` or
     /// `stopped`, with why it last failed when it did.
@@ -84,6 +86,16 @@ pub enum ActorCallError {
     /// The head could not be asked, or refused.
     #[error(transparent)]
     Head(#[from] DaemonError),
+}
+
+impl ActorCallError {
+    /// For a failed actor, where its failure started; `None` for every other error.
+    pub fn failure_origin(&self) -> Option<FailureOrigin> {
+        match self {
+            ActorCallError::Failed { origin, .. } => Some(*origin),
+            _ => None,
+        }
+    }
 }
 
 fn last_failure(reason: &str) -> String {
@@ -135,6 +147,7 @@ mod tests {
                     actor,
                     node,
                     reason: "panicked in step: boom".into(),
+                    origin: FailureOrigin::Here,
                 },
                 "actor 3 on node 2 failed: panicked in step: boom",
             ),

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::{ActorCallError, ClientInner, NodeLink};
-use crate::actor::ActorId;
+use crate::actor::{ActorId, FailureOrigin};
 use crate::daemon::message_name;
 use crate::membership::NodeId;
 use crate::transport::TransportError;
@@ -50,11 +50,16 @@ pub(super) struct Place {
 /// Where the head says an actor is.
 pub(super) enum Located {
     Running(Place),
-    Not {
-        state: String,
-        reason: String,
-        node: Option<NodeId>,
-    },
+    Not(NotRunning),
+}
+
+/// An actor the head says is not running: its state, why it last failed and where that
+/// failure started, and its node if it has one.
+pub(super) struct NotRunning {
+    state: String,
+    reason: String,
+    origin: FailureOrigin,
+    node: Option<NodeId>,
 }
 
 /// What one attempt at a message to the actor's node came to.
@@ -152,11 +157,7 @@ impl ActorRef {
     pub async fn locate(&self) -> Result<(), ActorCallError> {
         match self.relocate().await? {
             Located::Running(_) => Ok(()),
-            Located::Not {
-                state,
-                reason,
-                node,
-            } => Err(self.not_running(&state, reason, node)),
+            Located::Not(not) => Err(self.not_running(not)),
         }
     }
 
@@ -189,13 +190,8 @@ impl ActorRef {
         if self.client.take_moved(self.id) {
             // An event said the actor failed or restarted: its node may be gone, and a
             // message sent there would wait for the connection to time out.
-            if let Located::Not {
-                state,
-                reason,
-                node,
-            } = self.relocate().await?
-            {
-                return Err(self.not_running(&state, reason, node));
+            if let Located::Not(not) = self.relocate().await? {
+                return Err(self.not_running(not));
             }
         }
         let first = Try {
@@ -223,11 +219,7 @@ impl ActorRef {
                 }
             }
             Ok(Located::Running(_)) | Err(_) => Err(error),
-            Ok(Located::Not {
-                state,
-                reason,
-                node,
-            }) => Err(self.not_running(&state, reason, node)),
+            Ok(Located::Not(not)) => Err(self.not_running(not)),
         }
     }
 
@@ -314,13 +306,14 @@ impl ActorRef {
             node,
             message,
         };
-        let (cause, message, delivered) = match *other {
+        let (cause, message, delivered, elsewhere) = match *other {
             Message::ActorError {
                 cause,
                 message,
                 delivered,
+                elsewhere,
                 ..
-            } => (cause, message, delivered),
+            } => (cause, message, delivered, elsewhere),
             Message::Error { message } | Message::Refused { reason: message } => {
                 return Attempt::Done(Err(rejected(message)));
             }
@@ -335,6 +328,7 @@ impl ActorRef {
                 actor,
                 node,
                 reason: message,
+                origin: FailureOrigin::from_elsewhere(elsewhere),
             },
             "stopped" | "killed" => ActorCallError::Ended {
                 actor,
@@ -366,6 +360,7 @@ impl ActorRef {
                 address,
                 state,
                 reason,
+                elsewhere,
                 ..
             } => {
                 let node = (node_id != 0).then_some(NodeId(node_id));
@@ -377,11 +372,12 @@ impl ActorRef {
                     *self.lock_place() = place.clone();
                     return Ok(Located::Running(place));
                 }
-                Ok(Located::Not {
+                Ok(Located::Not(NotRunning {
                     state,
                     reason,
+                    origin: FailureOrigin::from_elsewhere(elsewhere),
                     node,
-                })
+                }))
             }
             Message::ActorError { .. } => Err(ActorCallError::Unknown { actor: self.id }),
             other => Err(self.client.unexpected(other).into()),
@@ -389,23 +385,19 @@ impl ActorRef {
     }
 
     /// The error for an actor the head says is not running.
-    pub(super) fn not_running(
-        &self,
-        state: &str,
-        reason: String,
-        node: Option<NodeId>,
-    ) -> ActorCallError {
-        let node = node.unwrap_or_else(|| self.node());
-        match state {
+    pub(super) fn not_running(&self, not: NotRunning) -> ActorCallError {
+        let node = not.node.unwrap_or_else(|| self.node());
+        match not.state.as_str() {
             "failed" => ActorCallError::Failed {
                 actor: self.id,
                 node,
-                reason,
+                reason: not.reason,
+                origin: not.origin,
             },
             _ => ActorCallError::NotRunning {
                 actor: self.id,
-                state: state.to_owned(),
-                reason,
+                state: not.state,
+                reason: not.reason,
             },
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::actors::{ActorRef, HEAD_TIMEOUT, Located};
 use super::{ActorCallError, ClusterClient};
-use crate::actor::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
+use crate::actor::{ActorEventKind, ActorId, ActorLabel, FailureOrigin, RestartPolicy};
 use crate::daemon::DaemonError;
 use crate::head::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
 use crate::membership::NodeId;
@@ -93,6 +93,9 @@ pub struct ActorEvent {
     pub kind: ActorEventKind,
     /// Why, for a person to read ("panicked in step: ...; restart 1 of 3 in 500 ms").
     pub reason: String,
+    /// For a failure (`Failed`, `Restarting`): whether it started in this actor or
+    /// follows from another actor's; `Here` for other events.
+    pub origin: FailureOrigin,
 }
 
 /// The answer to [`ClusterClient::events`].
@@ -158,11 +161,7 @@ impl ClusterClient {
         let actor = ActorRef::new(id, NodeId(0), String::new(), self.inner.clone());
         match actor.relocate().await? {
             Located::Running(_) => Ok(actor),
-            Located::Not {
-                state,
-                reason,
-                node,
-            } => Err(actor.not_running(&state, reason, node)),
+            Located::Not(not) => Err(actor.not_running(not)),
         }
     }
 
@@ -204,6 +203,7 @@ impl ClusterClient {
                             node: (event.node_id != 0).then_some(NodeId(event.node_id)),
                             kind,
                             reason: event.reason,
+                            origin: FailureOrigin::from_elsewhere(event.elsewhere),
                         })
                     })
                     .collect::<Result<_, DaemonError>>()?;

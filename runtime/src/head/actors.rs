@@ -35,8 +35,8 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Shared;
 use crate::actor::{
-    ActorDirectory, ActorExit, ActorId, DirectoryConfig, DirectoryError, RestartPolicy,
-    SpawnRequest,
+    ActorDirectory, ActorExit, ActorId, DirectoryConfig, DirectoryError, FailureOrigin,
+    RestartPolicy, SpawnRequest,
 };
 use crate::client::ActorStatus;
 use crate::daemon::{ActorHandler, ActorReply, NODE_PREFIX, message_name, refused};
@@ -195,6 +195,7 @@ impl HeadActors {
                 node_id,
                 outcome,
                 reason,
+                elsewhere,
             } => {
                 let node = NodeId(node_id);
                 let name = peer.name().unwrap_or_default();
@@ -202,7 +203,8 @@ impl HeadActors {
                     warn!(peer = %peer.address, name, node = node_id, "refused a report for another node");
                     return refused(format!("only node {node} reports its actors"));
                 }
-                self.ended(&head, ActorId(actor_id), node, &outcome, &reason);
+                let origin = FailureOrigin::from_elsewhere(elsewhere);
+                self.ended(&head, ActorId(actor_id), node, &outcome, &reason, origin);
                 Message::Ack
             }
             request @ (Message::ActorCall { .. } | Message::ActorTell { .. }) => {
@@ -272,16 +274,19 @@ impl HeadActors {
         let found = {
             let directory = self.lock();
             directory.locate(actor).map(|location| {
-                let reason = directory
-                    .get(actor)
+                let record = directory.get(actor);
+                let reason = record
                     .and_then(|record| record.last_failure())
                     .unwrap_or_default()
                     .to_owned();
-                (location, reason)
+                let origin = record
+                    .map(|record| record.last_origin())
+                    .unwrap_or_default();
+                (location, reason, origin)
             })
         };
         match found {
-            Some((location, reason)) => Message::ActorLocation {
+            Some((location, reason, origin)) => Message::ActorLocation {
                 actor_id: actor.0,
                 node_id: location.node.map_or(0, |node| node.0),
                 address: location
@@ -290,6 +295,7 @@ impl HeadActors {
                     .unwrap_or_default(),
                 state: location.state.name().to_owned(),
                 reason,
+                elsewhere: origin.is_elsewhere(),
             },
             None => unknown(actor.0, &DirectoryError::UnknownActor { actor }),
         }
@@ -315,6 +321,7 @@ impl HeadActors {
                         node_id: event.node.map_or(0, |node| node.0),
                         kind: event.kind.name().to_owned(),
                         reason: event.reason,
+                        elsewhere: event.origin.is_elsewhere(),
                     })
                     .collect();
                 return Message::ActorEventList {
@@ -328,10 +335,18 @@ impl HeadActors {
     }
 
     /// A node (or the head itself) says an actor ended there.
-    fn ended(&self, head: &Shared, actor: ActorId, node: NodeId, outcome: &str, reason: &str) {
-        info!(%actor, %node, outcome, reason, "actor ended");
+    fn ended(
+        &self,
+        head: &Shared,
+        actor: ActorId,
+        node: NodeId,
+        outcome: &str,
+        reason: &str,
+        origin: FailureOrigin,
+    ) {
+        info!(%actor, %node, outcome, reason, ?origin, "actor ended");
         let recorded = self.with_directory(head, |directory, now, table| match outcome {
-            "failed" => directory.failed(now, actor, node, reason, table),
+            "failed" => directory.failed(now, actor, node, reason, origin, table),
             _ => directory.stopped(now, actor, node, table),
         });
         if let Err(error) = recorded {
@@ -412,6 +427,7 @@ fn unknown(actor_id: u64, error: &DirectoryError) -> Message {
         cause: "unknown".to_owned(),
         message: error.to_string(),
         delivered: false,
+        elsewhere: false,
     }
 }
 

@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use super::Shared;
 use crate::actor::{
     ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ExitReason,
-    LocalActors, LocalOptions, PoolOptions, WorkerCommand, WorkerPool, visible_gpus,
+    FailureOrigin, LocalActors, LocalOptions, PoolOptions, WorkerCommand, WorkerPool, visible_gpus,
 };
 use crate::daemon::message_name;
 use crate::transport::Peer;
@@ -347,6 +347,7 @@ impl NodeActors {
                         cause: "error".to_owned(),
                         message: start_reason(&error),
                         delivered: false,
+                        elsewhere: false,
                     },
                 }
             }
@@ -389,9 +390,13 @@ fn lock_set(set: &Mutex<HashSet<ActorId>>) -> MutexGuard<'_, HashSet<ActorId>> {
 /// The wire's `ActorError` for a request that did not reach a running actor. The message
 /// leaves out the actor's id, which the caller names.
 pub(crate) fn error_reply(actor: ActorId, error: &ActorError) -> Message {
+    let mut elsewhere = false;
     let (cause, message) = match error {
         ActorError::NotFound(_) => ("unknown", "no such actor on this node".to_owned()),
-        ActorError::Failed { reason, .. } => ("failed", reason.clone()),
+        ActorError::Failed { reason, origin, .. } => {
+            elsewhere = origin.is_elsewhere();
+            ("failed", reason.clone())
+        }
         ActorError::Killed(_) => ("killed", "killed".to_owned()),
         ActorError::Stopped(_) => ("stopped", "stopped".to_owned()),
         ActorError::NotRunning { state, .. } => (*state, format!("still {state}")),
@@ -409,6 +414,7 @@ pub(crate) fn error_reply(actor: ActorId, error: &ActorError) -> Message {
         cause: cause.to_owned(),
         message,
         delivered: false,
+        elsewhere,
     }
 }
 
@@ -420,12 +426,12 @@ pub(crate) fn start_reason(error: &ActorError) -> String {
     }
 }
 
-/// How an ended actor is reported to the head: (outcome, reason).
-pub(crate) fn outcome(reason: &ExitReason) -> (&'static str, String) {
+/// How an ended actor is reported to the head: (outcome, reason, where a failure started).
+pub(crate) fn outcome(reason: &ExitReason) -> (&'static str, String, FailureOrigin) {
     match reason {
-        ExitReason::Failed(reason) => ("failed", reason.clone()),
-        ExitReason::Stopped => ("stopped", String::new()),
-        ExitReason::Killed => ("killed", String::new()),
+        ExitReason::Failed { reason, origin } => ("failed", reason.clone(), *origin),
+        ExitReason::Stopped => ("stopped", String::new(), FailureOrigin::Here),
+        ExitReason::Killed => ("killed", String::new(), FailureOrigin::Here),
     }
 }
 
@@ -438,7 +444,7 @@ pub(super) async fn report_exits(
 ) {
     while let Some(ActorExit { actor_id, reason }) = exits.recv().await {
         actors.ended(actor_id);
-        let (outcome, reason) = outcome(&reason);
+        let (outcome, reason, origin) = outcome(&reason);
         let mut pause = FIRST_REPORT_PAUSE;
         for attempt in 1..=REPORT_TRIES {
             let report = Message::ActorEnded {
@@ -446,6 +452,7 @@ pub(super) async fn report_exits(
                 node_id: shared.session().node_id.0,
                 outcome: outcome.to_owned(),
                 reason: reason.clone(),
+                elsewhere: origin.is_elsewhere(),
             };
             let answer = match shared.connection(REPORT_TIMEOUT).await {
                 Ok(connection) => connection.request(&report, REPORT_TIMEOUT).await,

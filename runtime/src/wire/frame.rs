@@ -314,6 +314,7 @@ mod tests {
                 address: "[::1]:7071".into(),
                 state: "restarting".into(),
                 reason: "panicked in step".into(),
+                elsewhere: false,
             },
             Message::ActorEvents {
                 after_seq: 10,
@@ -326,6 +327,7 @@ mod tests {
                     node_id: 7,
                     kind: "restarting".into(),
                     reason: "worker killed by signal 9 (SIGKILL)".into(),
+                    elsewhere: false,
                 }],
                 missed: true,
             },
@@ -351,19 +353,22 @@ mod tests {
             },
             Message::ActorFailed {
                 actor_id: 1,
-                reason: "node lost".into(),
+                reason: "lost its ring peer".into(),
+                elsewhere: true,
             },
             Message::ActorError {
                 actor_id: 1,
                 cause: "unknown".into(),
                 message: "no actor 1 here".into(),
                 delivered: false,
+                elsewhere: false,
             },
             Message::ActorEnded {
                 actor_id: 1,
                 node_id: 7,
                 outcome: "failed".into(),
                 reason: "panicked in step: out of memory".into(),
+                elsewhere: false,
             },
         ]
     }

@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 5;
+pub const WIRE_VERSION: u16 = 6;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -165,6 +165,8 @@ pub enum Message {
         state: String,
         /// Why it last failed, for a person to read; empty if it never did.
         reason: String,
+        /// That failure follows from another actor's (`FailureOrigin::Elsewhere`).
+        elsewhere: bool,
     },
     /// The events of actors this client owns after `after_seq` (client to head); the
     /// head answers at once when there are some, otherwise within `wait_ms`.
@@ -225,6 +227,9 @@ pub enum Message {
         /// The message had reached the actor before it ended (a call may have run), so
         /// the caller must not send it again elsewhere.
         delivered: bool,
+        /// For `failed`: the failure follows from another actor's
+        /// (`FailureOrigin::Elsewhere`). False otherwise.
+        elsewhere: bool,
     },
     /// An actor that ran on a node ended there (node to head), once per actor that
     /// started: the head releases its resources and tells its owner.
@@ -237,6 +242,8 @@ pub enum Message {
         outcome: String,
         /// Why it failed, for a person to read; empty for a stop or a kill.
         reason: String,
+        /// The failure follows from another actor's (`FailureOrigin::Elsewhere`).
+        elsewhere: bool,
     },
     /// An actor stopped with an error, or its worker process exited (worker to node).
     ActorFailed {
@@ -245,6 +252,8 @@ pub enum Message {
         /// Why, for a person to read: the error, or the worker's exit code or signal and
         /// the last lines of its stderr.
         reason: String,
+        /// The failure follows from another actor's (`FailureOrigin::Elsewhere`).
+        elsewhere: bool,
     },
 }
 
@@ -374,4 +383,7 @@ pub struct ActorEventWire {
     pub kind: String,
     /// Why, for a person to read.
     pub reason: String,
+    /// A failure (`failed`, `restarting`) that follows from another actor's
+    /// (`FailureOrigin::Elsewhere`).
+    pub elsewhere: bool,
 }

@@ -13,7 +13,10 @@ use actors::train::{
     TRAINER_KIND, TrainerInit, TrainerMethod, checkpoint, scaled_lr, secret_hex,
 };
 use anyhow::{Context, bail};
-use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
+use runtime::{
+    ActorCallError, ActorLabel, ActorRef, ClusterClient, FailureOrigin, NodeId, Resources,
+    SpawnOptions, Strategy,
+};
 use serde::Serialize;
 
 use super::spec::check_plan;
@@ -80,9 +83,38 @@ async fn call_payload<M: TrainerMethod>(
         .actor
         .call(method, payload, timeout)
         .await
-        .map_err(|e| anyhow::anyhow!("{}: {method}: {e}", rank.name()))?;
+        .map_err(|error| RankCallError {
+            rank: rank.name(),
+            method,
+            error,
+        })?;
     serde_json::from_slice::<M::Reply>(&bytes)
         .with_context(|| format!("{}: {method}: bad reply", rank.name()))
+}
+
+/// A call to a rank that failed: the runtime's error, kept typed so that the job can ask
+/// where a failure started ([`follows_another_failure`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{rank}: {method}: {error}")]
+pub(super) struct RankCallError {
+    rank: String,
+    method: &'static str,
+    error: ActorCallError,
+}
+
+/// Whether `error` is a rank's failure that follows from another rank's (its ring peer
+/// went away or stopped answering), as the trainer marked it: the root cause is elsewhere.
+/// The failure may have come back from a call or, first, in the head's events.
+fn follows_another_failure(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        let origin = match cause.downcast_ref::<RankCallError>() {
+            Some(call) => call.error.failure_origin(),
+            None => cause
+                .downcast_ref::<RankFailure>()
+                .map(|failure| failure.origin),
+        };
+        origin == Some(FailureOrigin::Elsewhere)
+    })
 }
 
 fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -257,7 +289,7 @@ impl Driver {
         let mut watcher = FailureWatcher::start(cluster.client.clone(), &ranks);
         let loop_result = tokio::select! {
             result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
-            failure = watcher.failure() => Err(anyhow::anyhow!(failure)),
+            failure = watcher.failure() => Err(anyhow::Error::new(failure)),
         };
         let lost_head = match &loop_result {
             Err(error)
@@ -276,7 +308,7 @@ impl Driver {
             // The first error is often a healthy rank seeing its ring peer go away; the
             // head's events name the rank that failed first, once it has noticed (a lost
             // node takes `dead_after_ms`).
-            (Err(error), None) if format!("{error:#}").contains(actors::train::PEER_FAILURE) => {
+            (Err(error), None) if follows_another_failure(&error) => {
                 let wait = Duration::from_millis(config.cluster.dead_after_ms + 2000);
                 match watcher.root_cause(wait).await {
                     Some(cause) => Err(anyhow::anyhow!("{cause}\n  (then: {error:#})")),
@@ -613,8 +645,16 @@ fn lost_head_consequences(progress: &super::steps::Progress) -> String {
 /// for ends the job, naming the rank, node and cause; so does the end of the connection
 /// to the head.
 pub(super) struct FailureWatcher {
-    pub(super) failures: tokio::sync::mpsc::Receiver<String>,
+    pub(super) failures: tokio::sync::mpsc::Receiver<RankFailure>,
     pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+/// A failure the watcher saw: what to tell the user, and where it started.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub(super) struct RankFailure {
+    pub(super) message: String,
+    pub(super) origin: FailureOrigin,
 }
 
 impl FailureWatcher {
@@ -630,9 +670,9 @@ impl FailureWatcher {
                 let page = match client.events(after, Duration::from_secs(30)).await {
                     Ok(page) => page,
                     Err(error) if client.connection().is_closed() => {
-                        let _ = tx
-                            .send(format!("{LOST_HEAD} {}: {error}", client.head()))
-                            .await;
+                        let message = format!("{LOST_HEAD} {}: {error}", client.head());
+                        let origin = FailureOrigin::Here;
+                        let _ = tx.send(RankFailure { message, origin }).await;
                         return;
                     }
                     Err(_) => {
@@ -644,12 +684,10 @@ impl FailureWatcher {
                     after = after.max(event.seq);
                     if let Some((rank, node)) = by_id.get(&event.actor.0) {
                         let node = event.node.unwrap_or(*node);
-                        let _ = tx
-                            .send(format!(
-                                "rank {rank} (node {node}) {}: {}",
-                                event.kind, event.reason
-                            ))
-                            .await;
+                        let message =
+                            format!("rank {rank} (node {node}) {}: {}", event.kind, event.reason);
+                        let origin = event.origin;
+                        let _ = tx.send(RankFailure { message, origin }).await;
                     }
                 }
             }
@@ -665,13 +703,13 @@ impl FailureWatcher {
             let failure = tokio::time::timeout_at(deadline, self.failures.recv())
                 .await
                 .ok()??;
-            if !failure.contains(actors::train::PEER_FAILURE) {
-                return Some(failure);
+            if failure.origin == FailureOrigin::Here {
+                return Some(failure.message);
             }
         }
     }
 
-    pub(super) async fn failure(&mut self) -> String {
+    pub(super) async fn failure(&mut self) -> RankFailure {
         match self.failures.recv().await {
             Some(failure) => failure,
             None => std::future::pending().await,

@@ -317,9 +317,9 @@ pub(super) async fn run_own_exits(
         let Some(head) = this.head.upgrade() else {
             return;
         };
-        let (outcome, reason) = outcome(&exit.reason);
+        let (outcome, reason, origin) = outcome(&exit.reason);
         let node = head.members.own_id();
-        this.ended(&head, exit.actor_id, node, outcome, &reason);
+        this.ended(&head, exit.actor_id, node, outcome, &reason, origin);
     }
 }
 
