@@ -9,9 +9,7 @@
 
 mod actor_errors;
 mod actors;
-mod render;
 mod spawn;
-mod status;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -19,18 +17,18 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+pub use crate::status::{
+    ActorStatus, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
+};
 pub use actor_errors::ActorCallError;
 pub use actors::ActorRef;
 pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
-pub use status::{
-    ActorStatus, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
-};
 
 use crate::actor::ActorId;
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError, message_name, resolve};
-use crate::head::{CLIENT_DIR, HEAD_RECORD};
-use crate::node::{NODE_DIR, NODE_RECORD, NodeRecord};
-use crate::state::{HeadRecord, StateDir};
+use crate::state::{
+    CLIENT_DIR, HEAD_RECORD, HeadRecord, NODE_DIR, NODE_RECORD, NodeRecord, StateDir,
+};
 use crate::tls::{CaCertificate, ClientTls, NodeCredentials};
 use crate::transport::{Client, Connection, TransportError, TransportOptions};
 use crate::wire::Message;

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use crate::membership::MembershipError;
-use crate::placement::{NodeCapacity, Resources};
+use crate::placement::{NodeCapacity, Resources, Strategy};
 use crate::resources::NodeResources;
 use crate::state::StateError;
 use crate::tls::TlsError;
@@ -22,6 +22,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a daemon that answered a stop request lets the answer leave before it closes
 /// its port (the transport does not report delivery, and closing at once could drop it).
 pub(crate) const STOP_LINGER: Duration = Duration::from_millis(100);
+
+/// The longest an `ActorEvents` request is held waiting for an event.
+pub(crate) const MAX_EVENT_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a node may take to start an actor (its constructor may load a model).
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The certificate name of the head: nodes obey stop requests from it only.
 pub(crate) const HEAD_NAME: &str = "head";
@@ -108,7 +114,7 @@ pub trait ActorHandler: Send + Sync + 'static {
 
     /// The actors that have not ended, for the head's status; none by default (a node's
     /// handler keeps no directory).
-    fn actors(&self) -> Vec<crate::client::ActorStatus> {
+    fn actors(&self) -> Vec<crate::status::ActorStatus> {
         Vec::new()
     }
 }
@@ -287,6 +293,15 @@ pub(crate) fn capacity_of(resources: &ResourcesWire) -> NodeCapacity {
         .with_cpus(u64::from(resources.cpus))
         .with_memory_bytes(resources.memory_bytes.unwrap_or(0));
     NodeCapacity::new(quantities).with_gpu_indices(resources.gpus.iter().map(|gpu| gpu.index))
+}
+
+/// How a [`Strategy`] travels (`pack`, `spread`, `node:<id>`).
+pub(crate) fn placement_text(strategy: Strategy) -> String {
+    match strategy {
+        Strategy::Pack => "pack".to_owned(),
+        Strategy::Spread => "spread".to_owned(),
+        Strategy::Node(node) => format!("node:{node}"),
+    }
 }
 
 /// A refusal from the head: a node or a client should act on [`Message::Refused`] only.

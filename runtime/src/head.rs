@@ -28,11 +28,8 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tracing::{Instrument, info, info_span, warn};
 
-pub(crate) use actors::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
-pub(crate) use credentials::CLIENT_DIR;
 pub use members::{ClusterEvent, LossReason};
 
-use crate::client::ClusterStatus;
 use crate::daemon::{
     ActorHandler, CONNECT_TIMEOUT, DaemonError, PUBLIC_PROBE, STOP_LINGER, advertised_address,
     resolve, resources_wire,
@@ -42,14 +39,12 @@ use crate::node::ActorHosting;
 use crate::node::actors::NodeActors;
 use crate::placement::ResourceTable;
 use crate::resources::NodeResources;
-use crate::state::{HeadRecord, StateDir};
+use crate::state::{HEAD_RECORD, HeadRecord, StateDir};
+use crate::status::ClusterStatus;
 use crate::tls::{CaHash, ClientTls, ClusterCa, JoinToken, ServerTls};
 use crate::transport::{Connection, Server, TransportError, TransportOptions};
 use crate::wire::NodeDescription;
 use members::Members;
-
-/// The head's record in the state folder, present while it runs.
-pub(crate) const HEAD_RECORD: &str = "head/head.json";
 
 /// How long the head tries to bind a port that is still held: a head restarted in the same
 /// process finds its previous socket closing for a moment.

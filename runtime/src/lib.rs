@@ -21,6 +21,7 @@ mod node;
 mod placement;
 mod resources;
 mod state;
+mod status;
 mod tls;
 mod transport;
 pub mod wire;

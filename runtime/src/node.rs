@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{Instrument, info, info_span, warn};
@@ -35,16 +34,12 @@ use crate::daemon::{
 };
 use crate::membership::{NodeId, SessionId};
 use crate::resources::NodeResources;
-use crate::state::StateDir;
+use crate::state::{NODE_RECORD, NodeRecord, StateDir};
 use crate::tls::{CaHash, ClientTls, JoinToken, ServerTls};
 use crate::transport::{Connection, Peer, Server, TransportError, TransportOptions};
 use crate::wire::{Message, NodeDescription};
 use actors::NodeActors;
 
-/// Where a node keeps its credentials (`ca.pem`, `node.pem`, `node-key.pem`).
-pub(crate) const NODE_DIR: &str = "node";
-/// Where a node records the head it joined.
-pub(crate) const NODE_RECORD: &str = "node/node.json";
 /// How long a node leaving waits for the head to acknowledge.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -74,17 +69,6 @@ pub struct NodeConfig {
 #[derive(Debug)]
 pub struct Node {
     shared: Arc<Shared>,
-}
-
-/// What a node leaves in the state folder for later commands (`imgrun status`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct NodeRecord {
-    /// The head's address, as given to `imgrun join`.
-    pub(crate) head: String,
-    pub(crate) node_id: u64,
-    /// The node's own advertised address.
-    pub(crate) address: String,
-    pub(crate) ca_hash: String,
 }
 
 /// The node's current membership, as the head last accepted it.

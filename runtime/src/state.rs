@@ -40,6 +40,15 @@ pub enum StateError {
     },
 }
 
+/// The head's record in the state folder, present while it runs.
+pub(crate) const HEAD_RECORD: &str = "head/head.json";
+/// The folder of the certificate for commands on the head's machine.
+pub(crate) const CLIENT_DIR: &str = "client";
+/// Where a node keeps its credentials (`ca.pem`, `node.pem`, `node-key.pem`).
+pub(crate) const NODE_DIR: &str = "node";
+/// Where a node records the head it joined.
+pub(crate) const NODE_RECORD: &str = "node/node.json";
+
 /// What a running head leaves for later commands on its machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeadRecord {
@@ -50,6 +59,17 @@ pub struct HeadRecord {
     pub pid: u32,
     /// Seconds since the Unix epoch.
     pub started: u64,
+}
+
+/// What a node leaves in the state folder for later commands (`imgrun status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NodeRecord {
+    /// The head's address, as given to `imgrun join`.
+    pub(crate) head: String,
+    pub(crate) node_id: u64,
+    /// The node's own advertised address.
+    pub(crate) address: String,
+    pub(crate) ca_hash: String,
 }
 
 /// Which kind of daemon a [`DaemonRecord`] is.

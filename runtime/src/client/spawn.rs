@@ -8,7 +8,7 @@ use super::actors::{ActorRef, HEAD_TIMEOUT, Located};
 use super::{ActorCallError, ClusterClient};
 use crate::actor::{ActorEventKind, ActorId, ActorLabel, FailureOrigin, RestartPolicy};
 use crate::daemon::DaemonError;
-use crate::head::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
+use crate::daemon::{MAX_EVENT_WAIT, START_TIMEOUT, placement_text};
 use crate::membership::NodeId;
 use crate::placement::{Resources, Strategy};
 use crate::wire::{ActorLabelWire, Message};

@@ -20,8 +20,6 @@
 mod driver;
 mod parse;
 
-pub(crate) use driver::START_TIMEOUT;
-pub(crate) use parse::placement_text;
 use parse::{parse_label, spawn_request};
 
 use std::collections::HashMap;
@@ -38,16 +36,14 @@ use crate::actor::{
     ActorDirectory, ActorExit, ActorId, DirectoryConfig, DirectoryError, FailureOrigin,
     RestartPolicy, SpawnRequest,
 };
-use crate::client::ActorStatus;
-use crate::daemon::{ActorHandler, ActorReply, NODE_PREFIX, message_name, refused};
+use crate::daemon::{ActorHandler, ActorReply, MAX_EVENT_WAIT, NODE_PREFIX, message_name, refused};
 use crate::membership::NodeId;
 use crate::node::actors::NodeActors;
 use crate::placement::ResourceTable;
+use crate::status::ActorStatus;
 use crate::transport::{Connection, Peer};
 use crate::wire::{ActorEventWire, Message};
 
-/// The longest an `ActorEvents` request is held waiting for an event.
-pub(crate) const MAX_EVENT_WAIT: Duration = Duration::from_secs(60);
 /// The most events one `ActorEventList` carries; the owner asks again for the rest.
 const MAX_EVENTS_PER_REPLY: usize = 1000;
 

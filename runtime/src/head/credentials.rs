@@ -16,15 +16,13 @@ use std::path::Path;
 use tracing::info;
 
 use crate::daemon::{CLIENT_NAME, DaemonError, HEAD_NAME};
-use crate::state::StateDir;
+use crate::state::{CLIENT_DIR, StateDir};
 use crate::tls::{CaCertificate, ClusterCa, JoinToken, NodeCredentials};
 
 /// The folder of the CA and the token.
 const HEAD_DIR: &str = "head";
 /// The join token's file.
 const TOKEN_FILE: &str = "head/token";
-/// The folder of the certificate for commands on the head's machine.
-pub(crate) const CLIENT_DIR: &str = "client";
 
 /// What a head needs to serve.
 pub(super) struct HeadCredentials {

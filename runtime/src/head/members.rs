@@ -12,12 +12,12 @@ use std::time::Instant;
 use tokio::sync::{Notify, broadcast};
 use tracing::{info, warn};
 
-use crate::client::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus};
 use crate::daemon::{Clock, capacity_of};
 use crate::membership::{
     Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId, SessionId,
 };
 use crate::placement::{Reservation, ResourceTable};
+use crate::status::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus};
 use crate::wire::NodeDescription;
 
 /// The membership key of the head itself; nodes' keys are their certificate names.

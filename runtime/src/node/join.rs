@@ -6,9 +6,10 @@ use std::net::SocketAddr;
 use quinn::ConnectionError;
 use tracing::{debug, warn};
 
-use super::{NODE_DIR, NodeConfig, Session};
+use super::{NodeConfig, Session};
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError};
 use crate::membership::{NodeId, SessionId};
+use crate::state::NODE_DIR;
 use crate::state::StateDir;
 use crate::tls::{CaCertificate, CaHash, ClientTls, NodeCredentials};
 use crate::transport::{Client, TransportError};

@@ -10,15 +10,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::HeadActors;
 use crate::actor::{ActorAction, ActorExit, ActorId, ActorSpec};
-use crate::daemon::{DaemonError, message_name};
+use crate::daemon::{DaemonError, START_TIMEOUT, message_name};
 use crate::head::{ClusterEvent, LossReason, Shared};
 use crate::membership::NodeId;
 use crate::node::actors::{outcome, start_reason};
 use crate::transport::{Connection, TransportError};
 use crate::wire::Message;
 
-/// How long a node may take to start an actor (its constructor may load a model).
-pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a node may take to take a stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a stop is sent before the head relies on the kill deadline or the node's

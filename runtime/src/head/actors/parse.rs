@@ -112,18 +112,10 @@ fn parse_strategy(placement: &str) -> Result<Strategy, String> {
     }
 }
 
-/// How a [`Strategy`] travels (`pack`, `spread`, `node:<id>`).
-pub(crate) fn placement_text(strategy: Strategy) -> String {
-    match strategy {
-        Strategy::Pack => "pack".to_owned(),
-        Strategy::Spread => "spread".to_owned(),
-        Strategy::Node(node) => format!("node:{node}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::placement_text;
 
     #[test]
     fn job_labels_are_checked() {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::status::{ClusterStatus, GpuStatus};
+use super::{ClusterStatus, GpuStatus};
 
 const HEADER: [&str; 10] = [
     "NODE",
@@ -229,7 +229,7 @@ fn plural(count: usize) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::super::status::tests::sample;
+    use super::super::tests::sample;
     use super::*;
 
     #[test]

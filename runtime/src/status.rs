@@ -2,7 +2,10 @@
 //! serialises to JSON (`imgrun status --json`) and converts to and from
 //! [`ClusterStatusWire`]. Per-node use and the totals are derived here, from the nodes
 //! and the reservations, on both sides of the wire. The head adds its live actors, with
-//! the job and rank each was labelled with.
+//! the job and rank each was labelled with. `render.rs` is its text table (`imgrun
+//! status`). The head builds it and the client reads it, so it belongs to neither.
+
+mod render;
 
 use std::collections::BTreeMap;
 
