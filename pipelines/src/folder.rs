@@ -1,14 +1,10 @@
 //! Converting an image folder (`SRC/<class>/<image>`, as torchvision's `ImageFolder`
-//! reads it) into shuffled WebDataset shards, and the ordered parallel write pipeline
-//! that the synthetic dataset shares.
-//!
-//! Output is byte-for-byte the same for the same input, options and seed, whatever the
-//! number of threads: samples are prepared in parallel chunks but written in order.
+//! reads it) into shuffled WebDataset shards, written by the ordered parallel pipeline
+//! of `produce.rs`; and `CreateError`, the error of every dataset producer.
 
 use std::fs;
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use image::codecs::jpeg::JpegEncoder;
 use image::imageops::FilterType;
@@ -16,19 +12,15 @@ use image::{ExtendedColorType, ImageFormat, ImageReader};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
-use rayon::prelude::*;
 
-use crate::brace::summarize_names;
 use crate::manifest::Manifest;
+use crate::produce::{ShardPlan, available_cores, key_width, write_samples};
 use crate::sample::Sample;
-use crate::writer::{ShardWriter, WrittenShard};
+use crate::writer::WrittenShard;
 
 /// File extensions (compared lower-cased) that [`ImageFolder::scan`] takes as images:
 /// the formats this crate's `image` build decodes.
 const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
-
-/// Samples prepared in parallel before they are handed, in order, to the writer.
-const CHUNK: usize = 256;
 
 /// The images of a classification folder, `root/<class>/.../<image>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,95 +219,11 @@ pub fn create_from_folder(
     write_samples(&plan, folder.classes.clone(), order.len(), &make, progress)
 }
 
-/// Where and how [`write_samples`] writes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ShardPlan<'a> {
-    pub(crate) out: &'a Path,
-    pub(crate) prefix: &'a str,
-    pub(crate) max_count: u64,
-    pub(crate) max_size: u64,
-    pub(crate) threads: usize,
-}
-
-/// Builds samples `0..count` with `make` on `plan.threads` threads, a chunk at a time,
-/// while a writer thread writes the previous chunk in order; then writes the manifest.
-pub(crate) fn write_samples(
-    plan: &ShardPlan<'_>,
-    classes: Vec<String>,
-    count: usize,
-    make: &(dyn Fn(usize) -> Result<Sample, CreateError> + Sync),
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<CreateReport, CreateError> {
-    let pattern = validate_plan(plan)?;
-    fs::create_dir_all(plan.out).map_err(|source| CreateError::CreateOutput {
-        path: plan.out.to_path_buf(),
-        source,
-    })?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(plan.threads)
-        .thread_name(|i| format!("imgrun-shards-{i}"))
-        .build()
-        .map_err(|source| CreateError::Threads {
-            threads: plan.threads,
-            source,
-        })?;
-
-    let (sender, receiver) = mpsc::sync_channel::<Batch>(1);
-    let shards = std::thread::scope(|scope| {
-        let writer = scope.spawn(|| write_batches(plan, &pattern, receiver, progress));
-        let produced = produce_batches(&pool, count, make, &sender);
-        if produced.is_ok() {
-            // A closed channel means the writer failed; its error is returned below.
-            let _ = sender.send(Batch::Done);
-        }
-        drop(sender);
-        let written = match writer.join() {
-            Ok(written) => written,
-            Err(panic) => std::panic::resume_unwind(panic),
-        };
-        produced?;
-        // Invariant: `Done` was sent, so the writer either finished or failed.
-        Ok::<_, CreateError>(written?.expect("the writer saw `Done`"))
-    })?;
-
-    let manifest = Manifest::new(classes, &shards);
-    manifest
-        .write_to(plan.out)
-        .map_err(|source| CreateError::WriteManifest {
-            path: plan.out.to_path_buf(),
-            source,
-        })?;
-    let names: Vec<String> = shards
-        .iter()
-        .map(|s| s.path.to_string_lossy().into_owned())
-        .collect();
-    tracing::debug!(
-        shards = shards.len(),
-        samples = manifest.total_samples(),
-        "shards created"
-    );
-    Ok(CreateReport {
-        spec: summarize_names(&names),
-        shards,
-        manifest,
-    })
-}
-
-/// Worker threads to use by default: the cores this process may run on.
-pub(crate) fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 pub(crate) fn bad_option(option: &'static str, reason: &str) -> CreateError {
     CreateError::BadOption {
         option,
         reason: reason.to_string(),
     }
-}
-
-/// Width of zero-padded sample numbers: six digits, more when needed.
-pub(crate) fn key_width(count: usize) -> usize {
-    count.saturating_sub(1).to_string().len().max(6)
 }
 
 /// Encodes RGB pixels as a baseline JPEG.
@@ -334,96 +242,6 @@ pub(crate) fn encode_jpeg(
             source,
         })?;
     Ok(bytes)
-}
-
-enum Batch {
-    Samples(Vec<Sample>),
-    /// Every sample was sent: finish the last shard. A channel closed without it means
-    /// the producer failed, and the open shard is abandoned, not finished.
-    Done,
-}
-
-fn produce_batches(
-    pool: &rayon::ThreadPool,
-    count: usize,
-    make: &(dyn Fn(usize) -> Result<Sample, CreateError> + Sync),
-    sender: &mpsc::SyncSender<Batch>,
-) -> Result<(), CreateError> {
-    for start in (0..count).step_by(CHUNK) {
-        let end = (start + CHUNK).min(count);
-        let results: Vec<Result<Sample, CreateError>> =
-            pool.install(|| (start..end).into_par_iter().map(make).collect());
-        // The first failure in sample order, so the error does not depend on timing.
-        let samples = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        if sender.send(Batch::Samples(samples)).is_err() {
-            break;
-        }
-    }
-    Ok(())
-}
-
-/// Returns the shards written, or `None` when the producer gave up.
-fn write_batches(
-    plan: &ShardPlan<'_>,
-    pattern: &str,
-    receiver: mpsc::Receiver<Batch>,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Option<Vec<WrittenShard>>, CreateError> {
-    let mut writer =
-        ShardWriter::new(pattern, plan.max_count, plan.max_size).map_err(|source| {
-            CreateError::WriteShard {
-                path: PathBuf::from(pattern),
-                source,
-            }
-        })?;
-    let shard_error = |path: Option<&Path>, source: io::Error| CreateError::WriteShard {
-        path: path.map_or_else(|| PathBuf::from(pattern), Path::to_path_buf),
-        source,
-    };
-    while let Ok(batch) = receiver.recv() {
-        let samples = match batch {
-            Batch::Samples(samples) => samples,
-            Batch::Done => {
-                let last = writer.current_path().map(Path::to_path_buf);
-                let shards = writer
-                    .finish()
-                    .map_err(|e| shard_error(last.as_deref(), e))?;
-                return Ok(Some(shards));
-            }
-        };
-        for sample in &samples {
-            writer
-                .write(sample)
-                .map_err(|e| shard_error(writer.current_path(), e))?;
-        }
-        progress(samples.len() as u64);
-    }
-    Ok(None)
-}
-
-/// Checks the plan and returns the shard name pattern (`out/prefix-%06d.tar`).
-fn validate_plan(plan: &ShardPlan<'_>) -> Result<String, CreateError> {
-    let prefix = plan.prefix;
-    if prefix.is_empty() || prefix.contains(['/', '\\']) || prefix.starts_with('.') {
-        return Err(bad_option(
-            "prefix",
-            "must be a non-empty file name that does not start with `.`",
-        ));
-    }
-    if plan.max_count == 0 {
-        return Err(bad_option("max count", "must be at least 1"));
-    }
-    if plan.max_size == 0 {
-        return Err(bad_option("max size", "must be at least 1 byte"));
-    }
-    if plan.threads == 0 {
-        return Err(bad_option("threads", "must be at least 1"));
-    }
-    let base = plan.out.join(prefix);
-    let base = base
-        .to_str()
-        .ok_or_else(|| bad_option("output folder", "path is not valid UTF-8"))?;
-    Ok(format!("{}-%06d.tar", base.replace('%', "%%")))
 }
 
 fn list_dir(dir: &Path) -> Result<Vec<fs::DirEntry>, CreateError> {

@@ -20,6 +20,7 @@ mod loader;
 mod manifest;
 mod pipe;
 mod plan;
+mod produce;
 mod profile;
 mod reader;
 mod sample;

@@ -17,10 +17,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::folder::{
-    CreateError, CreateReport, ShardPlan, available_cores, bad_option, encode_jpeg, key_width,
-    write_samples,
-};
+use crate::folder::{CreateError, CreateReport, bad_option, encode_jpeg};
+use crate::produce::{ShardPlan, available_cores, key_width, write_samples};
 use crate::sample::Sample;
 
 /// JPEG quality of the generated images.
