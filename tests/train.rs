@@ -380,19 +380,20 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
         "no epoch summary:\n{}",
         out.describe()
     );
-    assert!(
-        !out.stderr.contains("warning: rank 0 "),
-        "{}",
-        out.describe()
-    );
-    let late: Vec<Value> = metrics(&cluster.runs.join("late"))
+    // Rank 0 reads local files: it never waits for data. (On a loaded machine it may
+    // fall behind computing now and then, which is named as such.)
+    let rank0_waits = out
+        .stderr
+        .lines()
+        .any(|l| l.starts_with("warning: rank 0 ") && l.contains("waiting for data"));
+    assert!(!rank0_waits, "{}", out.describe());
+    let waits: Vec<Value> = metrics(&cluster.runs.join("late"))
         .into_iter()
-        .filter(|r| r["kind"] == "late")
+        .filter(|r| r["kind"] == "late" && r["cause"] == "waiting_for_data")
         .collect();
-    assert!(!late.is_empty(), "no late record");
-    for record in &late {
+    assert!(!waits.is_empty(), "no late record of a wait for data");
+    for record in &waits {
         assert_eq!(record["rank"], 1, "{record}");
-        assert_eq!(record["cause"], "waiting_for_data", "{record}");
         assert!(
             record["behind_s"].as_f64().is_some_and(|s| s > 1.0),
             "{record}"

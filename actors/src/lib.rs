@@ -1,9 +1,11 @@
 //! imgrun's actors: the pieces that join the data path (`pipelines`) to the control
 //! plane (`runtime`) and run libtorch.
 //!
-//! Today it holds the libtorch probe behind `imgrun doctor`; the loader and trainer
-//! actors grow here next.
+//! `train` is the trainer actor (a rank: a model replica, its loader workers and its
+//! collectives); `job` drives a job's trainers from a request to trained replicas;
+//! `probe_libtorch` is the check behind `imgrun doctor`.
 
+pub mod job;
 mod torch;
 pub mod train;
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use pipelines::{ClusterShape, Plan, render_plan};
 
-use crate::commands::train::{data_spec, trainable_steps};
+use crate::commands::train::data_spec;
 use crate::config::Loaded;
 
 #[derive(Debug, clap::Args)]
@@ -192,7 +192,7 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
         print!("{}", render_plan(&plan));
     }
     // The job's own check: what `imgrun train` would refuse, this refuses.
-    match trainable_steps(&plan) {
+    match actors::job::trainable_steps(&plan) {
         Ok(_) => Ok(ExitCode::SUCCESS),
         Err(problem) => {
             eprintln!("error: {problem:#}");

@@ -1,33 +1,27 @@
 //! `imgrun train`: one data-parallel job on the cluster.
 //!
-//! The client connects to the running cluster (or starts an embedded one for the job),
-//! sizes the world from the free GPUs (else CPU trainers), spawns one trainer actor per
-//! rank in a worker process of its own on its node, wires the ranks into a ring, and then
-//! drives them: the same number of steps to every rank per call, evaluation, checkpoints,
-//! metrics, progress. Every trainer failure or node loss ends the job with the rank, node
-//! and cause; the loss of the head ends it saying so, with the command that resumes. Ctrl-C or SIGTERM lets the step in flight end (for at most [`STOP_GRACE`]),
-//! saves a checkpoint at the last completed step, stops every trainer and prints the
-//! command that continues the run.
+//! The command turns the configuration into a job request (`spec.rs`), reaches the
+//! cluster or starts an embedded one for the job (`cluster.rs`), runs the job
+//! (`actors::job`, which spawns, wires and drives the trainers) and renders what it says
+//! (`render.rs`). Ctrl-C or SIGTERM asks the job to stop after the step in flight with
+//! a checkpoint (for at most [`STOP_GRACE`]); then the command prints the command line
+//! that continues the run.
 
-mod driver;
-mod metrics;
+mod cluster;
+mod render;
 mod spec;
-mod steps;
-mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use actors::job::{Interrupted, JobError, JobSummary, StopControl, Trainers};
 use anyhow::Context;
 
 use crate::config::{Config, Loaded};
-use driver::Driver;
-use spec::job_spec;
-pub(crate) use spec::{data_spec, trainable_steps};
-use steps::{Progress, StopControl};
-use world::Cluster;
+use cluster::Cluster;
+pub(crate) use spec::data_spec;
+use spec::job_request;
 
 /// How long a stopping job may take to end its step in flight and save a checkpoint.
 pub const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -68,17 +62,6 @@ pub struct TrainArgs {
     no_plot: bool,
 }
 
-/// What a finished job reports.
-#[derive(Debug, Clone)]
-pub struct JobSummary {
-    pub run_dir: PathBuf,
-    pub top1: Option<f64>,
-    pub top5: Option<f64>,
-    pub first_loss: Option<f32>,
-    pub last_loss: Option<f32>,
-    pub images_per_s: f64,
-}
-
 pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
     let mut loaded = crate::config::load_with(loaded.file.as_deref(), None, &args.set)?;
     let train = &mut loaded.config.train;
@@ -104,13 +87,31 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
         resume: args.resume,
         plot: !args.no_plot,
     };
+    let args: Vec<String> = std::env::args().collect();
     match train_job(&loaded.config, &options) {
         Ok(_) => Ok(ExitCode::SUCCESS),
-        Err(error) => match error.downcast::<Interrupted>() {
-            Ok(interrupted) => {
-                let args: Vec<String> = std::env::args().collect();
-                eprintln!("{}", interrupted.report(&args));
-                Ok(ExitCode::from(interrupted.exit_code()))
+        Err(error) => match error.downcast::<JobError>() {
+            Ok(error) => {
+                if let Some(interrupted) = error.interrupted() {
+                    eprintln!("{}", interrupted_report(interrupted, &args));
+                    return Ok(ExitCode::from(exit_code(interrupted)));
+                }
+                match error
+                    .head_lost()
+                    .and_then(|lost| lost.progress.run_dir.clone())
+                {
+                    Some(run)
+                        if error
+                            .head_lost()
+                            .is_some_and(|l| l.progress.checkpoint.is_some()) =>
+                    {
+                        Err(anyhow::anyhow!(
+                            "{error}\nto continue this run once the head is back:\n  {}",
+                            resume_command(&args, &run)
+                        ))
+                    }
+                    _ => Err(error.into()),
+                }
             }
             Err(error) => Err(error),
         },
@@ -126,82 +127,26 @@ pub struct JobOptions {
     pub plot: bool,
 }
 
-/// A job stopped by a signal, and where it stands: its run folder and newest
-/// checkpoint, and why no checkpoint at its last step was written when none was.
-#[derive(Debug)]
-pub struct Interrupted {
-    signal: &'static str,
-    progress: Progress,
-    /// Why the job could not stop at a checkpoint of its last step.
-    late: Option<String>,
-}
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.summary())
+/// 128 + the signal's number, as a shell reports a process the signal ended.
+fn exit_code(interrupted: &Interrupted) -> u8 {
+    if interrupted.by == "SIGTERM" {
+        143
+    } else {
+        130
     }
 }
 
-impl std::error::Error for Interrupted {}
-
-impl Interrupted {
-    fn in_time(signal: &'static str, progress: Progress) -> Self {
-        Interrupted {
-            signal,
-            progress,
-            late: None,
-        }
+/// The interrupt's summary and, when there is a checkpoint, the command line `args`
+/// (this process's) with `--resume <run folder>` in place of any `--resume` given.
+fn interrupted_report(interrupted: &Interrupted, args: &[String]) -> String {
+    let mut text = interrupted.summary();
+    if let Some(run) = interrupted.resumable() {
+        text.push_str(&format!(
+            "\nto continue this run:\n  {}",
+            resume_command(args, run)
+        ));
     }
-
-    fn late(signal: &'static str, progress: Progress, why: String) -> Self {
-        Interrupted {
-            signal,
-            progress,
-            late: Some(why),
-        }
-    }
-
-    /// 128 + the signal's number, as a shell reports a process the signal ended.
-    pub fn exit_code(&self) -> u8 {
-        if self.signal == "SIGTERM" { 143 } else { 130 }
-    }
-
-    /// One paragraph: what happened, and the checkpoint to continue from.
-    fn summary(&self) -> String {
-        let mut text = format!("interrupted by {}: every trainer was stopped", self.signal);
-        if let Some(why) = &self.late {
-            text.push_str(&format!("; no checkpoint at the last step ({why})"));
-        }
-        match (&self.progress.checkpoint, &self.progress.run_dir) {
-            (Some(saved), Some(run)) => text.push_str(&format!(
-                "\n{} checkpoint: {} (epoch {}, step {} of the epoch, global step {}); \
-                 continue with --resume {}",
-                if self.late.is_some() { "last" } else { "saved" },
-                saved.dir.display(),
-                saved.epoch,
-                saved.step_in_epoch,
-                saved.global_step,
-                run.display()
-            )),
-            _ => {
-                text.push_str("\nno checkpoint was written: nothing to resume; start the job again")
-            }
-        }
-        text
-    }
-
-    /// The summary and, when there is a checkpoint, the command line `args` (this
-    /// process's) with `--resume <run folder>` in place of any `--resume` given.
-    pub fn report(&self, args: &[String]) -> String {
-        let mut text = self.summary();
-        if let (Some(_), Some(run)) = (&self.progress.checkpoint, &self.progress.run_dir) {
-            text.push_str(&format!(
-                "\nto continue this run:\n  {}",
-                resume_command(args, run)
-            ));
-        }
-        text
-    }
+    text
 }
 
 /// `args` as a shell command line that resumes from `run`: any `--resume` dropped and
@@ -258,65 +203,84 @@ impl StopSignals {
 }
 
 /// Runs a job to its end, or to a checkpoint at its last step when Ctrl-C or SIGTERM
-/// arrives (then the error is an [`Interrupted`]).
+/// arrives (then the error is a [`JobError::Interrupted`]), and draws its metrics.
 pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSummary> {
-    let job = job_spec(config)?;
+    let request = job_request(config, options.resume.clone())?;
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    tokio.block_on(async {
+    let summary = tokio.block_on(async {
         let mut signals = StopSignals::new()?;
-        let (stop_tx, requested) = tokio::sync::watch::channel(None);
-        let stop = StopControl {
-            requested,
-            progress: Arc::new(Mutex::new(Progress::default())),
+        let (stop_request, stop) = StopControl::new();
+        let interrupted = |by, stop: &StopControl, late: Option<String>| -> anyhow::Error {
+            let progress = stop.progress().clone();
+            let interrupted = match late {
+                None => Interrupted::in_time(by, progress),
+                Some(why) => Interrupted::late(by, progress, why),
+            };
+            JobError::Interrupted(Box::new(interrupted)).into()
         };
         let cluster = tokio::select! {
             cluster = Cluster::connect(config, options) => cluster?,
-            signal = signals.next() => {
-                return Err(Interrupted::in_time(signal, Progress::default()).into());
-            }
+            signal = signals.next() => return Err(interrupted(signal, &stop, None)),
         };
+        let trainers = Trainers::default();
+        let output = render::Terminal::default();
         let outcome = async {
-            let mut driver = std::pin::pin!(Driver::start(config, options, job, &cluster, &stop));
+            let job = actors::job::run(&cluster.client, request, &output, &stop, &trainers);
+            let mut job = std::pin::pin!(job);
             tokio::select! {
-            outcome = &mut driver => outcome,
-            signal = signals.next() => {
-                eprintln!(
-                    "\n{signal}: stopping after the step in flight with a checkpoint (at most \
-                     {} s; {signal} again stops at once)",
-                    STOP_GRACE.as_secs()
-                );
-                let _ = stop_tx.send(Some(signal));
-                let late = |why: String| -> anyhow::Error {
-                    Interrupted::late(signal, stop.progress().clone(), why).into()
-                };
-                tokio::select! {
-                    outcome = &mut driver => match outcome {
-                        Err(error) if !error.is::<Interrupted>() => {
-                            Err(late(format!("the job failed while stopping: {error:#}")))
-                        }
-                        other => other,
-                    },
-                    () = tokio::time::sleep(STOP_GRACE) => Err(late(format!(
-                        "no step ended within {} s", STOP_GRACE.as_secs()
-                    ))),
-                    again = signals.next() => Err(late(format!("{again} again: stopped at once"))),
+                outcome = &mut job => outcome.map_err(anyhow::Error::from),
+                signal = signals.next() => {
+                    eprintln!(
+                        "\n{signal}: stopping after the step in flight with a checkpoint (at \
+                         most {} s; {signal} again stops at once)",
+                        STOP_GRACE.as_secs()
+                    );
+                    stop_request.stop(signal);
+                    tokio::select! {
+                        outcome = &mut job => match outcome {
+                            Err(error) if error.interrupted().is_none() => Err(interrupted(
+                                signal,
+                                &stop,
+                                Some(format!("the job failed while stopping: {error}")),
+                            )),
+                            other => other.map_err(anyhow::Error::from),
+                        },
+                        () = tokio::time::sleep(STOP_GRACE) => Err(interrupted(
+                            signal,
+                            &stop,
+                            Some(format!("no step ended within {} s", STOP_GRACE.as_secs())),
+                        )),
+                        again = signals.next() => Err(interrupted(
+                            signal,
+                            &stop,
+                            Some(format!("{again} again: stopped at once")),
+                        )),
+                    }
                 }
-            }
             }
         }
         .await;
-        cluster.stop_trainers().await;
+        trainers.kill_all().await;
         cluster.shutdown().await;
         outcome
-    })
+    })?;
+    if options.plot {
+        let out = summary.run_dir.join("metrics.png");
+        match crate::commands::plot::render(&summary.run_dir, &out) {
+            Ok(()) => println!("plot: {}", out.display()),
+            Err(error) => eprintln!("warning: drawing the metrics failed: {error:#}"),
+        }
+    }
+    Ok(summary)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actors::job::Progress;
 
     #[test]
     fn the_resume_command_replaces_any_resume_and_quotes_what_a_shell_would_split() {
@@ -355,7 +319,7 @@ mod tests {
     fn an_interrupt_names_the_checkpoint_or_says_there_is_none() {
         let progress = Progress {
             run_dir: Some(PathBuf::from("/runs/a")),
-            checkpoint: Some(steps::Saved {
+            checkpoint: Some(actors::job::Saved {
                 dir: PathBuf::from("/runs/a/checkpoints/step-00000012"),
                 epoch: 1,
                 global_step: 12,
@@ -363,7 +327,7 @@ mod tests {
             }),
         };
         let args = ["imgrun".to_string(), "train".to_string()];
-        let saved = Interrupted::in_time("SIGINT", progress.clone()).report(&args);
+        let saved = interrupted_report(&Interrupted::in_time("SIGINT", progress.clone()), &args);
         for word in [
             "interrupted by SIGINT",
             "saved checkpoint: /runs/a/checkpoints/step-00000012",
@@ -373,12 +337,12 @@ mod tests {
             assert!(saved.contains(word), "`{word}` not in:\n{saved}");
         }
         let late = Interrupted::late("SIGTERM", progress, "no step ended within 20 s".into());
-        assert_eq!(late.exit_code(), 143);
-        let text = late.report(&args);
+        assert_eq!(exit_code(&late), 143);
+        let text = interrupted_report(&late, &args);
         assert!(text.contains("no step ended within 20 s"), "{text}");
         assert!(text.contains("last checkpoint: /runs/a/"), "{text}");
         assert!(text.contains("--resume /runs/a"), "{text}");
-        let none = Interrupted::in_time("SIGINT", Progress::default()).report(&args);
+        let none = interrupted_report(&Interrupted::in_time("SIGINT", Progress::default()), &args);
         assert!(none.contains("nothing to resume"), "{none}");
         assert!(!none.contains("--resume"), "{none}");
     }

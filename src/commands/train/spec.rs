@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use actors::job::{JobRequest, JobSettings};
 use actors::train::{
     DataSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet, SourceSpec,
 };
@@ -282,49 +283,30 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
     Manifest::read_from(pipelines::local_folder(first)?).ok()
 }
 
-/// Plans the first epoch here, so a bad hook or missing counts fail before any trainer
-/// starts (each trainer plans every epoch again for itself, with the same planner).
-pub(super) fn check_plan(job: &JobSpec, node_ranks: &[u32]) -> anyhow::Result<()> {
-    let shape =
-        pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.loader_workers);
-    let plan = job
-        .data
-        .train_planner(shape, job.optim.batch_size)
-        .and_then(|planner| planner.plan(0))
-        .context("planning the first epoch")?;
-    trainable_steps(&plan).context("planning the first epoch")?;
-    Ok(())
-}
-
-/// The steps every rank runs in `plan`, or why the job cannot run it: trainers count
-/// their steps ahead (for the schedule, progress and checkpoints), so a plan whose
-/// batch counts are unknown is refused here, as `imgrun plan` refuses it.
-pub(crate) fn trainable_steps(plan: &pipelines::Plan) -> anyhow::Result<u64> {
-    plan.check()?;
-    let steps = plan.steps().with_context(|| {
-        let missing = match plan.consistency {
-            pipelines::Consistency::Unknown {
-                shards_without_counts,
-            } => shards_without_counts,
-            _ => 0,
-        };
-        format!(
-            "the ranks' batch counts are unknown: {missing} shard(s) have no sample count. \
-             Index the shards with `imgrun shards index SPEC -o manifest.json` and set \
-             data.manifest to it (or keep it beside local shards), declare \
-             data.samples_per_shard, or use resampled mode with data.epoch_size"
-        )
-    })?;
-    anyhow::ensure!(
-        steps > 0,
-        "epoch {} has no samples to train on: the shards' counts add up to {} and every \
-         rank would run 0 steps (a manifest or data.samples_per_shard that says 0, hooks \
-         that leave the ranks no shards, or data.epoch_size smaller than a batch per rank)",
-        plan.epoch,
-        plan.dataset_samples
-            .map_or("?".to_string(), |n| n.to_string())
-    );
-    Ok(steps)
+/// What `imgrun train` submits: the trainers' job and how to run it, from the
+/// configuration.
+pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::Result<JobRequest> {
+    let train = &config.train;
+    Ok(JobRequest {
+        spec: job_spec(config)?,
+        settings: JobSettings {
+            gpus: train.gpus,
+            cpu_trainers: train.cpu_trainers,
+            threads: train.threads,
+            lr: train.lr,
+            reference_batch: train.reference_batch,
+            step_timeout_secs: train.step_timeout_secs,
+            eval_every_epochs: train.eval_every_epochs,
+            eval_every_steps: train.eval_every_steps,
+            checkpoint_every_epochs: train.checkpoint_every_epochs,
+            checkpoint_every_steps: train.checkpoint_every_steps,
+            straggler_secs: train.straggler_secs,
+            runs_dir: PathBuf::from(&train.runs_dir),
+            name: train.name.clone(),
+            dead_after_ms: config.cluster.dead_after_ms,
+        },
+        resume,
+    })
 }
 
 #[cfg(test)]

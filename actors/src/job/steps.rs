@@ -7,61 +7,87 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actors::train::{
+use pipelines::RankCursor;
+use serde::{Deserialize, Serialize};
+
+use super::calls::{Rank, call_all, call_one};
+use super::metrics::Metrics;
+use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
+use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
     JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SaveRequest, StepMetrics,
     StepRecord, StepTiming, StopRecord, TrainReply, TrainRequest, late_rank,
 };
-use anyhow::{Context, bail};
-use pipelines::RankCursor;
-
-use super::driver::{Metrics, Rank, call_all, call_one};
-use super::{Interrupted, JobSummary};
-use crate::commands::progress_bar;
-use crate::config::Config;
 
 /// A checkpoint this job wrote or resumed from.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Saved {
-    pub(crate) dir: PathBuf,
-    pub(crate) epoch: u64,
-    pub(crate) global_step: u64,
-    pub(crate) step_in_epoch: u64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saved {
+    pub dir: PathBuf,
+    pub epoch: u64,
+    pub global_step: u64,
+    pub step_in_epoch: u64,
 }
 
 /// Where a job stands, shared with the code that handles signals: what it needs to say
 /// after an interrupt, even when the step loop did not get to answer.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Progress {
-    pub(crate) run_dir: Option<PathBuf>,
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Progress {
+    pub run_dir: Option<PathBuf>,
     /// The newest checkpoint.
-    pub(crate) checkpoint: Option<Saved>,
+    pub checkpoint: Option<Saved>,
 }
 
-/// How the job's client tells the step loop to stop (the signal's name), and what the
-/// loop tells it back.
+/// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
+/// and what the loop tells it back.
 #[derive(Debug, Clone)]
-pub(crate) struct StopControl {
-    pub(crate) requested: tokio::sync::watch::Receiver<Option<&'static str>>,
-    pub(crate) progress: Arc<Mutex<Progress>>,
+pub struct StopControl {
+    requested: tokio::sync::watch::Receiver<Option<&'static str>>,
+    progress: Arc<Mutex<Progress>>,
+}
+
+/// The sending half of a [`StopControl`]: asks the job to stop.
+#[derive(Debug)]
+pub struct StopRequest(tokio::sync::watch::Sender<Option<&'static str>>);
+
+impl StopRequest {
+    /// Asks the job to stop after the step in flight; `by` names who asked (`SIGINT`,
+    /// `SIGTERM`, `cancel`).
+    pub fn stop(&self, by: &'static str) {
+        let _ = self.0.send(Some(by));
+    }
 }
 
 impl StopControl {
-    pub(crate) fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+    pub fn new() -> (StopRequest, StopControl) {
+        let (tx, requested) = tokio::sync::watch::channel(None);
+        let control = StopControl {
+            requested,
+            progress: Arc::new(Mutex::new(Progress::default())),
+        };
+        (StopRequest(tx), control)
+    }
+
+    /// Where the job stands now.
+    pub fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn requested(&self) -> Option<&'static str> {
+        *self.requested.borrow()
     }
 }
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
 /// need.
 pub(super) struct RunningJob<'a> {
-    pub(super) config: &'a Config,
+    pub(super) settings: &'a JobSettings,
     pub(super) job: &'a JobSpec,
     pub(super) ranks: &'a [Rank],
     pub(super) run_dir: &'a Path,
     pub(super) steps_per_epoch: u64,
     pub(super) node_ranks: &'a [u32],
     pub(super) stop: &'a StopControl,
+    pub(super) output: &'a dyn JobOutput,
 }
 
 impl RunningJob<'_> {
@@ -74,7 +100,7 @@ impl RunningJob<'_> {
         (epoch, global_step, step_in_epoch): (u64, u64, u64),
         cursors: Vec<RankCursor>,
         sums: EpochSums,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), JobError> {
         let state = CheckpointState {
             epoch,
             global_step,
@@ -96,9 +122,9 @@ impl RunningJob<'_> {
             name: name.to_string(),
             state,
         };
-        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10));
+        let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
         let rank0 = &self.ranks[0];
-        let path = call_one(rank0, &request, timeout).await.with_context(|| {
+        let path = call_one(rank0, &request, timeout).await.map_err(|error| {
             let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
                 (Some(saved), run) => format!(
                     "; the newest checkpoint, {}, is intact and `latest` points at it: \
@@ -108,7 +134,10 @@ impl RunningJob<'_> {
                 ),
                 (None, _) => "; no earlier checkpoint was written".to_string(),
             };
-            format!("{}: saving checkpoint {name}{newest}", rank0.name())
+            error.during(format!(
+                "{}: saving checkpoint {name}{newest}",
+                rank0.name()
+            ))
         })?;
         tracing::info!(path = %path.display(), "checkpoint saved");
         self.stop.progress().checkpoint = Some(Saved {
@@ -130,7 +159,7 @@ impl RunningJob<'_> {
         cursors: &[RankCursor],
         sums: EpochSums,
         metrics: &mut Metrics,
-    ) -> anyhow::Error {
+    ) -> JobError {
         let (epoch, global_step, step_in_epoch) = at;
         let newest = self.stop.progress().checkpoint.clone();
         let saved_already = newest
@@ -147,12 +176,11 @@ impl RunningJob<'_> {
                 (format!("step-{global_step:08}"), cursors.to_vec(), sums)
             };
             if let Err(error) = self.save(&name, at, cursors, sums).await {
-                return Interrupted::late(
+                return JobError::Interrupted(Box::new(Interrupted::late(
                     signal,
                     self.stop.progress().clone(),
-                    format!("the checkpoint at global step {global_step} failed: {error:#}"),
-                )
-                .into();
+                    format!("the checkpoint at global step {global_step} failed: {error}"),
+                )));
             }
         }
         let progress = self.stop.progress().clone();
@@ -165,7 +193,7 @@ impl RunningJob<'_> {
                 .as_ref()
                 .map(|c| c.dir.display().to_string()),
         }));
-        Interrupted::in_time(signal, progress).into()
+        JobError::Interrupted(Box::new(Interrupted::in_time(signal, progress)))
     }
 }
 
@@ -178,8 +206,8 @@ impl RunningJob<'_> {
         global_step: u64,
         metrics: &mut Metrics,
         elapsed_s: f64,
-    ) -> anyhow::Result<Option<(f64, f64)>> {
-        let timeout = Duration::from_secs(self.config.train.step_timeout_secs.max(10) * 6);
+    ) -> Result<Option<(f64, f64)>, JobError> {
+        let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10) * 6);
         let evals: Vec<EvalReply> = call_all(self.ranks, |_| EvaluateRequest {}, timeout).await?;
         let samples: u64 = evals.iter().map(|e| e.samples).sum();
         if samples == 0 {
@@ -241,16 +269,16 @@ pub(super) async fn train_loop(
     run: &RunningJob<'_>,
     metrics: &mut Metrics,
     resume: Option<&ResumeFrom>,
-) -> anyhow::Result<JobSummary> {
+) -> Result<JobSummary, JobError> {
     let RunningJob {
-        config,
+        settings: train,
         job,
         ranks,
         run_dir,
         steps_per_epoch,
+        output,
         ..
     } = *run;
-    let train = &config.train;
     let long = Duration::from_secs(train.step_timeout_secs.max(10));
     let started = Instant::now();
     let (first_epoch, mut step_in_epoch) = match resume {
@@ -267,13 +295,16 @@ pub(super) async fn train_loop(
     };
     let mut global_step = resume.map_or(0, |r| r.state.global_step);
     let (mut total_images, mut total_train_s) = (0u64, 0.0f64);
-    println!(
+    output.info(format!(
         "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
         "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
-    );
+    ));
     for epoch in first_epoch..job.optim.epochs {
-        let bar = progress_bar(steps_per_epoch, &format!("epoch {epoch}"));
-        bar.set_position(step_in_epoch);
+        output.event(JobEvent::EpochStarted {
+            epoch,
+            steps: steps_per_epoch,
+            position: step_in_epoch,
+        });
         let epoch_started = Instant::now();
         // A resumed epoch's summary counts the steps before its checkpoint too.
         let mut sums = match resume {
@@ -293,9 +324,8 @@ pub(super) async fn train_loop(
         // Bad samples and shards each rank has skipped so far this epoch.
         let mut skipped: Vec<u64> = Vec::new();
         while !done {
-            let stop = *run.stop.requested.borrow();
-            if let Some(signal) = stop {
-                bar.finish_and_clear();
+            if let Some(signal) = run.stop.requested() {
+                output.event(JobEvent::EpochEnded { epoch });
                 let at = (epoch, global_step, step_in_epoch);
                 return Err(run.interrupted(signal, at, &cursors, sums, metrics).await);
             }
@@ -314,21 +344,20 @@ pub(super) async fn train_loop(
             if let Some(bad) = replies.iter().position(|r| {
                 r.step_in_epoch != first.step_in_epoch || r.epoch_done != first.epoch_done
             }) {
-                bail!(
+                return Err(JobError::Refused(format!(
                     "ranks out of step: rank 0 at step {} of epoch {epoch}, rank {bad} at {}",
-                    first.step_in_epoch,
-                    replies[bad].step_in_epoch
-                );
+                    first.step_in_epoch, replies[bad].step_in_epoch
+                )));
             }
             if let Some(bad) = replies
                 .iter()
                 .position(|r| r.steps.len() != first.steps.len())
             {
-                bail!(
+                return Err(JobError::Refused(format!(
                     "ranks out of step: rank 0 ran {} steps in a call, rank {bad} {}",
                     first.steps.len(),
                     replies[bad].steps.len()
-                );
+                )));
             }
             let samples: u64 = replies.iter().map(|r| r.samples).sum();
             let data_wait = replies
@@ -349,15 +378,13 @@ pub(super) async fn train_loop(
                     let who = &ranks[found.rank];
                     let seen = late.entry(found.rank).or_insert((0, 0.0, found.cause));
                     if seen.0 == 0 {
-                        bar.suspend(|| {
-                            eprintln!(
-                                "warning: {} is {:.1} s behind the others at step {}: {}",
-                                who.name(),
-                                found.behind_s,
-                                step.step,
-                                found.cause.explain()
-                            )
-                        });
+                        output.warn(format!(
+                            "{} is {:.1} s behind the others at step {}: {}",
+                            who.name(),
+                            found.behind_s,
+                            step.step,
+                            found.cause.explain()
+                        ));
                     }
                     seen.0 += 1;
                     if found.behind_s > seen.1 {
@@ -396,7 +423,7 @@ pub(super) async fn train_loop(
             for (rank, reply) in replies.iter().enumerate() {
                 for problem in &reply.problems {
                     if told.insert(problem.clone()) {
-                        bar.suspend(|| eprintln!("warning: rank {rank}: {problem}"));
+                        output.warn(format!("rank {rank}: {problem}"));
                     }
                 }
             }
@@ -413,12 +440,13 @@ pub(super) async fn train_loop(
             step_in_epoch = first.step_in_epoch;
             done = first.epoch_done;
             cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
-            bar.set_position(step_in_epoch);
             if let (Some(last), Some(figures)) = (first.steps.last(), last_figures) {
-                bar.set_message(format!(
-                    "epoch {epoch} loss {:.3} {:.0} img/s",
-                    last.loss, figures.images_per_s
-                ));
+                output.event(JobEvent::Stepped {
+                    epoch,
+                    position: step_in_epoch,
+                    loss: last.loss,
+                    images_per_s: figures.images_per_s,
+                });
             }
             // Calls of about a second: progress stays live, and Ctrl-C or a failure is
             // noticed between calls.
@@ -428,13 +456,11 @@ pub(super) async fn train_loop(
             if due(train.eval_every_steps) && !job.data.val.is_empty() {
                 let elapsed_s = started.elapsed().as_secs_f64();
                 if let Some(top) = run.evaluate(epoch, global_step, metrics, elapsed_s).await? {
-                    bar.suspend(|| {
-                        println!(
-                            "      step {global_step}: val top-1 {:.2}%, top-5 {:.2}%",
-                            top.0 * 100.0,
-                            top.1 * 100.0
-                        );
-                    });
+                    output.info(format!(
+                        "      step {global_step}: val top-1 {:.2}%, top-5 {:.2}%",
+                        top.0 * 100.0,
+                        top.1 * 100.0
+                    ));
                 }
             }
             if due(train.checkpoint_every_steps) {
@@ -443,7 +469,7 @@ pub(super) async fn train_loop(
                 run.save(&name, at, cursors.clone(), sums).await?;
             }
         }
-        bar.finish_and_clear();
+        output.event(JobEvent::EpochEnded { epoch });
         let epoch_s = epoch_started.elapsed().as_secs_f64();
         total_images += images;
         total_train_s += busy_s;
@@ -464,22 +490,22 @@ pub(super) async fn train_loop(
         }
         let (train_loss, train_accuracy) = sums.means();
         for (rank, (steps, most, cause)) in &late {
-            eprintln!(
-                "warning: epoch {epoch}: {} held the others up on {steps} step(s), by up to \
+            output.warn(format!(
+                "epoch {epoch}: {} held the others up on {steps} step(s), by up to \
                  {most:.1} s ({})",
                 ranks[*rank].name(),
                 match cause {
                     LateCause::WaitingForData => "waiting for data",
                     LateCause::Computing => "computing",
                 }
-            );
+            ));
         }
         let skipped: u64 = skipped.iter().sum();
         if skipped > 0 {
-            eprintln!(
-                "warning: epoch {epoch}: {skipped} bad sample(s) or shard(s) skipped \
+            output.warn(format!(
+                "epoch {epoch}: {skipped} bad sample(s) or shard(s) skipped \
                  (shards.error_policy = \"skip\")"
-            );
+            ));
         }
         let images_per_s = images as f64 / busy_s.max(1e-9);
         let data_wait_fraction = wait_s / busy_s.max(1e-9);
@@ -501,13 +527,13 @@ pub(super) async fn train_loop(
             skipped,
         }))?;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-        println!(
+        output.info(format!(
             "{epoch:>5} {train_loss:>10.4} {:>8} {:>8} {:>8.1}s {images_per_s:>8.0} {:>9.1}%",
             pct(top.0),
             pct(top.1),
             epoch_s,
             data_wait_fraction * 100.0
-        );
+        ));
         let save_due = last_epoch
             || (train.checkpoint_every_epochs > 0
                 && (epoch + 1) % train.checkpoint_every_epochs == 0);
@@ -525,7 +551,6 @@ pub(super) async fn train_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actors::train::StepTiming;
 
     #[test]
     fn a_step_lasts_as_long_as_its_slowest_rank() {

@@ -7,17 +7,21 @@
 use std::io::Write as _;
 use std::path::Path;
 
-use actors::train::CheckpointState;
-use anyhow::Context;
+use std::fs::File;
+use std::path::PathBuf;
+
 use serde_json::Value;
+
+use super::JobError;
+use crate::train::{CheckpointState, MetricsRecord};
 
 /// Rewinds the metrics file at `path` to the checkpoint `state`; returns how many
 /// records (and unreadable lines) were dropped. A missing file has nothing to rewind.
-pub(super) fn rewind(path: &Path, state: &CheckpointState) -> anyhow::Result<usize> {
+pub(crate) fn rewind(path: &Path, state: &CheckpointState) -> Result<usize, JobError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+        Err(error) => return Err(JobError::io(format!("reading {}", path.display()))(error)),
     };
     let (kept, dropped) = keep_until(&text, state.global_step, state.epoch);
     if dropped == 0 {
@@ -36,7 +40,7 @@ pub(super) fn rewind(path: &Path, state: &CheckpointState) -> anyhow::Result<usi
     };
     if let Err(error) = write() {
         let _ = std::fs::remove_file(&partial);
-        return Err(error).with_context(|| format!("rewriting {}", path.display()));
+        return Err(JobError::io(format!("rewriting {}", path.display()))(error));
     }
     Ok(dropped)
 }
@@ -45,7 +49,7 @@ pub(super) fn rewind(path: &Path, state: &CheckpointState) -> anyhow::Result<usi
 /// step, eval and stop records up to that step, epoch summaries of the epochs before
 /// `epoch`, and every other record (jobs, connections); lines that are not JSON objects
 /// (a line cut short by a crash) go. Returns the kept text and how many lines went.
-pub(super) fn keep_until(text: &str, global_step: u64, epoch: u64) -> (String, usize) {
+pub(crate) fn keep_until(text: &str, global_step: u64, epoch: u64) -> (String, usize) {
     let mut kept = String::with_capacity(text.len());
     let mut dropped = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -70,6 +74,34 @@ pub(super) fn keep_until(text: &str, global_step: u64, epoch: u64) -> (String, u
         }
     }
     (kept, dropped)
+}
+
+/// The metrics file: one JSON object per line, flushed as it goes.
+pub(crate) struct Metrics {
+    pub(crate) file: File,
+    pub(crate) path: PathBuf,
+}
+
+impl Metrics {
+    pub(crate) fn open(path: &Path) -> Result<Self, JobError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(JobError::io(format!("opening {}", path.display())))?;
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub(crate) fn write(&mut self, record: &MetricsRecord) -> Result<(), JobError> {
+        let line = serde_json::to_string(record).map_err(|error| {
+            JobError::Refused(format!("encoding a {} record: {error}", record.kind()))
+        })?;
+        writeln!(self.file, "{line}")
+            .map_err(JobError::io(format!("writing {}", self.path.display())))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,98 @@
+//! The job's ranks and its typed calls to them: one method to every rank at once, or to
+//! one, with the failure named by rank and node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use runtime::{ActorCallError, ActorRef};
+use serde::Serialize;
+
+use super::JobError;
+use super::world::RankPlace;
+use crate::train::TrainerMethod;
+
+/// A rank's handle and where it is.
+#[derive(Clone)]
+pub(crate) struct Rank {
+    pub(crate) rank: u32,
+    pub(crate) place: RankPlace,
+    pub(crate) actor: ActorRef,
+}
+
+impl Rank {
+    pub(crate) fn name(&self) -> String {
+        format!("rank {} (node {})", self.rank, self.place.node)
+    }
+}
+
+/// A call to a rank that failed: the runtime's error, kept typed so that the job can ask
+/// where a failure started ([`JobError::failure_origin`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{rank}: {method}: {error}")]
+pub struct RankCallError {
+    pub rank: String,
+    pub method: &'static str,
+    pub error: ActorCallError,
+}
+
+/// Calls method `M` on every rank at once, each with its `request`, and returns the
+/// replies in rank order; the first failure ends the call, naming the rank and node.
+pub(crate) async fn call_all<M: TrainerMethod>(
+    ranks: &[Rank],
+    request: impl Fn(&Rank) -> M,
+    timeout: Duration,
+) -> Result<Vec<M::Reply>, JobError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for rank in ranks {
+        let rank = rank.clone();
+        let payload = to_json(&request(&rank));
+        tasks.spawn(async move {
+            let outcome = call_payload::<M>(&rank, payload, timeout).await;
+            (rank.rank, outcome)
+        });
+    }
+    let mut replies: BTreeMap<u32, M::Reply> = BTreeMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (rank, outcome) =
+            joined.map_err(|error| JobError::Refused(format!("a call task failed: {error}")))?;
+        replies.insert(rank, outcome?);
+    }
+    Ok(replies.into_values().collect())
+}
+
+/// Calls method `M` on one rank.
+pub(crate) async fn call_one<M: TrainerMethod>(
+    rank: &Rank,
+    request: &M,
+    timeout: Duration,
+) -> Result<M::Reply, JobError> {
+    call_payload::<M>(rank, to_json(request), timeout).await
+}
+
+async fn call_payload<M: TrainerMethod>(
+    rank: &Rank,
+    payload: Vec<u8>,
+    timeout: Duration,
+) -> Result<M::Reply, JobError> {
+    let method = M::NAME;
+    let bytes = rank
+        .actor
+        .call(method, payload, timeout)
+        .await
+        .map_err(|error| {
+            JobError::Call(Box::new(RankCallError {
+                rank: rank.name(),
+                method,
+                error,
+            }))
+        })?;
+    serde_json::from_slice::<M::Reply>(&bytes).map_err(|error| {
+        JobError::Refused(format!("{}: {method}: bad reply: {error}", rank.name()))
+    })
+}
+
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Invariant: these request types hold only strings, numbers and paths, which always
+    // encode.
+    serde_json::to_vec(value).unwrap_or_default()
+}

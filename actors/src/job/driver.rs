@@ -1,0 +1,470 @@
+//! The job from spawning its trainers to the check of the replicas: the world, the run
+//! folder, resume, the ring's wiring, and watching the trainers for failures while the
+//! step loop runs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use runtime::{
+    ActorLabel, ClusterClient, FailureOrigin, NodeId, Resources, SpawnOptions, Strategy,
+};
+
+use super::calls::{Rank, call_all, to_json};
+use super::metrics::{Metrics, rewind};
+use super::steps::{RunningJob, Saved, StopControl, train_loop};
+use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
+use super::world::{RankPlace, Trainers, check_plan, plan_world};
+use super::{HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
+use crate::train::{
+    AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
+    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, ResumeFrom,
+    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+};
+
+pub use super::calls::RankCallError;
+pub use super::watch::RankFailure;
+
+/// Runs the job of `request` on the cluster `client` reaches, telling `output` what
+/// happens, until it ends, fails, or `stop` asks it to stop (then it saves a checkpoint
+/// at its last completed step and fails with [`JobError::Interrupted`]). Every trainer
+/// it spawns is in `trainers`, for the caller to stop whatever happened.
+pub async fn run(
+    client: &ClusterClient,
+    request: JobRequest,
+    output: &dyn JobOutput,
+    stop: &StopControl,
+    trainers: &Trainers,
+) -> Result<JobSummary, JobError> {
+    let JobRequest {
+        spec: mut job,
+        settings,
+        resume,
+    } = request;
+    let status = client
+        .status()
+        .await
+        .map_err(JobError::cluster("asking for the cluster's status"))?;
+    let (places, node_ranks) = plan_world(&status, &settings)?;
+    if job.optim.allreduce == AllreduceChoice::Nccl && places.iter().any(|p| !p.gpu) {
+        return Err(JobError::Refused(
+            "train.allreduce = \"nccl\" needs CUDA trainers, and this job's trainers run on \
+             CPUs (the cluster has no free GPU): use \"auto\" or \"ring\""
+                .to_string(),
+        ));
+    }
+    let world = places.len() as u32;
+    let global_batch = job.optim.batch_size * u64::from(world);
+    job.optim.lr = scaled_lr(settings.lr, global_batch, settings.reference_batch.max(1));
+    check_plan(&job, &node_ranks)?;
+    let resume = match &resume {
+        Some(path) => Some(resume_from(path, &settings.runs_dir, output)?),
+        None => None,
+    };
+    if let Some(r) = &resume
+        && r.state.epoch >= job.optim.epochs
+    {
+        return Err(JobError::Refused(format!(
+            "{} continues at epoch {} and train.epochs is {}: that run is complete. To \
+             train on, raise train.epochs (`--epochs {}` or more)",
+            r.dir.display(),
+            r.state.epoch,
+            job.optim.epochs,
+            r.state.epoch + 1
+        )));
+    }
+    let run_dir = match &resume {
+        // A resumed run continues in its own folder: <run>/checkpoints/<name>.
+        Some(r) => r
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .ok_or_else(|| {
+                JobError::Refused(format!(
+                    "{}: checkpoint folder has no run folder",
+                    r.dir.display()
+                ))
+            })?,
+        None => new_run_dir(&settings)?,
+    };
+    std::fs::create_dir_all(&run_dir)
+        .map_err(JobError::io(format!("creating {}", run_dir.display())))?;
+    {
+        let mut progress = stop.progress();
+        progress.run_dir = Some(run_dir.clone());
+        progress.checkpoint = resume.as_ref().map(|r| Saved {
+            dir: r.dir.clone(),
+            epoch: r.state.epoch,
+            global_step: r.state.global_step,
+            step_in_epoch: r.state.step_in_epoch,
+        });
+    }
+    for line in plan_lines(&job, &places, &node_ranks, global_batch, &run_dir) {
+        output.info(line);
+    }
+    let metrics_path = run_dir.join("metrics.jsonl");
+    if let Some(resume) = &resume {
+        let dropped = rewind(&metrics_path, &resume.state)?;
+        if dropped > 0 {
+            output.info(format!(
+                "metrics: {dropped} record(s) past the checkpoint dropped from {}",
+                metrics_path.display()
+            ));
+        }
+    }
+    let mut metrics = Metrics::open(&metrics_path)?;
+    metrics.write(&MetricsRecord::Job(JobRecord {
+        time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        world: Some(world),
+        nodes: Some(node_ranks.len() as u32),
+        node_ranks: node_ranks.clone(),
+        model: Some(job.model.kind.name().to_string()),
+        classes: Some(job.model.classes),
+        global_batch: Some(global_batch),
+        lr: Some(job.optim.lr),
+        epochs: Some(job.optim.epochs),
+        resumed_from: resume.as_ref().map(|r| r.dir.display().to_string()),
+        // `imgrun plot` drops what an earlier run wrote past this point.
+        resumed_at_step: resume.as_ref().map(|r| r.state.global_step),
+        resumed_epoch: resume.as_ref().map(|r| r.state.epoch),
+    }))?;
+
+    let job_name = run_dir.file_name().map_or_else(
+        || run_dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let ranks = spawn_trainers(client, trainers, &job, &job_name, &places, &node_ranks).await?;
+    let long = Duration::from_secs(settings.step_timeout_secs.max(10));
+    let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
+    let steps_per_epoch = listens[0].steps_per_epoch;
+    if let Some(bad) = listens
+        .iter()
+        .position(|l| l.steps_per_epoch != steps_per_epoch)
+    {
+        return Err(JobError::Refused(format!(
+            "ranks disagree on the epoch's length: rank 0 plans {steps_per_epoch} steps, \
+             rank {bad} {}",
+            listens[bad].steps_per_epoch
+        )));
+    }
+    output.info(format!(
+        "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
+        world, listens[0].parameters, listens[0].device, steps_per_epoch, listens[0].total_steps
+    ));
+    let secret = runtime::RingSecret::random();
+    let job_id = format!("{}", run_dir.display());
+    let connects: Vec<ConnectReply> = call_all(
+        &ranks,
+        |rank| {
+            let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
+            let port = listens[next.rank as usize].port;
+            let next_addr = format!("{}:{port}", next.place.ip)
+                .parse()
+                .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+            ConnectRequest {
+                next: next_addr,
+                secret: secret_hex(&secret),
+                job: job_id.clone(),
+                op_timeout_secs: settings.step_timeout_secs,
+                resume: resume.clone(),
+                nccl_id: listens[0].nccl_id.clone(),
+            }
+        },
+        long,
+    )
+    .await?;
+    output.info(format!(
+        "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
+        connects[0].buckets, connects[0].allreduce
+    ));
+    metrics.write(&MetricsRecord::Connect(ConnectRecord {
+        buckets: connects[0].buckets,
+        allreduce: connects[0].allreduce.clone(),
+    }))?;
+
+    let running = RunningJob {
+        settings: &settings,
+        job: &job,
+        ranks: &ranks,
+        run_dir: &run_dir,
+        steps_per_epoch,
+        node_ranks: &node_ranks,
+        stop,
+        output,
+    };
+    let mut watcher = FailureWatcher::start(client.clone(), &ranks);
+    let loop_result = tokio::select! {
+        result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
+        failure = watcher.failure() => Err(JobError::RankFailed(failure)),
+    };
+    let lost_head = match &loop_result {
+        Err(error)
+            if error.interrupted().is_none() && !error.to_string().starts_with(LOST_HEAD) =>
+        {
+            head_lost(client).await
+        }
+        _ => None,
+    };
+    let loop_result = match (loop_result, lost_head) {
+        // Without the head the job cannot go on, whatever the ranks saw first.
+        (Err(error), Some(lost)) => Err(JobError::Refused(format!(
+            "{lost}\n  (the trainers saw: {error})"
+        ))),
+        // The first error is often a healthy rank seeing its ring peer go away; the
+        // head's events name the rank that failed first, once it has noticed (a lost
+        // node takes `dead_after_ms`).
+        (Err(error), None) if error.failure_origin() == Some(FailureOrigin::Elsewhere) => {
+            let wait = Duration::from_millis(settings.dead_after_ms + 2000);
+            match watcher.root_cause(wait).await {
+                Some(cause) => Err(JobError::Refused(format!("{cause}\n  (then: {error})"))),
+                None => Err(error),
+            }
+        }
+        (other, _) => other,
+    };
+    watcher.stop();
+    let mut summary = loop_result.map_err(|error| {
+        let text = error.to_string();
+        if text.starts_with(LOST_HEAD) {
+            JobError::HeadLost(Box::new(HeadLost {
+                message: text,
+                progress: stop.progress().clone(),
+            }))
+        } else {
+            error
+        }
+    })?;
+
+    let digests: Vec<DigestReply> = call_all(&ranks, |_| DigestRequest {}, long).await?;
+    if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
+        return Err(JobError::Refused(format!(
+            "the replicas differ after training: {}",
+            digests
+                .iter()
+                .enumerate()
+                .map(|(r, d)| format!("rank {r} {}", &d.sha256[..12]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    output.info(format!(
+        "replicas: identical on all {world} ranks (sha256 {})",
+        &digests[0].sha256[..16]
+    ));
+    summary.run_dir = run_dir;
+    Ok(summary)
+}
+
+/// Spawns one trainer per place, each labelled with the job's name and its rank (what
+/// `imgrun status` shows), for a world of `node_ranks[i]` ranks on node `i`.
+async fn spawn_trainers(
+    client: &ClusterClient,
+    trainers: &Trainers,
+    job: &JobSpec,
+    job_name: &str,
+    places: &[RankPlace],
+    node_ranks: &[u32],
+) -> Result<Vec<Rank>, JobError> {
+    let world = places.len() as u32;
+    let group = format!("train-{}", std::process::id());
+    let mut tasks = tokio::task::JoinSet::new();
+    for (r, place) in places.iter().enumerate() {
+        let init = TrainerInit {
+            rank: r as u32,
+            world,
+            node_ranks: node_ranks.to_vec(),
+            threads: place.threads,
+            device: if place.gpu {
+                DeviceSpec::Cuda
+            } else {
+                DeviceSpec::Cpu
+            },
+            job: job.clone(),
+        };
+        let resources = if place.gpu {
+            Resources::new().with_gpus(1)
+        } else {
+            Resources::new().with_cpu_millis(place.cpu_millis)
+        };
+        let options = SpawnOptions::new(TRAINER_KIND)
+            .args(to_json(&init))
+            .resources(resources)
+            .strategy(Strategy::Node(place.node))
+            .process_group(format!("{group}-rank{r}"))
+            .label(ActorLabel::new(job_name, r as u32));
+        let client = client.clone();
+        let place = place.clone();
+        tasks.spawn(async move {
+            let spawned = client.spawn(options).await;
+            (r, place, spawned)
+        });
+    }
+    let mut ranks = Vec::new();
+    let mut failure = None;
+    while let Some(joined) = tasks.join_next().await {
+        let (r, place, spawned) =
+            joined.map_err(|error| JobError::Refused(format!("a spawn task failed: {error}")))?;
+        match spawned {
+            Ok(actor) => {
+                trainers.add(actor.clone());
+                ranks.push(Rank {
+                    rank: r as u32,
+                    place,
+                    actor,
+                });
+            }
+            Err(error) => {
+                failure.get_or_insert_with(|| {
+                    format!(
+                        "rank {r} (node {}): starting its trainer: {error}",
+                        place.node
+                    )
+                });
+            }
+        }
+    }
+    if let Some(failure) = failure {
+        return Err(JobError::Refused(failure));
+    }
+    ranks.sort_by_key(|r| r.rank);
+    Ok(ranks)
+}
+
+fn resume_from(
+    path: &Path,
+    runs_dir: &Path,
+    output: &dyn JobOutput,
+) -> Result<ResumeFrom, JobError> {
+    let path = if path == Path::new("latest") {
+        newest_run(runs_dir)?
+    } else {
+        path.to_path_buf()
+    };
+    let dir = checkpoint::resolve(&path)?;
+    let state = checkpoint::read_state(&dir)?;
+    let dir = std::fs::canonicalize(&dir).map_err(JobError::io(dir.display().to_string()))?;
+    output.info(format!(
+        "resuming: {} (epoch {}, step {} of the epoch, global step {})",
+        dir.display(),
+        state.epoch,
+        state.step_in_epoch,
+        state.global_step
+    ));
+    Ok(ResumeFrom { dir, state })
+}
+
+/// The most recently modified run folder with a checkpoint.
+pub fn newest_run(runs: &Path) -> Result<PathBuf, JobError> {
+    let entries = std::fs::read_dir(runs).map_err(JobError::io(format!(
+        "--resume latest: reading {}",
+        runs.display()
+    )))?;
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.join("checkpoints")
+                .join(checkpoint::LATEST_FILE)
+                .is_file()
+        })
+        .max_by_key(|p| {
+            std::fs::metadata(p.join("checkpoints").join(checkpoint::LATEST_FILE))
+                .and_then(|m| m.modified())
+                .ok()
+        })
+        .ok_or_else(|| {
+            JobError::Refused(format!(
+                "--resume latest: no run in {} has a checkpoint",
+                runs.display()
+            ))
+        })
+}
+
+fn new_run_dir(train: &JobSettings) -> Result<PathBuf, JobError> {
+    let name = if train.name.is_empty() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        format!("run-{now}")
+    } else {
+        train.name.clone()
+    };
+    let dir = train.runs_dir.join(name);
+    if dir
+        .join("checkpoints")
+        .join(checkpoint::LATEST_FILE)
+        .exists()
+    {
+        return Err(JobError::Refused(format!(
+            "{} already holds a run: choose another --name, or continue it with --resume {}",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// The job's plan, as `imgrun train` prints it before anything starts.
+fn plan_lines(
+    job: &JobSpec,
+    places: &[RankPlace],
+    node_ranks: &[u32],
+    global_batch: u64,
+    run_dir: &Path,
+) -> Vec<String> {
+    let world = places.len();
+    let device = if places.first().is_some_and(|p| p.gpu) {
+        "GPU"
+    } else {
+        "CPU"
+    };
+    let mut nodes: Vec<NodeId> = places.iter().map(|p| p.node).collect();
+    nodes.dedup();
+    let names: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
+    let shape =
+        pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.loader_workers);
+    vec![
+        "plan:".to_string(),
+        format!(
+            "  world       {world} {device} trainer(s) on {}: {} ({})",
+            names.join(", "),
+            shape.layout(),
+            if shape.nodes() > 1 {
+                "ranks numbered node by node"
+            } else {
+                "one node"
+            }
+        ),
+        format!(
+            "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each",
+            places.first().map_or(0, |p| p.threads),
+            job.data.loader_workers
+        ),
+        format!(
+            "  model       {} ({} classes)",
+            job.model.kind.name(),
+            job.model.classes
+        ),
+        format!(
+            "  data        {} train shard(s){}, {} val shard(s), {} mode",
+            job.data.train.urls.len(),
+            job.data
+                .train
+                .total()
+                .map(|t| format!(" ({t} samples)"))
+                .unwrap_or_default(),
+            job.data.val.urls.len(),
+            job.data.mode.name()
+        ),
+        format!(
+            "  batch       {} per rank, {global_batch} global; lr {:.4} after linear scaling",
+            job.optim.batch_size, job.optim.lr
+        ),
+        format!("  epochs      {}", job.optim.epochs),
+        format!("  run         {}", run_dir.display()),
+    ]
+}

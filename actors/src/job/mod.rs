@@ -1,0 +1,85 @@
+//! The training job: from a [`JobRequest`] and a cluster to trained replicas.
+//!
+//! [`run`] sizes the world from the cluster's free GPUs (else CPU trainers), spawns one
+//! trainer actor per rank in a worker process of its own on its node, wires the ranks
+//! into a ring, and drives them: the same number of steps to every rank per call,
+//! evaluations, checkpoints, `metrics.jsonl`, progress. Every trainer failure or node loss
+//! ends the job with the rank, node and cause; the loss of the head ends it saying so.
+//! A stop asked through [`StopControl`] lets the step in flight end, saves a checkpoint
+//! at the last completed step and ends the job with [`JobError::Interrupted`].
+//!
+//! The job says what happens through a [`JobOutput`] as typed [`JobEvent`]s; whoever
+//! runs it (the `imgrun train` command today) renders them. The job prints nothing.
+
+mod calls;
+mod driver;
+mod error;
+mod metrics;
+mod output;
+mod steps;
+mod watch;
+mod world;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::train::JobSpec;
+pub use driver::{RankCallError, RankFailure, newest_run, run};
+pub use error::{HeadLost, Interrupted, JobError};
+pub use output::{JobEvent, JobOutput, Level};
+pub use steps::{Progress, Saved, StopControl, StopRequest};
+pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
+
+/// Everything a job needs besides its cluster: what every trainer is told, and how the
+/// job itself is run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRequest {
+    pub spec: JobSpec,
+    pub settings: JobSettings,
+    /// Continue from this checkpoint: its folder, a run folder, or `latest` (the newest
+    /// run's latest checkpoint under the runs folder).
+    pub resume: Option<PathBuf>,
+}
+
+/// How the job is run: its world, its run folder and the cadence of its evaluations and
+/// checkpoints (the `[train]` keys of the same names).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobSettings {
+    /// GPU trainers (0: every free GPU).
+    pub gpus: u32,
+    /// CPU trainers when the cluster has no free GPU (0: one per node).
+    pub cpu_trainers: u32,
+    /// libtorch threads per trainer (0: the node's CPUs shared by its trainers).
+    pub threads: u32,
+    /// The learning rate at `reference_batch`; scaled linearly to the global batch.
+    pub lr: f64,
+    pub reference_batch: u64,
+    /// The most a call of one step may take on a rank.
+    pub step_timeout_secs: u64,
+    pub eval_every_epochs: u64,
+    pub eval_every_steps: u64,
+    pub checkpoint_every_epochs: u64,
+    pub checkpoint_every_steps: u64,
+    /// How far behind the quickest rank a rank may be in one step before it is named
+    /// (0: never).
+    pub straggler_secs: f64,
+    /// Where run folders are made.
+    pub runs_dir: PathBuf,
+    /// The run's name (its folder is `runs_dir/name`); empty: `run-<unix time>`.
+    pub name: String,
+    /// The cluster's failure-detection window: how long the head may take to name a
+    /// failed rank after a healthy one has seen it go.
+    pub dead_after_ms: u64,
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub run_dir: PathBuf,
+    pub top1: Option<f64>,
+    pub top5: Option<f64>,
+    pub first_loss: Option<f32>,
+    pub last_loss: Option<f32>,
+    pub images_per_s: f64,
+}

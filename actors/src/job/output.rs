@@ -1,0 +1,58 @@
+//! What a job tells whoever follows it: lines for people and the progress of its epochs,
+//! as typed events that a terminal, a log or a remote follower renders.
+
+use serde::{Deserialize, Serialize};
+
+/// How a line matters: information belongs with the job's output (stdout), a warning
+/// with its diagnostics (stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    Info,
+    Warning,
+}
+
+/// One thing a job says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum JobEvent {
+    /// A line for people (a warning's text begins with `warning:`).
+    Line { level: Level, text: String },
+    /// An epoch's steps begin (or resume at `position`).
+    EpochStarted {
+        epoch: u64,
+        steps: u64,
+        position: u64,
+    },
+    /// Steps of the epoch ended: where it stands, the last step's loss and the rate.
+    Stepped {
+        epoch: u64,
+        position: u64,
+        loss: f32,
+        images_per_s: f64,
+    },
+    /// The epoch's steps are over (its summary line follows as a `Line`).
+    EpochEnded { epoch: u64 },
+}
+
+/// Where a job's events go. Called from the job's tasks; an implementation must not
+/// block for long.
+pub trait JobOutput: Send + Sync {
+    fn event(&self, event: JobEvent);
+
+    /// Says `text` as information.
+    fn info(&self, text: String) {
+        self.event(JobEvent::Line {
+            level: Level::Info,
+            text,
+        });
+    }
+
+    /// Says `text` as a warning; it is prefixed with `warning: `.
+    fn warn(&self, text: String) {
+        self.event(JobEvent::Line {
+            level: Level::Warning,
+            text: format!("warning: {text}"),
+        });
+    }
+}

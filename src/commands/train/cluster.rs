@@ -1,0 +1,71 @@
+//! The cluster a job runs on: the running one, or one embedded in this process for the
+//! length of the job.
+
+use anyhow::Context;
+use runtime::ClusterClient;
+
+use super::JobOptions;
+use crate::config::Config;
+
+/// The cluster a job runs on: the running one, or one embedded in this process.
+pub(super) struct Cluster {
+    pub(super) client: ClusterClient,
+    pub(super) embedded: Option<(runtime::Head, tempfile::TempDir)>,
+}
+
+impl Cluster {
+    pub(super) async fn connect(config: &Config, options: &JobOptions) -> anyhow::Result<Self> {
+        let state = crate::commands::cluster::state_dir(&config.cluster)?;
+        if !options.embedded {
+            match ClusterClient::connect(&state, options.address.as_deref()).await {
+                Ok(client) => {
+                    println!("cluster: head at {}", client.head());
+                    return Ok(Self {
+                        client,
+                        embedded: None,
+                    });
+                }
+                Err(runtime::DaemonError::NoHead { .. }) if options.address.is_none() => {}
+                Err(error) => {
+                    return Err(error).context(
+                        "connecting to the cluster (`imgrun stop` clears the records of a \
+                         cluster that is gone; --embedded runs on a cluster of its own)",
+                    );
+                }
+            }
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("imgrun-embedded-")
+            .tempdir()
+            .context("making the embedded cluster's state folder")?;
+        let state = runtime::StateDir::at(dir.path());
+        let head = runtime::Head::start(runtime::HeadConfig {
+            bind: "127.0.0.1:0".parse().context("loopback address")?,
+            advertise: None,
+            state: state.clone(),
+            resources: runtime::discover(&runtime::DiscoverOptions::default()),
+            membership: crate::commands::cluster::membership(&config.cluster),
+            transport: runtime::TransportOptions::default(),
+            actors: crate::commands::cluster::actor_hosting(),
+        })
+        .await
+        .context("starting the embedded cluster")?;
+        let client = ClusterClient::connect(&state, Some(&head.join_address()))
+            .await
+            .context("connecting to the embedded cluster")?;
+        println!(
+            "cluster: embedded, on this machine only (no running cluster was found; \
+             `imgrun start --head` starts one)"
+        );
+        Ok(Self {
+            client,
+            embedded: Some((head, dir)),
+        })
+    }
+
+    pub(super) async fn shutdown(self) {
+        if let Some((head, _dir)) = self.embedded {
+            head.stop().await;
+        }
+    }
+}

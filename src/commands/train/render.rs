@@ -1,0 +1,63 @@
+//! A job's events on this terminal: lines to stdout (warnings to stderr) and a progress
+//! bar per epoch, the lines printed above the bar.
+
+use std::sync::Mutex;
+
+use actors::job::{JobEvent, JobOutput, Level};
+use indicatif::ProgressBar;
+
+use crate::commands::progress_bar;
+
+/// Renders a job's events as they come.
+#[derive(Default)]
+pub(crate) struct Terminal {
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl JobOutput for Terminal {
+    fn event(&self, event: JobEvent) {
+        let mut bar = self.bar.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            JobEvent::Line { level, text } => {
+                let say = || match level {
+                    Level::Info => println!("{text}"),
+                    Level::Warning => eprintln!("{text}"),
+                };
+                match bar.as_ref() {
+                    Some(bar) => bar.suspend(say),
+                    None => say(),
+                }
+            }
+            JobEvent::EpochStarted {
+                epoch,
+                steps,
+                position,
+            } => {
+                if let Some(old) = bar.take() {
+                    old.finish_and_clear();
+                }
+                let new = progress_bar(steps, &format!("epoch {epoch}"));
+                new.set_position(position);
+                *bar = Some(new);
+            }
+            JobEvent::Stepped {
+                epoch,
+                position,
+                loss,
+                images_per_s,
+            } => {
+                if let Some(bar) = bar.as_ref() {
+                    bar.set_position(position);
+                    bar.set_message(format!(
+                        "epoch {epoch} loss {loss:.3} {images_per_s:.0} img/s"
+                    ));
+                }
+            }
+            JobEvent::EpochEnded { .. } => {
+                if let Some(old) = bar.take() {
+                    old.finish_and_clear();
+                }
+            }
+        }
+    }
+}
