@@ -20,12 +20,11 @@ mod handler;
 mod members;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{broadcast, watch};
-use tokio::task::AbortHandle;
+use tokio::sync::broadcast;
 use tracing::{Instrument, info, info_span, warn};
 
 pub use members::{ClusterEvent, LossReason};
@@ -34,9 +33,10 @@ use crate::daemon::{
     ActorHandler, CONNECT_TIMEOUT, DaemonError, PUBLIC_PROBE, STOP_LINGER, advertised_address,
     resolve, resources_wire,
 };
+use crate::hosting::ActorHosting;
+use crate::hosting::NodeActors;
+use crate::lifecycle::Lifecycle;
 use crate::membership::{MembershipConfig, NodeId, SessionId};
-use crate::node::ActorHosting;
-use crate::node::actors::NodeActors;
 use crate::placement::ResourceTable;
 use crate::resources::NodeResources;
 use crate::state::{HEAD_RECORD, HeadRecord, StateDir};
@@ -88,11 +88,7 @@ pub(crate) struct Shared {
     state: StateDir,
     /// Set on the first stop request: later requests are refused.
     stopping: AtomicBool,
-    /// Set once the port is closed.
-    closed: AtomicBool,
-    stopped: watch::Sender<bool>,
-    actor_handler: RwLock<Option<Arc<dyn ActorHandler>>>,
-    tasks: Mutex<Vec<AbortHandle>>,
+    life: Lifecycle,
 }
 
 impl Head {
@@ -141,10 +137,7 @@ impl Head {
             join_address,
             state: config.state,
             stopping: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            stopped: watch::Sender::new(false),
-            actor_handler: RwLock::new(None),
-            tasks: Mutex::new(Vec::new()),
+            life: Lifecycle::new(None),
         });
         let span = info_span!("head", address = %shared.join_address);
         let actor_tasks = {
@@ -159,10 +152,10 @@ impl Head {
             )
         };
         let ticking = tokio::spawn(run_ticker(shared.clone()).instrument(span));
-        let mut tasks = shared.lock_tasks();
-        tasks.extend([serving.abort_handle(), ticking.abort_handle()]);
-        tasks.extend(actor_tasks);
-        drop(tasks);
+        shared
+            .life
+            .track([serving.abort_handle(), ticking.abort_handle()]);
+        shared.life.track(actor_tasks);
         info!(
             address = %shared.join_address,
             bound = %shared.local_addr,
@@ -208,9 +201,7 @@ impl Head {
 
     /// Resolves once the head stopped: a stop request was served or [`Head::stop`] called.
     pub async fn stopped(&self) {
-        let mut stopped = self.shared.stopped.subscribe();
-        // Fails only when the sender is gone, which `self` keeps alive.
-        let _ = stopped.wait_for(|stopped| *stopped).await;
+        self.shared.life.stopped().await;
     }
 
     /// Stops gracefully: closes the port (nodes lose their connection and keep trying to
@@ -265,17 +256,13 @@ impl Head {
     /// Routes actor requests (every message outside the control protocol) from
     /// authenticated peers to `handler`; until then they are answered with an error.
     pub fn set_actor_handler(&self, handler: Arc<dyn ActorHandler>) {
-        *self
-            .shared
-            .actor_handler
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(handler);
+        self.shared.life.set_actor_handler(handler);
     }
 }
 
 impl Drop for Head {
     fn drop(&mut self) {
-        self.shared.abort_tasks();
+        self.shared.life.abort_tasks();
         self.shared.server.close();
     }
 }
@@ -283,16 +270,15 @@ impl Drop for Head {
 impl Shared {
     /// Closes the port, removes the record and says so; only the first call does anything.
     fn shutdown(&self) {
-        if self.closed.swap(true, Ordering::SeqCst) {
+        if !self.life.close() {
             return;
         }
-        self.abort_tasks();
         self.server.close();
         if let Err(error) = self.state.remove(HEAD_RECORD) {
             warn!(%error, "cannot remove the head record");
         }
         info!(address = %self.join_address, "head stopped");
-        self.stopped.send_replace(true);
+        self.life.stopped_now();
     }
 
     /// Stops after [`STOP_LINGER`], once the answer to the stop request is on its way.
@@ -327,20 +313,7 @@ impl Shared {
     }
 
     fn actor_handler(&self) -> Option<Arc<dyn ActorHandler>> {
-        self.actor_handler
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn abort_tasks(&self) {
-        for task in self.lock_tasks().drain(..) {
-            task.abort();
-        }
-    }
-
-    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+        self.life.actor_handler()
     }
 }
 

@@ -16,6 +16,8 @@ mod collective;
 mod daemon;
 mod gpu;
 mod head;
+mod hosting;
+mod lifecycle;
 mod membership;
 mod node;
 mod placement;

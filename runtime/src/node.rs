@@ -13,32 +13,30 @@
 //! requests (starts and stops from the head, calls and tells from anyone in the cluster),
 //! and reports each actor that ended to the head. [`Node::set_actor_handler`] replaces it.
 
-pub(crate) mod actors;
 mod heartbeat;
 mod join;
+mod report;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tracing::{Instrument, info, info_span, warn};
 
-pub use actors::ActorHosting;
+pub use crate::hosting::ActorHosting;
 
 use crate::daemon::{
     ActorHandler, DaemonError, HEAD_NAME, STOP_LINGER, advertised_address, is_control,
     message_name, refused, resolve, resources_wire,
 };
+use crate::hosting::NodeActors;
+use crate::lifecycle::Lifecycle;
 use crate::membership::{NodeId, SessionId};
 use crate::resources::NodeResources;
 use crate::state::{NODE_RECORD, NodeRecord, StateDir};
 use crate::tls::{CaHash, ClientTls, JoinToken, ServerTls};
 use crate::transport::{Connection, Peer, Server, TransportError, TransportOptions};
 use crate::wire::{Message, NodeDescription};
-use actors::NodeActors;
 
 /// How long a node leaving waits for the head to acknowledge.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -94,12 +92,9 @@ pub(crate) struct Shared {
     session: Mutex<Session>,
     /// The connection to the head, once made (heartbeats, rejoins, leave).
     connection: Mutex<Option<Connection>>,
-    closed: AtomicBool,
-    stopped: watch::Sender<bool>,
-    actor_handler: RwLock<Option<Arc<dyn ActorHandler>>>,
+    life: Lifecycle,
     /// The node's own actors, which it fences when its session ends.
     actors: Arc<NodeActors>,
-    tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl Node {
@@ -149,11 +144,8 @@ impl Node {
             local_addr,
             session: Mutex::new(joined.session),
             connection: Mutex::new(None),
-            closed: AtomicBool::new(false),
-            stopped: watch::Sender::new(false),
-            actor_handler: RwLock::new(Some(actor_handler(actors.clone()))),
+            life: Lifecycle::new(Some(actor_handler(actors.clone()))),
             actors: actors.clone(),
-            tasks: Mutex::new(Vec::new()),
         });
         shared.write_record()?;
         let span = info_span!("node", address = %address);
@@ -171,8 +163,8 @@ impl Node {
         };
         let beating = tokio::spawn(heartbeat::run(shared.clone()).instrument(span.clone()));
         let reporting =
-            tokio::spawn(actors::report_exits(shared.clone(), actors, exits).instrument(span));
-        shared.lock_tasks().extend([
+            tokio::spawn(report::report_exits(shared.clone(), actors, exits).instrument(span));
+        shared.life.track([
             serving.abort_handle(),
             beating.abort_handle(),
             reporting.abort_handle(),
@@ -209,18 +201,16 @@ impl Node {
 
     /// Resolves once the node stopped: the head told it to, or [`Node::stop`] was called.
     pub async fn stopped(&self) {
-        let mut stopped = self.shared.stopped.subscribe();
-        // Fails only when the sender is gone, which `self` keeps alive.
-        let _ = stopped.wait_for(|stopped| *stopped).await;
+        self.shared.life.stopped().await;
     }
 
     /// Stops gracefully: tells the head it leaves (so its resources are released at once
     /// rather than after the dead window), then closes its port.
     pub async fn stop(&self) {
-        if self.shared.closed.load(Ordering::SeqCst) {
+        if self.shared.life.is_closed() {
             return;
         }
-        self.shared.abort_tasks();
+        self.shared.life.abort_tasks();
         self.shared.leave().await;
         self.shared.shutdown();
     }
@@ -228,17 +218,13 @@ impl Node {
     /// Routes actor requests (every message outside the control protocol) to `handler`;
     /// until then they are answered with an error. Every peer of a node is authenticated.
     pub fn set_actor_handler(&self, handler: Arc<dyn ActorHandler>) {
-        *self
-            .shared
-            .actor_handler
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(handler);
+        self.shared.life.set_actor_handler(handler);
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
-        self.shared.abort_tasks();
+        self.shared.life.abort_tasks();
         self.shared.server.close();
     }
 }
@@ -315,14 +301,13 @@ impl Shared {
 
     /// Closes the port and says so; only the first call does anything.
     fn shutdown(&self) {
-        if self.closed.swap(true, Ordering::SeqCst) {
+        if !self.life.close() {
             return;
         }
-        self.abort_tasks();
         self.forget_connection();
         self.server.close();
         info!(node = %self.session().node_id, "node stopped");
-        self.stopped.send_replace(true);
+        self.life.stopped_now();
     }
 
     /// Stops after [`STOP_LINGER`], once the answer to the stop request is on its way.
@@ -335,20 +320,7 @@ impl Shared {
     }
 
     fn actor_handler(&self) -> Option<Arc<dyn ActorHandler>> {
-        self.actor_handler
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn abort_tasks(&self) {
-        for task in self.lock_tasks().drain(..) {
-            task.abort();
-        }
-    }
-
-    fn lock_tasks(&self) -> MutexGuard<'_, Vec<AbortHandle>> {
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+        self.life.actor_handler()
     }
 
     fn lock_connection(&self) -> MutexGuard<'_, Option<Connection>> {

@@ -37,8 +37,8 @@ use crate::actor::{
     RestartPolicy, SpawnRequest,
 };
 use crate::daemon::{ActorHandler, ActorReply, MAX_EVENT_WAIT, NODE_PREFIX, message_name, refused};
+use crate::hosting::NodeActors;
 use crate::membership::NodeId;
-use crate::node::actors::NodeActors;
 use crate::placement::ResourceTable;
 use crate::status::ActorStatus;
 use crate::transport::{Connection, Peer};
@@ -110,10 +110,9 @@ impl HeadActors {
         });
         // Subscribed before the handler is set: no loss is missed.
         let losses = shared.members.subscribe();
-        *shared
-            .actor_handler
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(ActorRequests(this.clone())));
+        shared
+            .life
+            .set_actor_handler(Arc::new(ActorRequests(this.clone())));
         let span = info_span!("actors");
         [
             tokio::spawn(driver::run_ticker(this.clone()).instrument(span.clone())),

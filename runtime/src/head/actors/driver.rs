@@ -12,8 +12,8 @@ use super::HeadActors;
 use crate::actor::{ActorAction, ActorExit, ActorId, ActorSpec};
 use crate::daemon::{DaemonError, START_TIMEOUT, message_name};
 use crate::head::{ClusterEvent, LossReason, Shared};
+use crate::hosting::{outcome, start_reason};
 use crate::membership::NodeId;
-use crate::node::actors::{outcome, start_reason};
 use crate::transport::{Connection, TransportError};
 use crate::wire::Message;
 

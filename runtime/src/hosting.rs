@@ -6,7 +6,7 @@
 //! ([`WorkerPool`]), and routes calls, tells and stops to where each runs. Only the head
 //! starts and stops actors on a node (`ActorStart`, `ActorStop` from the peer `head`);
 //! any member of the cluster calls and tells them. Every actor that ended is reported to
-//! the head once ([`report_exits`]): `ActorEnded`, retried while the head is unreachable.
+//! the head once (a node's `report_exits`; the head records its own): `ActorEnded`, retried while the head is unreachable.
 //!
 //! Fencing: when the node's session is over (the head refused it, or the node was cut off
 //! from the head for the dead window), the head has failed every actor of that session.
@@ -21,25 +21,15 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, info_span, warn};
 
-use super::Shared;
 use crate::actor::{
     ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ExitReason,
     FailureOrigin, LocalActors, LocalOptions, PoolOptions, WorkerCommand, WorkerPool, visible_gpus,
 };
-use crate::daemon::message_name;
 use crate::transport::Peer;
 use crate::wire::Message;
 
-/// How many times a node tries to report an ended actor before it gives up (the head
-/// then learns of the end only if it loses the node).
-const REPORT_TRIES: u32 = 12;
-/// The first pause between tries; it doubles up to [`MAX_REPORT_PAUSE`].
-const FIRST_REPORT_PAUSE: Duration = Duration::from_millis(50);
-const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
-/// How long one report may wait for the head's answer.
-const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a fence looks whether what it killed has ended.
 const FENCE_POLL: Duration = Duration::from_millis(20);
 
@@ -432,52 +422,5 @@ pub(crate) fn outcome(reason: &ExitReason) -> (&'static str, String, FailureOrig
         ExitReason::Failed { reason, origin } => ("failed", reason.clone(), *origin),
         ExitReason::Stopped => ("stopped", String::new(), FailureOrigin::Here),
         ExitReason::Killed => ("killed", String::new(), FailureOrigin::Here),
-    }
-}
-
-/// Reports every actor that ends on this node to the head, in order, each retried with
-/// backoff while the head is unreachable; runs until its task is aborted.
-pub(super) async fn report_exits(
-    shared: Arc<Shared>,
-    actors: Arc<NodeActors>,
-    mut exits: mpsc::UnboundedReceiver<ActorExit>,
-) {
-    while let Some(ActorExit { actor_id, reason }) = exits.recv().await {
-        actors.ended(actor_id);
-        let (outcome, reason, origin) = outcome(&reason);
-        let mut pause = FIRST_REPORT_PAUSE;
-        for attempt in 1..=REPORT_TRIES {
-            let report = Message::ActorEnded {
-                actor_id: actor_id.0,
-                node_id: shared.session().node_id.0,
-                outcome: outcome.to_owned(),
-                reason: reason.clone(),
-                elsewhere: origin.is_elsewhere(),
-            };
-            let answer = match shared.connection(REPORT_TIMEOUT).await {
-                Ok(connection) => connection.request(&report, REPORT_TIMEOUT).await,
-                Err(error) => Err(error),
-            };
-            match answer {
-                Ok(Message::Ack) => {
-                    debug!(actor = %actor_id, outcome, "reported an ended actor");
-                    break;
-                }
-                Ok(other) => {
-                    warn!(actor = %actor_id, answer = message_name(&other), "the head did not take the report of an ended actor");
-                    break;
-                }
-                Err(error) if attempt == REPORT_TRIES => {
-                    warn!(actor = %actor_id, %error, "cannot report an ended actor to the head; giving up");
-                    break;
-                }
-                Err(error) => {
-                    debug!(actor = %actor_id, %error, attempt, "cannot report an ended actor yet");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_REPORT_PAUSE);
-                }
-            }
-        }
-        actors.reported(actor_id);
     }
 }
