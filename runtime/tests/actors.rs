@@ -680,3 +680,47 @@ async fn a_client_that_goes_away_takes_its_actors_along() {
     let error = call(&kept, "echo", "").await.expect_err("killed");
     assert!(error.to_string().contains("is stopped"), "{error}");
 }
+
+/// A detached actor is nobody's: its spawner's disconnect, which takes the spawner's
+/// other actors along, leaves it running, and another client may stop it.
+#[tokio::test]
+async fn a_detached_actor_outlives_its_spawner_and_any_client_stops_it() {
+    let cluster = Cluster::start().await;
+    let [_, one, _] = cluster.ids();
+    let other = Cluster::client_in(&cluster.dir, "head").await;
+    let owned = within("spawn", other.spawn(probe(1, Strategy::Node(one))))
+        .await
+        .expect("spawn owned");
+    let detached = within(
+        "spawn",
+        other.spawn(probe(1, Strategy::Node(one)).detached()),
+    )
+    .await
+    .expect("spawn detached");
+    let id = detached.id();
+    assert_eq!(cluster.status().await.reservations.len(), 2);
+    drop((owned, detached, other));
+    // The spawner's owned actor going is the sign that the head saw it disconnect.
+    within("the owned actor released", async {
+        while cluster.status().await.reservations.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let kept = within("actor", cluster.client.actor(id))
+        .await
+        .expect("the detached actor is still running");
+    assert_eq!(
+        call(&kept, "echo", "still here").await.expect("echo"),
+        "still here"
+    );
+    within("stop", kept.stop())
+        .await
+        .expect("any client stops it");
+    within("released", async {
+        while !cluster.status().await.reservations.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}

@@ -52,6 +52,10 @@ use crate::placement::{PlacementError, ReservationId, ResourceTable, Resources, 
 /// failed or could not be placed): they start where they are seen.
 const HERE: FailureOrigin = FailureOrigin::Here;
 
+/// The owner of detached actors: no connection's, so none's end kills them, and any
+/// client may stop them.
+pub(crate) const DETACHED_OWNER: &str = "detached";
+
 /// An actor, unique for the life of its head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ActorId(pub u64);
@@ -709,7 +713,8 @@ impl ActorDirectory {
         actor: ActorId,
         kill: bool,
     ) -> Result<Option<ActorAction>, DirectoryError> {
-        if self.record(actor)?.owner != owner {
+        let owned_by = &self.record(actor)?.owner;
+        if owned_by != owner && owned_by != DETACHED_OWNER {
             return Err(DirectoryError::NotOwner { actor });
         }
         let reason = if kill {

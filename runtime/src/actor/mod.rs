@@ -43,7 +43,7 @@ mod worker;
 
 pub use diagnostic::{ECHO_KIND, diagnostic_registry};
 pub(crate) use directory::{
-    ActorAction, ActorDirectory, DirectoryConfig, DirectoryError, SpawnRequest,
+    ActorAction, ActorDirectory, DETACHED_OWNER, DirectoryConfig, DirectoryError, SpawnRequest,
 };
 pub use directory::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
 pub use error::{ActorError, ActorExit, ExitReason, FailureOrigin};

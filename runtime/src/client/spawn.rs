@@ -29,6 +29,8 @@ pub struct SpawnOptions {
     pub restart: Option<RestartPolicy>,
     /// The job and rank it works for, shown by `imgrun status`.
     pub label: Option<ActorLabel>,
+    /// Owned by no connection (see [`SpawnOptions::detached`]).
+    pub detached: bool,
 }
 
 impl SpawnOptions {
@@ -43,7 +45,17 @@ impl SpawnOptions {
             process_group: String::new(),
             restart: None,
             label: None,
+            detached: false,
         }
+    }
+
+    /// The actor outlives the client that spawns it: it is owned by no connection, so
+    /// it is not killed when that client disconnects, and any client of the cluster may
+    /// stop it. Its events are nobody's to read; callers ask the actor itself. For work
+    /// that must survive its submitter, such as a detached training job.
+    pub fn detached(mut self) -> Self {
+        self.detached = true;
+        self
     }
 
     pub fn args(mut self, args: impl Into<Vec<u8>>) -> Self {
@@ -130,6 +142,7 @@ impl ClusterClient {
                 job: label.job,
                 rank: label.rank,
             }),
+            detached: options.detached,
         };
         let refused = |reason| ActorCallError::Spawn {
             kind: options.kind.clone(),

@@ -33,8 +33,8 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Shared;
 use crate::actor::{
-    ActorDirectory, ActorExit, ActorId, DirectoryConfig, DirectoryError, FailureOrigin,
-    RestartPolicy, SpawnRequest,
+    ActorDirectory, ActorExit, ActorId, DETACHED_OWNER, DirectoryConfig, DirectoryError,
+    FailureOrigin, RestartPolicy, SpawnRequest,
 };
 use crate::daemon::{ActorHandler, ActorReply, MAX_EVENT_WAIT, NODE_PREFIX, message_name, refused};
 use crate::hosting::NodeActors;
@@ -139,6 +139,7 @@ impl HeadActors {
                 max_restarts,
                 restart_backoff_ms,
                 label,
+                detached,
             } => {
                 let label = match label.map(|l| parse_label(l.job, l.rank)).transpose() {
                     Ok(label) => label,
@@ -159,7 +160,11 @@ impl HeadActors {
                     Err(message) => return Message::Error { message },
                 };
                 request.label = label;
-                let owner = owner_of(&peer);
+                let owner = if detached {
+                    DETACHED_OWNER.to_owned()
+                } else {
+                    owner_of(&peer)
+                };
                 let span = info_span!("spawn", %owner, kind = %request.kind);
                 self.spawn(&head, owner, request).instrument(span).await
             }

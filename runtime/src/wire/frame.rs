@@ -290,6 +290,7 @@ mod tests {
                     job: "run-1".into(),
                     rank: 3,
                 }),
+                detached: true,
             },
             Message::ActorSpawned {
                 actor_id: 1,

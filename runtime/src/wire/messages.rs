@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 6;
+pub const WIRE_VERSION: u16 = 7;
 
 /// One request or response. A stream carries one request frame and one response frame.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -117,6 +117,8 @@ pub enum Message {
         restart_backoff_ms: u32,
         /// The job and rank the actor works for, shown by `imgrun status`.
         label: Option<ActorLabelWire>,
+        /// Owned by no connection: it outlives its spawner, and any client may stop it.
+        detached: bool,
     },
     /// The actor started (head to client).
     ActorSpawned {
