@@ -29,6 +29,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 pub use members::{ClusterEvent, LossReason};
 
+use crate::actor::ClusterAccess;
 use crate::daemon::{
     ActorHandler, CONNECT_TIMEOUT, DaemonError, PUBLIC_PROBE, STOP_LINGER, advertised_address,
     resolve, resources_wire,
@@ -118,7 +119,14 @@ impl Head {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             resources: resources_wire(&config.resources),
         };
-        let (own_actors, own_exits) = NodeActors::new(config.actors, config.bind.ip())?;
+        let (own_actors, own_exits) = NodeActors::new(
+            config.actors,
+            config.bind.ip(),
+            ClusterAccess {
+                state_dir: config.state.root().to_path_buf(),
+                head: join_address.clone(),
+            },
+        )?;
         let members = Members::new(config.membership, own, first_session());
         let record = HeadRecord {
             address: join_address.clone(),

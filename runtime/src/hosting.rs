@@ -24,8 +24,9 @@ use tokio::time::Instant;
 use tracing::{Instrument, info_span, warn};
 
 use crate::actor::{
-    ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ExitReason,
-    FailureOrigin, LocalActors, LocalOptions, PoolOptions, WorkerCommand, WorkerPool, visible_gpus,
+    ActorError, ActorExit, ActorId, ActorRegistry, ActorSpec, ClusterAccess,
+    DEFAULT_MAILBOX_CAPACITY, ExitReason, FailureOrigin, LocalActors, LocalOptions, PoolOptions,
+    WorkerCommand, WorkerPool, visible_gpus,
 };
 use crate::transport::Peer;
 use crate::wire::Message;
@@ -85,20 +86,23 @@ impl NodeActors {
     /// Starts the hosts (the actix thread of the daemon's actors); every actor that ends
     /// is reported on the returned channel.
     /// `data_ip` is the address the daemon binds; its actors bind their own listeners to
-    /// it.
+    /// it. `cluster` is how its actors reach the cluster.
     pub(crate) fn new(
         hosting: ActorHosting,
         data_ip: IpAddr,
+        cluster: ClusterAccess,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<ActorExit>), ActorError> {
         let (exits, ended) = mpsc::unbounded_channel();
         let options = LocalOptions {
             mailbox_capacity: hosting.mailbox_capacity,
             visible_gpus: visible_gpus(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()),
             data_ip,
+            cluster: Some(cluster.clone()),
         };
         let local = LocalActors::new(hosting.registry, options, exits.clone())?;
         let pool_options = PoolOptions {
             data_ip,
+            cluster: Some(cluster),
             ..hosting.pool
         };
         let pool = hosting

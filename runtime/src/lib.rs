@@ -30,9 +30,9 @@ pub mod wire;
 
 pub use actor::{
     Actor, ActorContext, ActorError, ActorEventKind, ActorExit, ActorFactory, ActorId, ActorLabel,
-    ActorRegistry, ActorSpec, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason, FailureOrigin,
-    LocalActors, LocalOptions, MethodError, PoolOptions, RestartPolicy, WorkerCommand, WorkerPool,
-    diagnostic_registry, worker_main,
+    ActorRegistry, ActorSpec, ClusterAccess, DEFAULT_MAILBOX_CAPACITY, ECHO_KIND, ExitReason,
+    FailureOrigin, LocalActors, LocalOptions, MethodError, PoolOptions, RestartPolicy,
+    WorkerCommand, WorkerPool, diagnostic_registry, worker_main,
 };
 pub use client::{
     ActorCallError, ActorEvent, ActorEvents, ActorRef, ActorStatus, ClusterClient, ClusterStatus,

@@ -25,6 +25,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 pub use crate::hosting::ActorHosting;
 
+use crate::actor::ClusterAccess;
 use crate::daemon::{
     ActorHandler, DaemonError, HEAD_NAME, STOP_LINGER, advertised_address, is_control,
     message_name, refused, resolve, resources_wire,
@@ -104,7 +105,14 @@ impl Node {
     pub async fn start(config: NodeConfig) -> Result<Node, DaemonError> {
         let head = resolve(&config.head).await?;
         // Before the join: a node that cannot host actors does not join.
-        let (actors, exits) = NodeActors::new(config.actors.clone(), config.bind.ip())?;
+        let (actors, exits) = NodeActors::new(
+            config.actors.clone(),
+            config.bind.ip(),
+            ClusterAccess {
+                state_dir: config.state.root().to_path_buf(),
+                head: config.head.clone(),
+            },
+        )?;
         let listen = listen_address(config.bind)?;
         let address = advertised_address(listen, config.advertise.as_deref(), head)?;
         let description = NodeDescription {

@@ -14,9 +14,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{
     Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
-    ActorRegistry, ActorSpec, ClusterClient, DiscoverOptions, ExitReason, FailureOrigin, Head,
-    HeadConfig, MembershipConfig, MethodError, PoolOptions, Resources, SpawnOptions, StateDir,
-    TransportOptions, VisibleDevices, WorkerCommand, WorkerPool, discover, worker_main,
+    ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, DiscoverOptions, ExitReason,
+    FailureOrigin, Head, HeadConfig, MembershipConfig, MethodError, PoolOptions, Resources,
+    SpawnOptions, StateDir, TransportOptions, VisibleDevices, WorkerCommand, WorkerPool, discover,
+    worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -35,6 +36,7 @@ macro_rules! cases {
 const CASES: &[(&str, Case)] = cases![
     actors_of_a_group_share_its_process,
     the_worker_sees_the_gpus_of_its_group,
+    the_worker_reaches_the_cluster_its_daemon_is_in,
     sigkill_fails_every_actor_of_the_worker,
     an_exit_fails_with_its_code_and_last_stderr,
     a_panic_fails_only_that_actor,
@@ -142,6 +144,10 @@ impl Actor for Probe {
                 })
                 .join(" "),
             "ordinals" => format!("{:?}", self.ctx.cuda_ordinals()),
+            "cluster" => match self.ctx.cluster() {
+                Some(access) => format!("{} {}", access.state_dir.display(), access.head),
+                None => "none".to_string(),
+            },
             "zeros" => return Ok(vec![0; std::str::from_utf8(payload)?.parse()?]),
             "print" => {
                 // Actor code may write to stdout: it is not the node's channel.
@@ -343,6 +349,28 @@ async fn the_worker_sees_the_gpus_of_its_group() -> Result<()> {
     let want = "worker process for group 'gpu': it runs with CUDA_VISIBLE_DEVICES=3,1 (the GPUs \
                 of its first actor); actor 4 needs gpu 5";
     ensure!(format!("{:#}", error).ends_with(want), "{error:#}");
+    Ok(())
+}
+
+async fn the_worker_reaches_the_cluster_its_daemon_is_in() -> Result<()> {
+    let command = WorkerCommand::current_exe(["worker"]).context("finding this test binary")?;
+    let (pool, _ended) = pool_with(
+        command.clone(),
+        PoolOptions {
+            cluster: Some(ClusterAccess {
+                state_dir: "/var/lib/imgrun state".into(),
+                head: "10.0.0.1:7400".into(),
+            }),
+            ..PoolOptions::default()
+        },
+    );
+    start(&pool, "job", 1, "probe", &[]).await?;
+    let got = call(&pool, 1, "cluster", "").await?;
+    ensure!(got == "/var/lib/imgrun state 10.0.0.1:7400", "{got}");
+    let (outside, _ended) = pool_of(command);
+    start(&outside, "job", 2, "probe", &[]).await?;
+    let got = call(&outside, 2, "cluster", "").await?;
+    ensure!(got == "none", "a pool outside a cluster: {got}");
     Ok(())
 }
 

@@ -38,6 +38,8 @@ pub struct LocalOptions {
     pub visible_gpus: Option<Vec<u32>>,
     /// What [`ActorContext::data_ip`] tells actors: the address the node's daemon binds.
     pub data_ip: IpAddr,
+    /// What [`ActorContext::cluster`] tells actors.
+    pub cluster: Option<super::ClusterAccess>,
 }
 
 impl Default for LocalOptions {
@@ -46,6 +48,7 @@ impl Default for LocalOptions {
             mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
             visible_gpus: None,
             data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            cluster: None,
         }
     }
 }
@@ -174,7 +177,8 @@ impl LocalActors {
         let on_exit: Weak<dyn ExitSink> = table;
         let shared = Arc::new(Shared::new(id, on_exit));
         let capacity = self.inner.options.mailbox_capacity;
-        let context = ActorContext::new(id, gpus, ordinals, self.inner.options.data_ip);
+        let context = ActorContext::new(id, gpus, ordinals, self.inner.options.data_ip)
+            .with_cluster(self.inner.options.cluster.clone());
         let span = info_span!("actor", id = %id, kind = %kind);
         let (started, outcome) = oneshot::channel();
         let host_shared = Arc::clone(&shared);

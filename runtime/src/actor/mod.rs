@@ -49,6 +49,6 @@ pub use directory::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
 pub use error::{ActorError, ActorExit, ExitReason, FailureOrigin};
 pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
 pub use pool::{PoolOptions, WorkerCommand, WorkerPool};
-pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, MethodError};
+pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, ClusterAccess, MethodError};
 pub(crate) use worker::visible_gpus;
 pub use worker::worker_main;

@@ -88,6 +88,9 @@ pub struct PoolOptions {
     /// listeners to ([`ActorContext::data_ip`](super::ActorContext::data_ip)); the daemon
     /// sets it.
     pub data_ip: IpAddr,
+    /// How the workers' actors reach the cluster ([`ActorContext::cluster`](super::ActorContext::cluster));
+    /// the daemon sets it.
+    pub cluster: Option<super::ClusterAccess>,
 }
 
 impl Default for PoolOptions {
@@ -97,6 +100,7 @@ impl Default for PoolOptions {
             retire_grace: Duration::from_secs(5),
             max_frame: DEFAULT_MAX_FRAME,
             data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            cluster: None,
         }
     }
 }

@@ -33,6 +33,9 @@ pub(crate) const MAX_FRAME_VARIABLE: &str = "IMGRUN_WORKER_MAX_FRAME";
 
 /// The environment variable a worker finds the address its actors' listeners bind in.
 pub(crate) const DATA_IP_VARIABLE: &str = "IMGRUN_WORKER_DATA_IP";
+/// The hosting daemon's state folder and the head's address ([`super::ClusterAccess`]).
+pub(crate) const STATE_DIR_VARIABLE: &str = "IMGRUN_WORKER_STATE_DIR";
+pub(crate) const HEAD_VARIABLE: &str = "IMGRUN_WORKER_HEAD";
 
 /// Longest line of worker output kept; the rest of a longer line is dropped.
 const MAX_LINE: usize = 1000;
@@ -73,6 +76,12 @@ pub(crate) fn spawn(
         .env(GROUP_VARIABLE, group)
         .env(MAX_FRAME_VARIABLE, options.max_frame.to_string())
         .env(DATA_IP_VARIABLE, options.data_ip.to_string())
+        .envs(options.cluster.iter().flat_map(|cluster| {
+            [
+                (STATE_DIR_VARIABLE, cluster.state_dir.as_os_str().to_owned()),
+                (HEAD_VARIABLE, cluster.head.clone().into()),
+            ]
+        }))
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::from(OwnedFd::from(output_theirs)))
         .stderr(Stdio::from(OwnedFd::from(stderr)))

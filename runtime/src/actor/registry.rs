@@ -117,6 +117,15 @@ impl fmt::Debug for MethodError {
     }
 }
 
+/// How an actor reaches the cluster that hosts it, as a program on its machine does:
+/// the hosting daemon's state folder (whose credentials a `ClusterClient` uses) and the
+/// head's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterAccess {
+    pub state_dir: std::path::PathBuf,
+    pub head: String,
+}
+
 /// What a constructor learns about the actor it builds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActorContext {
@@ -124,6 +133,7 @@ pub struct ActorContext {
     gpus: Vec<u32>,
     cuda_ordinals: Vec<u32>,
     data_ip: IpAddr,
+    cluster: Option<ClusterAccess>,
 }
 
 impl ActorContext {
@@ -138,7 +148,13 @@ impl ActorContext {
             gpus,
             cuda_ordinals,
             data_ip,
+            cluster: None,
         }
+    }
+
+    pub(crate) fn with_cluster(mut self, cluster: Option<ClusterAccess>) -> Self {
+        self.cluster = cluster;
+        self
     }
 
     /// The id the head gave the actor.
@@ -163,6 +179,13 @@ impl ActorContext {
     /// every interface).
     pub fn data_ip(&self) -> IpAddr {
         self.data_ip
+    }
+
+    /// How to reach the cluster from this actor (an actor that spawns and drives others,
+    /// such as a job's coordinator, connects a `ClusterClient` with it); none when the
+    /// actor is hosted outside a cluster's daemon.
+    pub fn cluster(&self) -> Option<&ClusterAccess> {
+        self.cluster.as_ref()
     }
 }
 

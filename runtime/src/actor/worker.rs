@@ -20,7 +20,9 @@ use super::ActorId;
 use super::error::{ActorError, ActorExit, ExitReason};
 use super::local::{ActorSpec, LocalActors, LocalOptions};
 use super::pool::{FRAME_OVERHEAD, write_frames};
-use super::process::{DATA_IP_VARIABLE, GROUP_VARIABLE, MAX_FRAME_VARIABLE};
+use super::process::{
+    DATA_IP_VARIABLE, GROUP_VARIABLE, HEAD_VARIABLE, MAX_FRAME_VARIABLE, STATE_DIR_VARIABLE,
+};
 use super::registry::ActorRegistry;
 use crate::wire::{self, DEFAULT_MAX_FRAME, Message, WireError};
 
@@ -71,9 +73,20 @@ async fn serve(registry: ActorRegistry) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let cluster = match (
+        std::env::var_os(STATE_DIR_VARIABLE),
+        std::env::var(HEAD_VARIABLE),
+    ) {
+        (Some(state_dir), Ok(head)) => Some(super::ClusterAccess {
+            state_dir: state_dir.into(),
+            head,
+        }),
+        _ => None,
+    };
     let options = LocalOptions {
         visible_gpus: visible_gpus(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()),
         data_ip,
+        cluster,
         ..LocalOptions::default()
     };
     let (exits, ended) = mpsc::unbounded_channel();
