@@ -58,6 +58,13 @@ enum Command {
     /// Trains a model data-parallel on the cluster (or an embedded one), one trainer per
     /// GPU or CPU trainers, with evaluation, checkpoints and metrics.
     Train(commands::train::TrainArgs),
+    /// Lists the jobs running in the cluster (`imgrun train --detach` submits one).
+    Jobs(commands::jobs::JobsArgs),
+    /// Shows what a job in the cluster said; `--follow` follows it to its end.
+    Logs(commands::jobs::LogsArgs),
+    /// Stops a job in the cluster after its step in flight, with a checkpoint (or removes
+    /// a finished one from the list).
+    Cancel(commands::jobs::CancelArgs),
     /// Benchmarks on your own data: `bench loader SPEC` runs the training loader on your
     /// shards and says whether it can feed the GPUs.
     #[command(subcommand)]
@@ -83,6 +90,8 @@ fn main() -> ExitCode {
             | Command::Plan(_)
             | Command::Shards(_)
             | Command::Status(_)
+            | Command::Jobs(_)
+            | Command::Logs(_)
             | Command::Plot(_)
             | Command::Bench(_)
     ) {
@@ -129,6 +138,9 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Status(args) => commands::cluster::status(loaded, args),
         Command::Stop(args) => commands::cluster::stop(loaded, args),
         Command::Train(args) => commands::train::run(loaded, args),
+        Command::Jobs(args) => commands::jobs::jobs(loaded, args),
+        Command::Logs(args) => commands::jobs::logs(loaded, args),
+        Command::Cancel(args) => commands::jobs::cancel(loaded, args),
         Command::Plot(args) => commands::plot::run(loaded, args),
         // Returned above, before the configuration is read; the same if it were not.
         Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),

@@ -496,6 +496,7 @@ fn resources(daemon: &DaemonArgs) -> runtime::NodeResources {
 pub fn actor_registry() -> runtime::ActorRegistry {
     let mut registry = runtime::diagnostic_registry();
     actors::train::register(&mut registry);
+    actors::job::register(&mut registry);
     registry
 }
 

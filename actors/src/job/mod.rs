@@ -9,9 +9,12 @@
 //! at the last completed step and ends the job with [`JobError::Interrupted`].
 //!
 //! The job says what happens through a [`JobOutput`] as typed [`JobEvent`]s; whoever
-//! runs it (the `imgrun train` command today) renders them. The job prints nothing.
+//! runs it renders them (`imgrun train` on its terminal) or keeps them for followers
+//! (the coordinator actor of `coordinator.rs`, which runs a detached job inside the
+//! cluster). The job prints nothing.
 
 mod calls;
+mod coordinator;
 mod driver;
 mod error;
 mod metrics;
@@ -25,6 +28,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::train::JobSpec;
+pub use coordinator::{
+    COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
+    FollowRequest, JobState, JobStatus, STOP_GRACE, StatusRequest, register,
+};
 pub use driver::{RankCallError, RankFailure, newest_run, run};
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
@@ -74,7 +81,7 @@ pub struct JobSettings {
 }
 
 /// What a finished job reports.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSummary {
     pub run_dir: PathBuf,
     pub top1: Option<f64>,

@@ -75,6 +75,11 @@ impl StopControl {
     fn requested(&self) -> Option<&'static str> {
         *self.requested.borrow()
     }
+
+    /// The stop requests, to wait for one.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<Option<&'static str>> {
+        self.requested.clone()
+    }
 }
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints

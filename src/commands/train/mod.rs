@@ -8,14 +8,14 @@
 //! that continues the run.
 
 mod cluster;
+mod detach;
 mod render;
 mod spec;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
-use actors::job::{Interrupted, JobError, JobSummary, StopControl, Trainers};
+use actors::job::{Interrupted, JobError, JobSummary, STOP_GRACE, StopControl, Trainers};
 use anyhow::Context;
 
 use crate::config::{Config, Loaded};
@@ -23,8 +23,7 @@ use cluster::Cluster;
 pub(crate) use spec::data_spec;
 use spec::job_request;
 
-/// How long a stopping job may take to end its step in flight and save a checkpoint.
-pub const STOP_GRACE: Duration = Duration::from_secs(20);
+pub(crate) use render::Terminal;
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -60,6 +59,11 @@ pub struct TrainArgs {
     /// Do not draw metrics.png at the end.
     #[arg(long)]
     no_plot: bool,
+    /// Submit the job to the running cluster and return: it runs there, on the head's
+    /// node, and outlives this command (`imgrun jobs`, `imgrun logs JOB --follow`,
+    /// `imgrun cancel JOB`).
+    #[arg(long)]
+    detach: bool,
 }
 
 pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
@@ -87,6 +91,10 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
         resume: args.resume,
         plot: !args.no_plot,
     };
+    if args.detach {
+        let request = job_request(&loaded.config, options.resume.clone())?;
+        return detach::submit(&loaded.config, &options, request);
+    }
     let args: Vec<String> = std::env::args().collect();
     match train_job(&loaded.config, &options) {
         Ok(_) => Ok(ExitCode::SUCCESS),

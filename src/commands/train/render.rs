@@ -14,6 +14,15 @@ pub(crate) struct Terminal {
     bar: Mutex<Option<ProgressBar>>,
 }
 
+impl Terminal {
+    /// Clears the progress bar, if one is shown.
+    pub(crate) fn finish(&self) {
+        if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 impl JobOutput for Terminal {
     fn event(&self, event: JobEvent) {
         let mut bar = self.bar.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,397 @@
+//! The job's coordinator: an actor that runs a job ([`super::run`]) inside the cluster,
+//! so that the job outlives the command that submitted it (`imgrun train --detach`).
+//!
+//! The coordinator is spawned detached (owned by no connection) on the head's node, in a
+//! worker process of its own. It connects to the cluster with [`ActorContext::cluster`],
+//! runs the job on a thread of its own, and keeps every [`JobEvent`] and the job's
+//! [`JobStatus`] for whoever follows it (`imgrun logs`), lists it (`imgrun jobs`) or
+//! cancels it (`imgrun cancel`). The trainers it spawns are owned by its connection, so
+//! they end with it. A finished job's coordinator stays, with its final status, until it
+//! is stopped (`imgrun cancel` removes a finished job).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use runtime::{Actor, ActorContext, ActorRegistry, ClusterAccess, ClusterClient, MethodError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::{
+    Interrupted, JobError, JobEvent, JobOutput, JobRequest, JobSummary, StopControl, StopRequest,
+    Trainers,
+};
+
+/// The coordinator's actor kind.
+pub const COORDINATOR_KIND: &str = "job";
+
+/// How long a stopping job may take to end its step in flight and save a checkpoint.
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// The longest a [`FollowRequest`] waits for something new.
+const MAX_FOLLOW_WAIT: Duration = Duration::from_secs(5);
+
+/// Registers the coordinator's kind.
+pub fn register(registry: &mut ActorRegistry) {
+    registry.register(COORDINATOR_KIND, |ctx, args| {
+        Ok(Box::new(Coordinator::new(ctx, args)?) as Box<dyn Actor>)
+    });
+}
+
+/// What the coordinator is built with: the job's name (its run folder's) and request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CoordinatorInit {
+    pub name: String,
+    pub request: JobRequest,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Running,
+    /// Asked to stop; ending its step in flight and saving a checkpoint.
+    Stopping,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Stopping => "stopping",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+/// A job as `imgrun jobs` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub name: String,
+    pub state: JobState,
+    /// On the coordinator's machine (the head's).
+    pub run_dir: Option<PathBuf>,
+    pub epoch: Option<u64>,
+    /// Steps done in the epoch, of `steps`.
+    pub position: u64,
+    pub steps: u64,
+    pub loss: Option<f32>,
+    pub images_per_s: Option<f64>,
+    /// How it ended: why it failed or how it stopped (where its checkpoint is).
+    pub outcome: Option<String>,
+    /// What a job that succeeded reports.
+    pub summary: Option<JobSummary>,
+}
+
+/// A coordinator method: the request is `Self`, the reply `Self::Reply`.
+pub trait CoordinatorMethod: Serialize + DeserializeOwned {
+    const NAME: &'static str;
+    type Reply: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// The job's events from number `after` on (0: all), waiting up to `wait_ms` (at most
+/// 5 s) for one when there is none yet and the job runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FollowRequest {
+    pub after: u64,
+    pub wait_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FollowReply {
+    pub events: Vec<JobEvent>,
+    /// What to ask `after` next.
+    pub next: u64,
+    pub status: JobStatus,
+}
+
+/// Asks the job to stop after its step in flight, with a checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CancelRequest {}
+
+/// The job's status now.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatusRequest {}
+
+impl CoordinatorMethod for FollowRequest {
+    const NAME: &'static str = "follow";
+    type Reply = FollowReply;
+}
+
+impl CoordinatorMethod for CancelRequest {
+    const NAME: &'static str = "cancel";
+    type Reply = JobStatus;
+}
+
+impl CoordinatorMethod for StatusRequest {
+    const NAME: &'static str = "status";
+    type Reply = JobStatus;
+}
+
+/// What the job's thread and the actor's methods share.
+struct Shared {
+    log: Mutex<Log>,
+    changed: Condvar,
+}
+
+struct Log {
+    events: Vec<JobEvent>,
+    status: JobStatus,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn finish(&self, state: JobState, outcome: Option<String>, summary: Option<JobSummary>) {
+        let mut log = self.lock();
+        log.status.state = state;
+        log.status.outcome = outcome;
+        if let Some(summary) = &summary {
+            log.status.run_dir = Some(summary.run_dir.clone());
+        }
+        log.status.summary = summary;
+        drop(log);
+        self.changed.notify_all();
+    }
+}
+
+impl JobOutput for Shared {
+    fn event(&self, event: JobEvent) {
+        let mut log = self.lock();
+        let status = &mut log.status;
+        match &event {
+            JobEvent::EpochStarted {
+                epoch,
+                steps,
+                position,
+            } => {
+                status.epoch = Some(*epoch);
+                status.steps = *steps;
+                status.position = *position;
+            }
+            JobEvent::Stepped {
+                position,
+                loss,
+                images_per_s,
+                ..
+            } => {
+                status.position = *position;
+                status.loss = Some(*loss);
+                status.images_per_s = Some(*images_per_s);
+            }
+            JobEvent::Line { .. } | JobEvent::EpochEnded { .. } => {}
+        }
+        log.events.push(event);
+        drop(log);
+        self.changed.notify_all();
+    }
+}
+
+struct Coordinator {
+    shared: Arc<Shared>,
+    stop: StopRequest,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Coordinator {
+    fn new(ctx: &ActorContext, args: &[u8]) -> Result<Self, MethodError> {
+        let init: CoordinatorInit = serde_json::from_slice(args)
+            .map_err(|error| MethodError::new(format!("bad coordinator arguments: {error}")))?;
+        let access = ctx.cluster().cloned().ok_or_else(|| {
+            MethodError::new(
+                "a job's coordinator runs in a cluster's daemon, and this one has none",
+            )
+        })?;
+        let shared = Arc::new(Shared {
+            log: Mutex::new(Log {
+                events: Vec::new(),
+                status: JobStatus {
+                    name: init.name.clone(),
+                    state: JobState::Running,
+                    run_dir: Some(init.request.settings.runs_dir.join(&init.name)),
+                    epoch: None,
+                    position: 0,
+                    steps: 0,
+                    loss: None,
+                    images_per_s: None,
+                    outcome: None,
+                    summary: None,
+                },
+            }),
+            changed: Condvar::new(),
+        });
+        let (stop, control) = StopControl::new();
+        let thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("imgrun-job".to_string())
+                .spawn(move || run_job(&shared, access, init.request, control))
+                .map_err(|error| MethodError::new(format!("starting the job's thread: {error}")))?
+        };
+        Ok(Coordinator {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn follow(&self, request: &FollowRequest) -> FollowReply {
+        let wait = Duration::from_millis(request.wait_ms).min(MAX_FOLLOW_WAIT);
+        let mut log = self.shared.lock();
+        let after = usize::try_from(request.after).unwrap_or(usize::MAX);
+        if log.events.len() <= after && !log.status.state.is_final() && !wait.is_zero() {
+            log = self
+                .shared
+                .changed
+                .wait_timeout_while(log, wait, |log| {
+                    log.events.len() <= after && !log.status.state.is_final()
+                })
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let events = log.events.get(after..).unwrap_or_default().to_vec();
+        FollowReply {
+            events,
+            next: log.events.len() as u64,
+            status: log.status.clone(),
+        }
+    }
+
+    fn cancel(&self) -> JobStatus {
+        let mut log = self.shared.lock();
+        if log.status.state == JobState::Running {
+            log.status.state = JobState::Stopping;
+            self.stop.stop("cancel");
+        }
+        log.status.clone()
+    }
+}
+
+impl Actor for Coordinator {
+    fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        fn decode<M: CoordinatorMethod>(payload: &[u8]) -> Result<M, MethodError> {
+            serde_json::from_slice(payload)
+                .map_err(|error| MethodError::new(format!("{}: bad request: {error}", M::NAME)))
+        }
+        fn encode<T: Serialize>(reply: &T) -> Result<Vec<u8>, MethodError> {
+            serde_json::to_vec(reply).map_err(|error| MethodError::new(error.to_string()))
+        }
+        match method {
+            FollowRequest::NAME => encode(&self.follow(&decode::<FollowRequest>(payload)?)),
+            CancelRequest::NAME => encode(&self.cancel()),
+            StatusRequest::NAME => encode(&self.shared.lock().status.clone()),
+            other => Err(MethodError::new(format!(
+                "a job's coordinator has no method '{other}' (it has {}, {} and {})",
+                FollowRequest::NAME,
+                CancelRequest::NAME,
+                StatusRequest::NAME
+            ))),
+        }
+    }
+
+    /// A graceful stop of a running job stops it as a cancel does, and waits for it.
+    fn stopping(&mut self) {
+        self.cancel();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            warn!("the job's thread panicked");
+        }
+    }
+}
+
+/// The job's thread: connects to the cluster, runs the job to its end (or to a stop,
+/// given [`STOP_GRACE`] to save a checkpoint), kills its trainers and records how it
+/// ended.
+fn run_job(shared: &Arc<Shared>, access: ClusterAccess, request: JobRequest, stop: StopControl) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let outcome = format!("starting the job's async runtime: {error}");
+            shared.finish(JobState::Failed, Some(outcome), None);
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let state = runtime::StateDir::at(&access.state_dir);
+        let client = match ClusterClient::connect(&state, Some(&access.head)).await {
+            Ok(client) => client,
+            Err(error) => {
+                let outcome = format!("connecting to the cluster at {}: {error}", access.head);
+                shared.finish(JobState::Failed, Some(outcome), None);
+                return;
+            }
+        };
+        let trainers = Trainers::default();
+        let outcome = {
+            let job = super::run(&client, request, shared.as_ref(), &stop, &trainers);
+            let mut job = std::pin::pin!(job);
+            tokio::select! {
+                outcome = &mut job => outcome,
+                by = stop_asked(&stop) => tokio::select! {
+                    outcome = &mut job => outcome,
+                    () = tokio::time::sleep(STOP_GRACE) => Err(JobError::Interrupted(Box::new(
+                        Interrupted::late(
+                            by,
+                            stop.progress().clone(),
+                            format!("no step ended within {} s", STOP_GRACE.as_secs()),
+                        ),
+                    ))),
+                },
+            }
+        };
+        trainers.kill_all().await;
+        match outcome {
+            Ok(summary) => {
+                let line = format!(
+                    "done: validation top-1 {}; {:.0} images/s; run folder {}",
+                    summary
+                        .top1
+                        .map_or("-".to_string(), |t| format!("{:.2}%", t * 100.0)),
+                    summary.images_per_s,
+                    summary.run_dir.display()
+                );
+                shared.finish(JobState::Succeeded, Some(line), Some(summary));
+            }
+            Err(error) => match error.interrupted() {
+                Some(interrupted) => {
+                    let summary = interrupted.summary();
+                    shared.finish(JobState::Cancelled, Some(summary), None);
+                }
+                None => shared.finish(JobState::Failed, Some(error.to_string()), None),
+            },
+        }
+    });
+}
+
+/// Resolves when a stop is asked, with who asked.
+async fn stop_asked(stop: &StopControl) -> &'static str {
+    let mut requested = stop.watch();
+    loop {
+        if let Some(by) = *requested.borrow_and_update() {
+            return by;
+        }
+        if requested.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}

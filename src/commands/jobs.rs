@@ -1,0 +1,287 @@
+//! Jobs that run in the cluster (`imgrun train --detach`): `imgrun jobs` lists them,
+//! `imgrun logs JOB [--follow]` shows what a job said (and follows it to its end),
+//! `imgrun cancel JOB` stops one with a checkpoint, or removes a finished one.
+//!
+//! Each job is a coordinator actor (`actors::job::COORDINATOR_KIND`) labelled with the
+//! job's name; these commands find it in the cluster's status and call it.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use actors::job::{
+    COORDINATOR_KIND, CancelRequest, CoordinatorMethod, FollowRequest, JobOutput, JobState,
+    JobStatus, STOP_GRACE, StatusRequest,
+};
+use anyhow::{Context, bail};
+use runtime::{ActorRef, ClusterClient};
+
+use crate::commands::train::Terminal;
+use crate::config::Loaded;
+
+/// How long one call to a coordinator may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a follower waits for news in one call.
+const FOLLOW_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    /// Address of the cluster's head [default: the cluster this machine runs or joined].
+    #[arg(long)]
+    address: Option<String>,
+    /// Print the jobs as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// The job's name (its run folder's, as `imgrun jobs` lists it).
+    job: String,
+    /// Keep following the job until it ends.
+    #[arg(long, short)]
+    follow: bool,
+    #[arg(long)]
+    address: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    /// The job's name.
+    job: String,
+    #[arg(long)]
+    address: Option<String>,
+}
+
+pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
+    let statuses = in_cluster(loaded, args.address.as_deref(), |client| async move {
+        let mut statuses = Vec::new();
+        for (_, actor) in coordinators(&client).await? {
+            statuses.push(call(&actor, &StatusRequest {}).await?);
+        }
+        Ok(statuses)
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&statuses)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if statuses.is_empty() {
+        println!("no jobs (`imgrun train --detach` submits one)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  RUN FOLDER (on the head's machine)",
+        "JOB", "STATE", "EPOCH", "STEP", "LOSS", "IMG/S"
+    );
+    for status in &statuses {
+        println!(
+            "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  {}",
+            status.name,
+            status.state.name(),
+            status.epoch.map_or("-".to_string(), |e| e.to_string()),
+            format!("{}/{}", status.position, status.steps),
+            status.loss.map_or("-".to_string(), |l| format!("{l:.3}")),
+            status
+                .images_per_s
+                .map_or("-".to_string(), |r| format!("{r:.0}")),
+            status
+                .run_dir
+                .as_ref()
+                .map_or("-".to_string(), |d| d.display().to_string())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {
+    let status = in_cluster(loaded, args.address.as_deref(), |client| async move {
+        let actor = find(&client, &args.job).await?;
+        follow(&actor, args.follow).await
+    })?;
+    Ok(exit_code(&status, args.follow))
+}
+
+pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let status = in_cluster(loaded, args.address.as_deref(), |client| async move {
+        let actor = find(&client, &args.job).await?;
+        let status = call(&actor, &CancelRequest {}).await?;
+        if status.state.is_final() {
+            println!(
+                "job {} had already {}; removed from the list",
+                status.name,
+                status.state.name()
+            );
+        } else {
+            println!(
+                "job {}: stopping after the step in flight with a checkpoint (at most {} s)",
+                status.name,
+                STOP_GRACE.as_secs()
+            );
+        }
+        let status = wait_final(&actor).await?;
+        actor
+            .stop()
+            .await
+            .with_context(|| format!("stopping the coordinator of job {}", status.name))?;
+        Ok(status)
+    })?;
+    if let Some(outcome) = &status.outcome {
+        println!("{outcome}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the job's events so far (and, with `follow`, until it ends), then how it ended
+/// or where it stands; returns its last status.
+pub(crate) async fn follow(actor: &ActorRef, follow: bool) -> anyhow::Result<JobStatus> {
+    let terminal = Terminal::default();
+    let mut after = 0;
+    loop {
+        let wait = if follow { FOLLOW_WAIT } else { Duration::ZERO };
+        let reply = call(
+            actor,
+            &FollowRequest {
+                after,
+                wait_ms: wait.as_millis() as u64,
+            },
+        )
+        .await?;
+        let caught_up = reply.events.is_empty();
+        for event in reply.events {
+            terminal.event(event);
+        }
+        after = reply.next;
+        let status = reply.status;
+        if status.state.is_final() && caught_up {
+            terminal.finish();
+            match status.state {
+                JobState::Succeeded => {}
+                _ => eprintln!("job {} {}:", status.name, status.state.name()),
+            }
+            if let Some(outcome) = &status.outcome {
+                eprintln!("{outcome}");
+            }
+            return Ok(status);
+        }
+        if !follow && caught_up {
+            terminal.finish();
+            eprintln!(
+                "job {} is {} (epoch {}, step {}/{}); `imgrun logs {} --follow` follows it",
+                status.name,
+                status.state.name(),
+                status.epoch.map_or("-".to_string(), |e| e.to_string()),
+                status.position,
+                status.steps,
+                status.name
+            );
+            return Ok(status);
+        }
+    }
+}
+
+/// 0 for a job that succeeded or (without `--follow`) still runs; 1 otherwise.
+fn exit_code(status: &JobStatus, follow: bool) -> ExitCode {
+    match status.state {
+        JobState::Succeeded => ExitCode::SUCCESS,
+        JobState::Running | JobState::Stopping if !follow => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}
+
+/// Waits until the job has ended.
+async fn wait_final(actor: &ActorRef) -> anyhow::Result<JobStatus> {
+    let deadline = tokio::time::Instant::now() + STOP_GRACE + Duration::from_secs(30);
+    let mut after = 0;
+    loop {
+        let reply = call(
+            actor,
+            &FollowRequest {
+                after,
+                wait_ms: FOLLOW_WAIT.as_millis() as u64,
+            },
+        )
+        .await?;
+        after = reply.next;
+        if reply.status.state.is_final() {
+            return Ok(reply.status);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "job {} did not stop within {} s",
+                reply.status.name,
+                (STOP_GRACE + Duration::from_secs(30)).as_secs()
+            );
+        }
+    }
+}
+
+/// The job coordinators in the cluster: (job name, handle), by name.
+pub(crate) async fn coordinators(
+    client: &ClusterClient,
+) -> anyhow::Result<Vec<(String, ActorRef)>> {
+    let status = client
+        .status()
+        .await
+        .context("asking for the cluster's status")?;
+    let mut found = Vec::new();
+    for actor in status.actors {
+        if actor.kind != COORDINATOR_KIND {
+            continue;
+        }
+        let name = actor
+            .label
+            .map_or_else(|| format!("actor {}", actor.id), |label| label.job);
+        // An actor that ended between the status and here is no longer a job.
+        if let Ok(handle) = client.actor(actor.id).await {
+            found.push((name, handle));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(found)
+}
+
+/// The coordinator of the job `name`, or an error listing the jobs there are.
+pub(crate) async fn find(client: &ClusterClient, name: &str) -> anyhow::Result<ActorRef> {
+    let jobs = coordinators(client).await?;
+    let names: Vec<String> = jobs.iter().map(|(n, _)| n.clone()).collect();
+    match jobs.into_iter().find(|(n, _)| n == name) {
+        Some((_, actor)) => Ok(actor),
+        None if names.is_empty() => bail!("no job named `{name}`: the cluster has no jobs"),
+        None => bail!(
+            "no job named `{name}`: the cluster's jobs are {}",
+            names.join(", ")
+        ),
+    }
+}
+
+/// Calls method `M` of a job's coordinator.
+pub(crate) async fn call<M: CoordinatorMethod>(
+    actor: &ActorRef,
+    request: &M,
+) -> anyhow::Result<M::Reply> {
+    let payload = serde_json::to_vec(request).context("encoding a request")?;
+    let bytes = actor
+        .call(M::NAME, payload, CALL_TIMEOUT)
+        .await
+        .with_context(|| format!("asking the job's coordinator ({})", M::NAME))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("the job's coordinator answered {} badly", M::NAME))
+}
+
+/// Runs `work` with a client of the running cluster.
+fn in_cluster<T, F, Fut>(loaded: &Loaded, address: Option<&str>, work: F) -> anyhow::Result<T>
+where
+    F: FnOnce(ClusterClient) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let state = crate::commands::cluster::state_dir(&loaded.config.cluster)?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    tokio.block_on(async {
+        let client = ClusterClient::connect(&state, address)
+            .await
+            .context("connecting to the cluster (jobs run in a cluster: `imgrun start --head`)")?;
+        work(client).await
+    })
+}
