@@ -103,7 +103,7 @@ pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {
 pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {
     let status = in_cluster(loaded, args.address.as_deref(), |client| async move {
         let actor = find(&client, &args.job).await?;
-        let status = call(&actor, &CancelRequest {}).await?;
+        let status = call(&actor, &CancelRequest::default()).await?;
         if status.state.is_final() {
             println!(
                 "job {} had already {}; removed from the list",

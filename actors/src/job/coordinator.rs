@@ -1,13 +1,15 @@
 //! The job's coordinator: an actor that runs a job ([`super::run`]) inside the cluster,
 //! so that the job outlives the command that submitted it (`imgrun train --detach`).
 //!
-//! The coordinator is spawned detached (owned by no connection) on the head's node, in a
-//! worker process of its own. It connects to the cluster with [`ActorContext::cluster`],
-//! runs the job on a thread of its own, and keeps every [`JobEvent`] and the job's
-//! [`JobStatus`] for whoever follows it (`imgrun logs`), lists it (`imgrun jobs`) or
-//! cancels it (`imgrun cancel`). The trainers it spawns are owned by its connection, so
-//! they end with it. A finished job's coordinator stays, with its final status, until it
-//! is stopped (`imgrun cancel` removes a finished job).
+//! `imgrun train` on a running cluster spawns the coordinator on the head's node, inside
+//! the head's daemon (it runs no native code), owned by the command's connection; with
+//! `--detach`, owned by no connection. It connects to the cluster with
+//! [`ActorContext::cluster`], runs the job on a thread of its own, and keeps every
+//! [`JobEvent`] and the job's [`JobStatus`] for whoever follows it (`imgrun train` itself,
+//! `imgrun logs`), lists it (`imgrun jobs`) or cancels it (Ctrl-C, `imgrun cancel`). The
+//! trainers it spawns are owned by its connection; a coordinator that is killed (its
+//! owner gone) kills them at once. A finished job's coordinator stays, with its final
+//! status, until it is stopped (`imgrun cancel` removes a finished job).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -19,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::{
-    Interrupted, JobError, JobEvent, JobOutput, JobRequest, JobSummary, StopControl, StopRequest,
-    Trainers,
+    Interrupted, JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl,
+    StopRequest, Trainers,
 };
 
 /// The coordinator's actor kind.
@@ -90,8 +92,14 @@ pub struct JobStatus {
     pub steps: u64,
     pub loss: Option<f32>,
     pub images_per_s: Option<f64>,
+    /// The newest checkpoint.
+    pub checkpoint: Option<Saved>,
     /// How it ended: why it failed or how it stopped (where its checkpoint is).
     pub outcome: Option<String>,
+    /// For a job that was stopped: who asked (`SIGINT`, `SIGTERM`, `cancel`), and why it
+    /// could not stop at a checkpoint of its last step, when it could not.
+    pub stopped_by: Option<String>,
+    pub late: Option<String>,
     /// What a job that succeeded reports.
     pub summary: Option<JobSummary>,
 }
@@ -118,9 +126,22 @@ pub struct FollowReply {
     pub status: JobStatus,
 }
 
-/// Asks the job to stop after its step in flight, with a checkpoint.
+/// Asks the job to stop after its step in flight, with a checkpoint. `by` names who asks:
+/// `SIGINT` or `SIGTERM` (a following command's signal) or, by default, `cancel`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CancelRequest {}
+pub struct CancelRequest {
+    #[serde(default)]
+    pub by: String,
+}
+
+/// The names a stop may be asked by.
+fn stop_name(by: &str) -> &'static str {
+    match by {
+        "SIGINT" => "SIGINT",
+        "SIGTERM" => "SIGTERM",
+        _ => "cancel",
+    }
+}
 
 /// The job's status now.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -159,6 +180,9 @@ impl Shared {
 
     fn finish(&self, state: JobState, outcome: Option<String>, summary: Option<JobSummary>) {
         let mut log = self.lock();
+        if log.status.state.is_final() {
+            return;
+        }
         log.status.state = state;
         log.status.outcome = outcome;
         if let Some(summary) = &summary {
@@ -205,6 +229,11 @@ impl JobOutput for Shared {
 struct Coordinator {
     shared: Arc<Shared>,
     stop: StopRequest,
+    /// Where the job stands (its newest checkpoint), as the job's step loop keeps it.
+    control: StopControl,
+    /// Told when the coordinator is dropped without a graceful stop (killed): the job
+    /// ends at once and its trainers are killed.
+    abort: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -229,25 +258,38 @@ impl Coordinator {
                     steps: 0,
                     loss: None,
                     images_per_s: None,
+                    checkpoint: None,
                     outcome: None,
+                    stopped_by: None,
+                    late: None,
                     summary: None,
                 },
             }),
             changed: Condvar::new(),
         });
         let (stop, control) = StopControl::new();
+        let (abort, aborted) = tokio::sync::watch::channel(false);
         let thread = {
             let shared = shared.clone();
+            let control = control.clone();
             std::thread::Builder::new()
                 .name("imgrun-job".to_string())
-                .spawn(move || run_job(&shared, access, init.request, control))
+                .spawn(move || run_job(&shared, access, init.request, control, aborted))
                 .map_err(|error| MethodError::new(format!("starting the job's thread: {error}")))?
         };
         Ok(Coordinator {
             shared,
             stop,
+            control,
+            abort,
             thread: Some(thread),
         })
+    }
+
+    fn status(&self) -> JobStatus {
+        let mut status = self.shared.lock().status.clone();
+        status.checkpoint = self.control.progress().checkpoint.clone();
+        status
     }
 
     fn follow(&self, request: &FollowRequest) -> FollowReply {
@@ -265,20 +307,23 @@ impl Coordinator {
                 .0;
         }
         let events = log.events.get(after..).unwrap_or_default().to_vec();
+        let next = log.events.len() as u64;
+        drop(log);
         FollowReply {
             events,
-            next: log.events.len() as u64,
-            status: log.status.clone(),
+            next,
+            status: self.status(),
         }
     }
 
-    fn cancel(&self) -> JobStatus {
+    fn cancel(&self, by: &str) -> JobStatus {
         let mut log = self.shared.lock();
         if log.status.state == JobState::Running {
             log.status.state = JobState::Stopping;
-            self.stop.stop("cancel");
+            self.stop.stop(stop_name(by));
         }
-        log.status.clone()
+        drop(log);
+        self.status()
     }
 }
 
@@ -293,8 +338,8 @@ impl Actor for Coordinator {
         }
         match method {
             FollowRequest::NAME => encode(&self.follow(&decode::<FollowRequest>(payload)?)),
-            CancelRequest::NAME => encode(&self.cancel()),
-            StatusRequest::NAME => encode(&self.shared.lock().status.clone()),
+            CancelRequest::NAME => encode(&self.cancel(&decode::<CancelRequest>(payload)?.by)),
+            StatusRequest::NAME => encode(&self.status()),
             other => Err(MethodError::new(format!(
                 "a job's coordinator has no method '{other}' (it has {}, {} and {})",
                 FollowRequest::NAME,
@@ -306,7 +351,7 @@ impl Actor for Coordinator {
 
     /// A graceful stop of a running job stops it as a cancel does, and waits for it.
     fn stopping(&mut self) {
-        self.cancel();
+        self.cancel("cancel");
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
@@ -315,10 +360,23 @@ impl Actor for Coordinator {
     }
 }
 
+impl Drop for Coordinator {
+    /// Killed, or dropped after a graceful stop: a job still running ends now.
+    fn drop(&mut self) {
+        self.abort.send_replace(true);
+    }
+}
+
 /// The job's thread: connects to the cluster, runs the job to its end (or to a stop,
 /// given [`STOP_GRACE`] to save a checkpoint), kills its trainers and records how it
 /// ended.
-fn run_job(shared: &Arc<Shared>, access: ClusterAccess, request: JobRequest, stop: StopControl) {
+fn run_job(
+    shared: &Arc<Shared>,
+    access: ClusterAccess,
+    request: JobRequest,
+    stop: StopControl,
+    mut aborted: tokio::sync::watch::Receiver<bool>,
+) {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -345,10 +403,20 @@ fn run_job(shared: &Arc<Shared>, access: ClusterAccess, request: JobRequest, sto
         let outcome = {
             let job = super::run(&client, request, shared.as_ref(), &stop, &trainers);
             let mut job = std::pin::pin!(job);
+            let killed = || {
+                Err(JobError::Refused(
+                    "the job's coordinator was killed (its owner went away, or it was \
+                     stopped at once): every trainer was stopped"
+                        .to_string(),
+                ))
+            };
+            let mut aborted_again = aborted.clone();
             tokio::select! {
                 outcome = &mut job => outcome,
+                _ = aborted.wait_for(|aborted| *aborted) => killed(),
                 by = stop_asked(&stop) => tokio::select! {
                     outcome = &mut job => outcome,
+                    _ = aborted_again.wait_for(|aborted| *aborted) => killed(),
                     () = tokio::time::sleep(STOP_GRACE) => Err(JobError::Interrupted(Box::new(
                         Interrupted::late(
                             by,
@@ -375,6 +443,11 @@ fn run_job(shared: &Arc<Shared>, access: ClusterAccess, request: JobRequest, sto
             Err(error) => match error.interrupted() {
                 Some(interrupted) => {
                     let summary = interrupted.summary();
+                    {
+                        let mut log = shared.lock();
+                        log.status.stopped_by = Some(interrupted.by.to_string());
+                        log.status.late = interrupted.late.clone();
+                    }
                     shared.finish(JobState::Cancelled, Some(summary), None);
                 }
                 None => shared.finish(JobState::Failed, Some(error.to_string()), None),

@@ -36,6 +36,7 @@ pub use driver::{RankCallError, RankFailure, newest_run, run};
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
 pub use steps::{Progress, Saved, StopControl, StopRequest};
+pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
 
 /// Everything a job needs besides its cluster: what every trainer is told, and how the

@@ -17,7 +17,7 @@ const HEAD_PROBE: Duration = Duration::from_secs(5);
 /// Why the head is lost, if it is: its connection ended, or it did not answer a status
 /// request within [`HEAD_PROBE`]. The connection is then closed, so that what the client
 /// still asks of the head (killing trainers) fails at once rather than waiting.
-pub(crate) async fn head_lost(client: &ClusterClient) -> Option<String> {
+pub async fn head_lost(client: &ClusterClient) -> Option<String> {
     let why = if client.connection().is_closed() {
         "the connection to it ended".to_owned()
     } else {

@@ -8,9 +8,9 @@
 //! that continues the run.
 
 mod cluster;
-mod detach;
 mod render;
 mod spec;
+mod submit;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -93,7 +93,7 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
     };
     if args.detach {
         let request = job_request(&loaded.config, options.resume.clone())?;
-        return detach::submit(&loaded.config, &options, request);
+        return submit::submit_detached(&loaded.config, &options, request);
     }
     let args: Vec<String> = std::env::args().collect();
     match train_job(&loaded.config, &options) {
@@ -191,7 +191,7 @@ fn shell_quote(word: &str) -> String {
 }
 
 /// Ctrl-C and SIGTERM, as one stream of signal names.
-struct StopSignals {
+pub(super) struct StopSignals {
     term: tokio::signal::unix::Signal,
 }
 
@@ -202,7 +202,7 @@ impl StopSignals {
         Ok(StopSignals { term })
     }
 
-    async fn next(&mut self) -> &'static str {
+    pub(super) async fn next(&mut self) -> &'static str {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => "SIGINT",
             _ = self.term.recv() => "SIGTERM",
@@ -233,6 +233,10 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
             cluster = Cluster::connect(config, options) => cluster?,
             signal = signals.next() => return Err(interrupted(signal, &stop, None)),
         };
+        if cluster.embedded.is_none() {
+            // A running cluster runs the job in a coordinator of its own.
+            return submit::run_attached(&cluster.client, request, &mut signals).await;
+        }
         let trainers = Trainers::default();
         let output = render::Terminal::default();
         let outcome = async {
