@@ -5,7 +5,7 @@ tests/export.rs.
   weights_check.py torchvision MODEL N OUT  torchvision's freshly initialised MODEL with N
                                             classes, saved with torch.save(state_dict())
   weights_check.py check MODEL N WIDTH PT SAFETENSORS IMAGES LOGITS [INIT]
-      loads both exports with load_state_dict(strict=True) into MODEL (a torchvision
+      loads both exports (the .pt also with mmap=True) with load_state_dict(strict=True) into MODEL (a torchvision
       ResNet, or small_cnn of WIDTH, defined below as imgrun builds it), checks that they
       hold the same tensors with PyTorch's dtypes, and that the model's eval-mode logits on
       IMAGES match imgrun's (LOGITS) within 1e-4. With INIT (a torch.save state dict), the
@@ -78,6 +78,10 @@ def check(model, classes, width, pt, safetensors, images, logits, init=None):
         want = torch.int64 if name.endswith("num_batches_tracked") else torch.float32
         if tensor.dtype != want:
             fail(f"{name} is {tensor.dtype}, PyTorch keeps {want}")
+    # Records aligned as torch.save aligns them: the file maps as well as it reads.
+    mapped = torch.load(pt, weights_only=True, mmap=True)
+    if any(not torch.equal(mapped[name], tensor) for name, tensor in from_pt.items()):
+        fail(f"{pt} reads differently with mmap=True")
     print(f"same {len(from_pt)} tensors in both files, with PyTorch's dtypes")
     batch = load_file(images)["images"]
     want = load_file(logits)["logits"]

@@ -79,7 +79,7 @@ pub(super) enum Value {
 const MAX_DEPTH: usize = 32;
 /// The most values memo reads may copy in all, so that a small stream cannot grow
 /// without bound by copying a value into itself.
-const MAX_COPIED: usize = 50_000_000;
+const MAX_COPIED: usize = 1_000_000;
 
 /// Runs a pickle stream, returning the value it leaves.
 pub(super) fn load(bytes: &[u8]) -> Result<Value, String> {
