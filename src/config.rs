@@ -113,6 +113,8 @@ pub struct ModelConfig {
     pub name: ModelKind,
     pub width: i64,
     pub seed: u64,
+    /// A state dict to start from (safetensors or `torch.save`), empty for none.
+    pub init: String,
 }
 
 /// A choice of a fixed set, read through its type's `FromStr` when the configuration is

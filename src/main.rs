@@ -69,6 +69,9 @@ enum Command {
     /// shards and says whether it can feed the GPUs.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
+    /// Writes a run's weights for other tools: a state dict under torchvision's names, as
+    /// safetensors or a `torch.save` file.
+    Export(commands::export::ExportArgs),
     /// Draws a training run's metrics (loss, accuracy, throughput, learning rate) to a PNG.
     Plot(commands::plot::PlotArgs),
     /// Hosts the actors of one process group for the node daemon that started it; its
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
             | Command::Jobs(_)
             | Command::Logs(_)
             | Command::Plot(_)
+            | Command::Export(_)
             | Command::Bench(_)
     ) {
         exit_quietly_on_closed_pipe();
@@ -142,6 +146,7 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Logs(args) => commands::jobs::logs(loaded, args),
         Command::Cancel(args) => commands::jobs::cancel(loaded, args),
         Command::Plot(args) => commands::plot::run(loaded, args),
+        Command::Export(args) => commands::export::run(loaded, args),
         // Returned above, before the configuration is read; the same if it were not.
         Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),
     }

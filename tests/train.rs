@@ -1140,7 +1140,10 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
     let status = cluster.head.status();
     let reserved = status["reservations"].as_array().map_or(0, Vec::len);
     // One per trainer, and the job's coordinator's (which reserves nothing but a place).
-    assert_eq!(reserved, 3, "one reservation per trainer and the coordinator's");
+    assert_eq!(
+        reserved, 3,
+        "one reservation per trainer and the coordinator's"
+    );
     let mut trainers: Vec<(String, u64, String)> = status["actors"]
         .as_array()
         .expect("actors in status --json")

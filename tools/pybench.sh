@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Prints the path of a Python with torch, torchvision, `webdataset`, Pillow and NumPy,
-# creating the cached virtual environment on first use. The loader benchmark uses it to
-# time the usual PyTorch input pipeline on the same shards as imgrun.
+# Prints the path of a Python with torch, torchvision, safetensors, `webdataset`, Pillow
+# and NumPy, creating the cached virtual environment on first use. The loader benchmark
+# uses it to time the usual PyTorch input pipeline on the same shards as imgrun; the
+# export tests (tests/export.rs) load imgrun's weights into torchvision with it.
 #
 #   python=$(tools/pybench.sh)
 #
 # Nothing already cached is installed again: the venv lives in
-# ${IMGRUN_CACHE:-~/.cache/imgrun}/pybench, holds only torchvision, and sees the packages
+# ${IMGRUN_CACHE:-~/.cache/imgrun}/pybench, holds only torchvision, safetensors and packaging
+# (none depends on anything at run time but torch and NumPy), and sees the packages
 # of the two venvs beside it through a `.pth` file: `pytools` (webdataset, Pillow, NumPy;
 # made by tools/pytools.sh when missing) and `torch-2.11.0`, which tools/libtorch.sh
 # makes (`make demo` or `make doctor` run it). A missing torch venv is an error rather
@@ -19,6 +21,8 @@ set -euo pipefail
 torch_version=2.11.0
 # The torchvision whose wheel requires torch==2.11.0.
 torchvision=torchvision==0.26.0
+# safetensors.torch imports `packaging` (pure Python, no dependencies).
+safetensors="safetensors==0.7.0 packaging==24.2"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
@@ -42,9 +46,12 @@ purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
 python=$torch_venv/bin/python
 shared_sites="$("$pytools_python" -c "$purelib")
 $("$python" -c "$purelib")"
+# What .complete holds: a venv made for other packages or other shared venvs is rebuilt.
+complete="$shared_sites
+$torchvision $safetensors"
 
-if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$shared_sites" ]; then
-    echo "tools/pybench.sh: installing $torchvision into $venv (once, about 30 MB)" >&2
+if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$complete" ]; then
+    echo "tools/pybench.sh: installing $torchvision and $safetensors into $venv (once, about 35 MB)" >&2
     rm -rf "$venv"
     if ! "$python" -m venv "$venv" >&2; then
         echo "tools/pybench.sh: '$python -m venv' failed" >&2
@@ -55,23 +62,23 @@ if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$shared_sites"
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
     if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 30 --retries 1 \
-        --no-deps "$torchvision" >"$log" 2>&1; then
+        --no-deps "$torchvision" $safetensors >"$log" 2>&1; then
         cat "$log" >&2
         rm -rf "$venv"
         if grep -qiE 'NewConnectionError|Max retries exceeded|Name or service not known|name resolution|Network is unreachable|ConnectTimeout|ReadTimeout|ProxyError|SSLError|Could not fetch URL' "$log"; then
-            echo "PyPI unreachable: tools/pybench.sh could not download $torchvision" >&2
+            echo "PyPI unreachable: tools/pybench.sh could not download $torchvision and $safetensors" >&2
             exit 2
         fi
         echo "tools/pybench.sh: pip install failed (see above)" >&2
         exit 1
     fi
     # Catches a Python version that differs between the venvs, too.
-    if ! "$venv/bin/python" -W ignore -c 'import torch, torchvision, webdataset, PIL, numpy' >&2; then
+    if ! "$venv/bin/python" -W ignore -c 'import torch, torchvision, safetensors.torch, webdataset, PIL, numpy' >&2; then
         rm -rf "$venv"
         echo "tools/pybench.sh: the new venv cannot import its packages (see above)" >&2
         exit 1
     fi
-    echo "$shared_sites" >"$venv/.complete"
+    echo "$complete" >"$venv/.complete"
 fi
 
 echo "$venv/bin/python"

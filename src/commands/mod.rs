@@ -4,6 +4,7 @@ pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod doctor;
+pub mod export;
 pub mod jobs;
 pub mod plan;
 pub mod plot;

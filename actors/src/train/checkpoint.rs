@@ -259,6 +259,12 @@ pub fn read_tensors(
     Ok((model, optimizer))
 }
 
+/// Reads a checkpoint's model tensors (parameters and buffers) alone.
+pub fn read_model(dir: &Path) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let path = dir.join(MODEL_FILE);
+    Tensor::load_multi(&path).map_err(|e| torch(&path, e))
+}
+
 /// Copies saved values into `targets` by name; a missing name or a shape mismatch is an
 /// error naming it.
 pub fn restore(

@@ -16,6 +16,7 @@ mod schedule;
 mod spec;
 mod straggler;
 mod trainer;
+pub mod weights;
 
 pub use checkpoint::{CheckpointState, EpochSums};
 pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};

@@ -52,6 +52,10 @@ pub struct ModelSpec {
     pub width: i64,
     /// Seed of the initial weights (rank 0's are broadcast anyway).
     pub seed: u64,
+    /// A state dict rank 0 starts from instead (`model.init`, an absolute path), unless
+    /// the job resumes.
+    #[serde(default)]
+    pub init: Option<std::path::PathBuf>,
 }
 
 /// A set of shards with their sample counts where known.

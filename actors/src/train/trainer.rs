@@ -34,6 +34,7 @@ use super::protocol::{DigestRequest, EvaluateRequest, ListenRequest, METHODS, Tr
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
+use super::weights;
 
 /// Said of a trainer failure that follows from another rank's (its ring peer went away or
 /// stopped answering), for the person reading it; programs ask the failure's
@@ -395,6 +396,10 @@ impl Trainer {
         let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
         if let Some(resume) = &request.resume {
             self.restore(resume)?;
+        } else if let (0, Some(path)) = (rank, &self.init.job.model.init) {
+            // Rank 0's weights are everyone's: the broadcast below hands them out.
+            weights::load_init(&self.model, path)
+                .map_err(|e| MethodError::fatal(format!("rank 0: model.init: {e}")))?;
         }
         let everything: Vec<Tensor> = self
             .params

@@ -48,6 +48,7 @@ pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             classes,
             width: model.width,
             seed: model.seed,
+            init: init_weights(config, classes)?,
         },
         optim: OptimSpec {
             epochs: train.epochs,
@@ -70,6 +71,22 @@ pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             allreduce,
         },
     })
+}
+
+/// `model.init` as an absolute path, once a model of the job's kind and class count has
+/// been loaded from it here (so a file that does not fit fails before anything starts);
+/// says what loading it does.
+fn init_weights(config: &Config, classes: i64) -> anyhow::Result<Option<PathBuf>> {
+    let model = &config.model;
+    if model.init.is_empty() {
+        return Ok(None);
+    }
+    let path =
+        std::path::absolute(&model.init).with_context(|| format!("model.init: {}", model.init))?;
+    let outcome = actors::train::weights::check_init(model.name, classes, model.width, &path)
+        .context("model.init")?;
+    println!("{}", outcome.describe(&path));
+    Ok(Some(path))
 }
 
 /// The `[data]` (and `[shards]`) part of the job: what `imgrun plan` plans with, exactly

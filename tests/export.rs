@@ -1,0 +1,281 @@
+//! End-to-end tests of `imgrun export` and `model.init`: jobs on a head and a joined node
+//! (the fixture of tests/train.rs), their checkpoints exported to safetensors and `.pt`,
+//! and Python (torch, torchvision and safetensors, from `tools/pybench.sh`) loading the
+//! files with `load_state_dict(strict=True)` and matching the logits imgrun computes on a
+//! fixed batch. The Python side is `tests/python/weights_check.py`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::describe;
+use common::train::{JOB_LIMIT, TrainCluster, checkpoint_dir};
+
+/// The small CNN and ResNet-18, trained for an epoch, load into PyTorch modules from both
+/// formats with the logits imgrun's own model gives; bad requests are named.
+#[test]
+fn trained_models_load_in_torch_with_imgruns_logits() {
+    let Some(python) = python_with_torchvision() else {
+        return;
+    };
+    let cluster = TrainCluster::start();
+    let dir = cluster.root.path();
+    let images = dir.join("images.safetensors");
+    run_python(&python, &["images", path(&images)]);
+    let cases = [
+        ("small", "small_cnn", &[][..]),
+        (
+            "resnet",
+            "resnet18",
+            &["model.name=resnet18", "data.epoch_size=64"][..],
+        ),
+    ];
+    for (name, model, sets) in cases {
+        let mut job = cluster.job(name, 1, sets, false);
+        let out = job.finish(JOB_LIMIT);
+        assert!(out.status.success(), "{name}: {}", out.describe());
+        let run = cluster.runs.join(name);
+        let logits = dir.join(format!("{name}.logits.safetensors"));
+        let (pt, st) = (
+            dir.join(format!("{name}.pt")),
+            dir.join(format!("{name}.st")),
+        );
+        // The run folder's latest checkpoint, with the format named, and the run by its
+        // name under train.runs_dir, with the format taken from the extension.
+        let printed = export(
+            &cluster,
+            &[
+                path(&run),
+                "--format",
+                "safetensors",
+                "-o",
+                path(&st),
+                "--logits-for",
+                path(&images),
+                "--logits-to",
+                path(&logits),
+            ],
+        );
+        assert!(
+            printed.contains(&format!("{model} (4 classes), safetensors")),
+            "{printed}"
+        );
+        let mut by_name = cluster.head.command(&["export", name, "-o", path(&pt)]);
+        by_name.env("IMGRUN_TRAIN__RUNS_DIR", path(&cluster.runs));
+        let out = by_name.output().expect("run imgrun export");
+        assert!(out.status.success(), "export {name}: {}", describe(&out));
+        let width = if model == "small_cnn" { "8" } else { "0" };
+        let checked = run_python(
+            &python,
+            &[
+                "check",
+                model,
+                "4",
+                width,
+                path(&pt),
+                path(&st),
+                path(&images),
+                path(&logits),
+            ],
+        );
+        assert!(checked.contains("strict load"), "{checked}");
+    }
+
+    // A named checkpoint of the run, and the errors.
+    let small = cluster.runs.join("small");
+    let checkpoint = checkpoint_dir(&small);
+    let named = checkpoint
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a name");
+    let again = dir.join("again.pt");
+    export(
+        &cluster,
+        &[path(&small), "--checkpoint", named, "-o", path(&again)],
+    );
+    export(&cluster, &[path(&checkpoint), "-o", path(&again)]);
+    let (nope, bin, missing) = (
+        dir.join("nope"),
+        dir.join("w.bin"),
+        dir.join("missing/w.pt"),
+    );
+    let failures = [
+        (vec![path(&nope), "-o", path(&again)], "nope: no such run"),
+        (
+            vec![
+                path(&small),
+                "--checkpoint",
+                "epoch-9999",
+                "-o",
+                path(&again),
+            ],
+            "no checkpoint \"epoch-9999\"",
+        ),
+        (
+            vec![path(&small), "--format", "onnx", "-o", path(&again)],
+            "unknown format \"onnx\"; expected one of safetensors, pt",
+        ),
+        (
+            vec![path(&small), "-o", path(&bin)],
+            "w.bin: say --format safetensors or --format pt",
+        ),
+        (
+            vec![path(&small), "-o", path(&missing)],
+            "missing/w.pt: No such file or directory",
+        ),
+    ];
+    for (args, want) in failures {
+        let out = cluster.head.run(&args_with_export(&args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(want),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// A job started from torchvision's freshly initialised ResNet-50 (`torch.save` of its
+/// state dict) trains from those weights: at a learning rate of 1e-30 the exported
+/// parameters are still torchvision's, and the export's logits match imgrun's. A file of
+/// another model is refused before anything starts, naming the tensor and the file.
+#[test]
+fn a_job_starts_from_torchvisions_resnet50_weights() {
+    let Some(python) = python_with_torchvision() else {
+        return;
+    };
+    let cluster = TrainCluster::start();
+    let dir = cluster.root.path();
+    let images = dir.join("images.safetensors");
+    run_python(&python, &["images", path(&images)]);
+    let init = dir.join("torchvision-resnet50.pt");
+    run_python(&python, &["torchvision", "resnet50", "4", path(&init)]);
+    let init_set = format!("model.init={:?}", path(&init));
+    let sets = [
+        "model.name=resnet50",
+        "data.epoch_size=64",
+        "train.lr=1e-30",
+        init_set.as_str(),
+    ];
+    let mut job = cluster.job("r50", 1, &sets, false);
+    let out = job.finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let said = format!("tensors from {}", path(&init));
+    assert!(
+        out.stdout.contains("model.init: ")
+            && out.stdout.contains(&said)
+            && !out.stdout.contains("replaced"),
+        "{}",
+        out.describe()
+    );
+    let run = cluster.runs.join("r50");
+    let logits = dir.join("r50.logits.safetensors");
+    let (pt, st) = (dir.join("r50.pt"), dir.join("r50.safetensors"));
+    export(&cluster, &[path(&run), "-o", path(&pt)]);
+    export(
+        &cluster,
+        &[
+            path(&run),
+            "-o",
+            path(&st),
+            "--logits-for",
+            path(&images),
+            "--logits-to",
+            path(&logits),
+        ],
+    );
+    let checked = run_python(
+        &python,
+        &[
+            "check",
+            "resnet50",
+            "4",
+            "0",
+            path(&pt),
+            path(&st),
+            path(&images),
+            path(&logits),
+            path(&init),
+        ],
+    );
+    assert!(checked.contains("parameters are"), "{checked}");
+
+    // ResNet-18's weights do not fit ResNet-50: refused before the job starts.
+    let wrong = dir.join("torchvision-resnet18.pt");
+    run_python(&python, &["torchvision", "resnet18", "4", path(&wrong)]);
+    let wrong_set = format!("model.init={:?}", path(&wrong));
+    let mut job = cluster.job(
+        "wrong",
+        1,
+        &["model.name=resnet50", wrong_set.as_str()],
+        false,
+    );
+    let out = job.finish(JOB_LIMIT);
+    assert!(!out.status.success(), "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("torchvision-resnet18.pt: has no `layer1.0.bn3.bias`, which resnet50 needs")
+            || out
+                .stderr
+                .contains("torchvision-resnet18.pt: `layer1.0.conv1.weight` has shape"),
+        "{}",
+        out.describe()
+    );
+    assert!(!cluster.runs.join("wrong").join("checkpoints").exists());
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temp path")
+}
+
+fn args_with_export<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["export"];
+    all.extend_from_slice(args);
+    all
+}
+
+/// `imgrun export ARGS` on the head's machine; its standard output.
+fn export(cluster: &TrainCluster, args: &[&str]) -> String {
+    cluster.head.run_ok(&args_with_export(args))
+}
+
+/// Runs the check script; its standard output, after it succeeded.
+fn run_python(python: &Path, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/weights_check.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "weights_check.py {args:?}:\n{}",
+        describe(&out)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("weights_check.py {}:\n{printed}", args[0]);
+    printed
+}
+
+/// The Python of `tools/pybench.sh` (torch, torchvision, safetensors); `None` (after
+/// `skip_or_fail`) where the script says PyPI cannot be reached.
+fn python_with_torchvision() -> Option<PathBuf> {
+    let out = std::process::Command::new("bash")
+        .arg("tools/pybench.sh")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash tools/pybench.sh");
+    if out.status.code() == Some(2) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        common::skip::skip_or_fail(stderr.lines().last().unwrap_or("tools/pybench.sh: exit 2"));
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "tools/pybench.sh:\n{}",
+        describe(&out)
+    );
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
