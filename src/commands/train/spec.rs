@@ -13,7 +13,8 @@ use pipelines::{HookSources, Manifest, ShardList};
 use crate::config::{Config, Precision, Schedule};
 
 /// The configuration turned into what every trainer gets.
-pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
+/// `resuming`: the job continues from a checkpoint, whose weights replace `model.init`'s.
+pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpec> {
     let model = &config.model;
     let train = &config.train;
     let (data, manifest) = data_spec(config)?;
@@ -48,7 +49,11 @@ pub(crate) fn job_spec(config: &Config) -> anyhow::Result<JobSpec> {
             classes,
             width: model.width,
             seed: model.seed,
-            init: init_weights(config, classes)?,
+            init: if resuming {
+                None
+            } else {
+                init_weights(config, classes)?
+            },
         },
         optim: OptimSpec {
             epochs: train.epochs,
@@ -305,7 +310,7 @@ pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> 
 pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::Result<JobRequest> {
     let train = &config.train;
     Ok(JobRequest {
-        spec: job_spec(config)?,
+        spec: job_spec(config, resume.is_some())?,
         settings: JobSettings {
             gpus: train.gpus,
             cpu_trainers: train.cpu_trainers,
