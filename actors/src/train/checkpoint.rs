@@ -11,6 +11,8 @@ use pipelines::RankCursor;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::file_error::FileError;
+use super::file_error::{bad, io, torch};
 use super::scaler::ScalerState;
 
 pub const MODEL_FILE: &str = "model.ot";
@@ -75,45 +77,8 @@ impl EpochSums {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    // The I/O error is part of the message and not a `source`, so that a report of the
-    // whole chain (`{:#}`) does not say it twice.
-    #[error("{path}: {error}")]
-    Io {
-        path: PathBuf,
-        error: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Bad { path: PathBuf, message: String },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |error| CheckpointError::Io {
-        path: path.to_path_buf(),
-        error,
-    }
-}
-
-fn bad(path: &Path, message: impl ToString) -> CheckpointError {
-    CheckpointError::Bad {
-        path: path.to_path_buf(),
-        message: message.to_string(),
-    }
-}
-
-/// libtorch's error without the C++ stack trace it carries (`Exception raised from ...`
-/// and dozens of `frame #N` lines): what went wrong, on one line.
-fn torch(path: &Path, error: tch::TchError) -> CheckpointError {
-    let text = error.to_string();
-    let message = text
-        .split("\nException raised from")
-        .next()
-        .unwrap_or(&text)
-        .trim()
-        .replace('\n', " ");
-    bad(path, message)
-}
+/// Why a checkpoint could not be written or read: the file, and what went wrong.
+pub type CheckpointError = FileError;
 
 /// Writes a checkpoint named `name` into `root` (the run's `checkpoints/` folder) and
 /// makes it the latest. Returns its folder.

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 mod ddp;
+mod file_error;
 mod loss;
 mod model;
 pub(crate) mod nccl;
@@ -20,6 +21,7 @@ pub mod weights;
 
 pub use checkpoint::{CheckpointState, EpochSums};
 pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
+pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};

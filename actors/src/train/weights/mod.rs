@@ -12,12 +12,14 @@ mod pt;
 mod safetensors;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 
 use tch::{Kind, Tensor};
 
 use super::checkpoint;
+use super::file_error::FileError;
+use super::file_error::{bad, io};
 use super::model::{Model, ModelKind};
 
 /// The suffix of a BatchNorm's running mean; its layer also has `running_var` and, in a
@@ -76,32 +78,8 @@ impl FromStr for WeightsFormat {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum WeightsError {
-    // The I/O error is part of the message and not a `source`, so that a report of the
-    // whole chain does not say it twice.
-    #[error("{path}: {error}")]
-    Io {
-        path: PathBuf,
-        error: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Bad { path: PathBuf, message: String },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightsError + '_ {
-    move |error| WeightsError::Io {
-        path: path.to_path_buf(),
-        error,
-    }
-}
-
-fn bad(path: &Path, message: impl ToString) -> WeightsError {
-    WeightsError::Bad {
-        path: path.to_path_buf(),
-        message: message.to_string(),
-    }
-}
+/// Why a weights file could not be written or read: the file, and what went wrong.
+pub type WeightsError = FileError;
 
 /// A model's tensors (parameters and buffers, as a checkpoint holds them) as a PyTorch
 /// state dict: names with `.` separators (a `|` from tch's files becomes `.`), every
