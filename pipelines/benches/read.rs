@@ -184,7 +184,7 @@ fn main() {
             Box::new(|| read_shard_samples(&shards, None)),
         ),
         (
-            "  ShardSamples behind a 1 MiB BufReader",
+            "  ShardSamples, 1 MiB BufReader",
             Box::new(|| read_shard_samples(&shards, Some(1 << 20))),
         ),
         (
