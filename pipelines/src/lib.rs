@@ -18,6 +18,7 @@ mod index;
 mod inspect;
 mod loader;
 mod manifest;
+mod members;
 mod pipe;
 mod plan;
 mod produce;

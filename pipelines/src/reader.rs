@@ -11,6 +11,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use crate::error::{ErrorPolicy, ShardError, escaped};
+use crate::members::Members;
 use crate::sample::Sample;
 use crate::source::Sources;
 
@@ -196,70 +197,66 @@ impl<R: Read> ShardSamples<R> {
         visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ShardError> {
         let url = self.url;
-        let mut archive = tar::Archive::new(Counted {
-            inner: self.stream,
-            bytes: 0,
-        });
+        let mut members = Members::new(self.stream, self.max_member);
         let mut grouper = Grouper::new(url.clone());
-        let mut next_header: u64 = 0;
         stats.shards += 1;
+        while let Some(member) = members
+            .next()
+            .map_err(|(offset, e)| classify(&url, offset, e))?
         {
-            let entries = archive.entries().map_err(|e| classify(&url, 0, e))?;
-            for entry in entries {
-                let mut entry = entry.map_err(|e| classify(&url, next_header, e))?;
-                let header_at = entry.raw_header_position();
-                let data_at = entry.raw_file_position();
-                let size = entry.size();
-                next_header = data_at + size.div_ceil(512) * 512;
-                // Python's `isreg()`: regular files and contiguous files.
-                let kind = entry.header().entry_type();
-                if !(kind.is_file() || kind.is_contiguous()) {
-                    continue;
-                }
-                let raw_name = entry.path_bytes().into_owned();
-                let Some((key, extension)) = split_member_name(&raw_name) else {
-                    continue;
+            // Python's `isreg()`: regular files and contiguous files.
+            if !member.is_file() {
+                continue;
+            }
+            let Some((key, extension)) = split_member_name(members.name()) else {
+                continue;
+            };
+            if grouper.poisoned(key) {
+                continue;
+            }
+            let size = member.size;
+            if size > self.max_member {
+                let error = ShardError::MemberTooLarge {
+                    url: url.to_string(),
+                    // For messages only: a hostile name is shown escaped, never raw.
+                    name: escaped(members.name()),
+                    offset: member.header_at,
+                    size,
+                    limit: self.max_member,
                 };
-                // For messages only: a hostile name is shown escaped, never raw.
-                let name = escaped(&raw_name);
-                if grouper.poisoned(key) {
-                    continue;
-                }
-                if size > self.max_member {
-                    let error = ShardError::MemberTooLarge {
-                        url: url.to_string(),
-                        name: name.clone(),
-                        offset: header_at,
-                        size,
-                        limit: self.max_member,
-                    };
-                    sample_problem(self.policy, error, stats)?;
-                    grouper.poison(key);
-                    continue;
-                }
-                let bytes =
-                    read_member(&mut entry, size).map_err(|e| classify(&url, data_at, e))?;
-                if (bytes.len() as u64) < size {
-                    return Err(ShardError::Corrupt {
-                        url: url.to_string(),
-                        offset: data_at + bytes.len() as u64,
-                        reason: format!(
-                            "truncated: member `{name}` declares {size} bytes but only {} follow",
-                            bytes.len()
-                        ),
-                    });
-                }
-                match grouper.push(key, extension, bytes, header_at) {
-                    Ok(Some(done)) => {
-                        stats.samples += 1;
-                        stats.payload_bytes += done.payload_bytes();
-                        if visit(done).is_break() {
-                            return Ok(ControlFlow::Break(()));
-                        }
+                sample_problem(self.policy, error, stats)?;
+                grouper.poison(key);
+                continue;
+            }
+            // The key is a prefix of the name, which stays put while the data is read.
+            let key_len = key.len();
+            // `size` is within the member limit, so the buffer is bounded.
+            let mut bytes = Vec::new();
+            members
+                .read_data(&mut bytes)
+                .map_err(|e| classify(&url, member.data_at, e))?;
+            if (bytes.len() as u64) < size {
+                return Err(ShardError::Corrupt {
+                    url: url.to_string(),
+                    offset: member.data_at + bytes.len() as u64,
+                    reason: format!(
+                        "truncated: member `{}` declares {size} bytes but only {} follow",
+                        escaped(members.name()),
+                        bytes.len()
+                    ),
+                });
+            }
+            let key = &members.name()[..key_len];
+            match grouper.push(key, extension, bytes, member.header_at) {
+                Ok(Some(done)) => {
+                    stats.samples += 1;
+                    stats.payload_bytes += done.payload_bytes();
+                    if visit(done).is_break() {
+                        return Ok(ControlFlow::Break(()));
                     }
-                    Ok(None) => {}
-                    Err(error) => sample_problem(self.policy, error, stats)?,
                 }
+                Ok(None) => {}
+                Err(error) => sample_problem(self.policy, error, stats)?,
             }
         }
         if let Some(done) = grouper.finish() {
@@ -270,9 +267,10 @@ impl<R: Read> ShardSamples<R> {
             }
         }
         // Drain trailing padding so that the source sees its end (and a pipe its status).
-        let mut rest = archive.into_inner();
-        io::copy(&mut rest, &mut io::sink()).map_err(|e| classify(&url, next_header, e))?;
-        if rest.bytes == 0 {
+        let total = members
+            .drain()
+            .map_err(|e| classify(&url, members.offset(), e))?;
+        if total == 0 {
             // Python's tarfile refuses these too (`empty file`); an empty tar has 1 KiB.
             return Err(ShardError::Corrupt {
                 url: url.to_string(),
@@ -320,13 +318,6 @@ fn is_metadata(name: &[u8]) -> bool {
     // A top-level `__...__`, or `^__[^/]*__($|/)`: a first path component `__...__`.
     let first = name.split(|&b| b == b'/').next().unwrap_or(name);
     (!has_slash && name.starts_with(b"__") && name.ends_with(b"__")) || dunder(first)
-}
-
-fn read_member<R: Read>(entry: &mut R, size: u64) -> io::Result<Vec<u8>> {
-    // `size` was checked against the member limit, so the capacity is bounded.
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    entry.read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 fn sample_problem(
@@ -379,20 +370,6 @@ fn flatten(error: &io::Error) -> String {
         source = inner.source();
     }
     text
-}
-
-/// A reader that counts the bytes it passed on.
-struct Counted<R> {
-    inner: R,
-    bytes: u64,
-}
-
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
-    }
 }
 
 /// Groups consecutive members by key.
@@ -716,6 +693,46 @@ mod tests {
                 case.name
             );
         }
+    }
+
+    #[test]
+    fn members_at_the_limit_are_read_and_one_byte_more_is_not() {
+        // `read` allows 1000 bytes a member; the data spans the reader's buffer.
+        let at_limit = vec![3u8; 1000];
+        let over = vec![4u8; 1001];
+        let bytes = tar_of(&[("a.jpg", &at_limit), ("b.jpg", &over), ("c.jpg", b"c")]);
+        let (samples, stats) = read(&bytes, ErrorPolicy::Skip);
+        let samples = samples.expect("skips the big one");
+        assert_eq!(shape(&samples), ["a:jpg", "c:jpg"]);
+        assert_eq!(samples[0].fields[0].1, at_limit);
+        assert_eq!(stats.skipped_samples, 1);
+        let (result, _) = read(&bytes, ErrorPolicy::Fail);
+        let error = result.expect_err("over the limit").to_string();
+        assert_eq!(
+            error,
+            "mem.tar: member `b.jpg` at byte 1536 is 1001 bytes, over the limit of 1000"
+        );
+    }
+
+    #[test]
+    fn a_stream_cut_in_a_large_member_names_the_byte_where_it_ends() {
+        // Larger than the tar walk's buffer, so most of it is read straight from the
+        // stream; cut 40,000 bytes into it.
+        let big = vec![5u8; 3 * crate::members::WALK_BUFFER];
+        let mut bytes = tar_of(&[("a.jpg", b"1"), ("b.jpg", &big)]);
+        bytes.truncate(1024 + 512 + 40_000);
+        let mut stats = ReadStats::default();
+        let error = ShardSamples::new("mem.tar", bytes.as_slice())
+            .for_each(&mut stats, &mut |_| ControlFlow::Continue(()))
+            .expect_err("truncated");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "mem.tar: not a valid tar stream at byte 41536: truncated: member `b.jpg` \
+                 declares {} bytes but only 40000 follow",
+                big.len()
+            )
+        );
     }
 
     #[test]

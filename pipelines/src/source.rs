@@ -15,13 +15,19 @@ use crate::pipe::{PipeFailure, PipeSource};
 /// Default read buffer for shard streams (the Python library's `GOPEN_BUFFER`).
 pub const DEFAULT_READ_BUFFER: usize = 1 << 20;
 
+/// The buffer that finds a stream's compression from its first bytes. Small, because an
+/// uncompressed stream keeps it: once drained, reads at least this large pass it by.
+const PEEK_BUFFER: usize = 8 << 10;
+
 /// A readable shard: the raw (possibly compressed) bytes of one tar file.
 pub type ShardStream = Box<dyn Read + Send>;
 
 /// Settings shared by all sources.
 #[derive(Debug, Clone)]
 pub struct SourceOptions {
-    /// Size of the read buffer put in front of every stream, in bytes.
+    /// Size of the read buffer in front of a compressed stream's decoder, in bytes. An
+    /// uncompressed tar needs none: the reader reads its headers in blocks of its own
+    /// and each member's data straight into the sample, one copy from the source.
     pub read_buffer: usize,
     /// Connect and read timeout for HTTP.
     pub http_timeout: Duration,
@@ -114,8 +120,8 @@ impl Sources {
         Arc::clone(&self.cache_stats)
     }
 
-    /// Opens a shard and returns its tar bytes: buffered, and decompressed when the
-    /// stream starts with a gzip, bzip2 or xz signature. With a cache, a remote shard
+    /// Opens a shard and returns its tar bytes, decompressed (behind the read buffer)
+    /// when the stream starts with a gzip, bzip2 or xz signature. With a cache, a remote shard
     /// comes from its cached copy when there is one, and is copied into the cache as it
     /// is read otherwise.
     pub fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
@@ -133,7 +139,7 @@ impl Sources {
             }
             _ => source.open(url)?,
         };
-        decompress(url, BufReader::with_capacity(self.options.read_buffer, raw))
+        decompress(url, raw, self.options.read_buffer)
     }
 }
 
@@ -197,17 +203,23 @@ impl ShardSource for StdinSource {
     }
 }
 
-/// Compression detected from the first bytes of a stream.
-fn decompress(url: &str, mut stream: BufReader<ShardStream>) -> Result<ShardStream, ShardError> {
+/// Compression detected from the first bytes of a stream. A compressed stream's decoder
+/// reads through a buffer of `read_buffer` bytes; an uncompressed one is returned behind
+/// only the small buffer that looked at its start.
+fn decompress(url: &str, raw: ShardStream, read_buffer: usize) -> Result<ShardStream, ShardError> {
+    let mut stream = BufReader::with_capacity(PEEK_BUFFER, raw);
     let head = stream
         .fill_buf()
         .map_err(|e| crate::reader::classify(url, 0, e))?;
+    let buffered = |stream| BufReader::with_capacity(read_buffer, stream);
     let decoded: ShardStream = if head.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::bufread::MultiGzDecoder::new(stream))
+        Box::new(flate2::bufread::MultiGzDecoder::new(buffered(stream)))
     } else if head.starts_with(b"BZh") {
-        Box::new(bzip2::bufread::MultiBzDecoder::new(stream))
+        Box::new(bzip2::bufread::MultiBzDecoder::new(buffered(stream)))
     } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
-        Box::new(liblzma::bufread::XzDecoder::new_multi_decoder(stream))
+        Box::new(liblzma::bufread::XzDecoder::new_multi_decoder(buffered(
+            stream,
+        )))
     } else {
         Box::new(stream)
     };
