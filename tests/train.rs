@@ -361,8 +361,33 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
         "data.policy=\"join\"",
         "train.straggler_secs=1.0",
     ];
-    let out = cluster.job("late", 1, &sets, false).finish(JOB_LIMIT);
+    let mut job = cluster.job("late", 1, &sets, false);
+    // While it happens: `imgrun jobs late` shows rank 1 waiting for data, from its
+    // monitor, while rank 0 answers too.
+    let seen = wait_for(JOB_LIMIT, "rank 1 seen waiting for data", || {
+        let out = cluster.head.run(&["jobs", "late", "--json"]);
+        if !out.status.success() {
+            assert!(job.running(), "the job ended before its ranks were seen");
+            return None;
+        }
+        let view: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let ranks = view["ranks"].as_array()?.clone();
+        let waiting = ranks
+            .iter()
+            .any(|r| r["rank"] == 1 && r["phase"]["phase"] == "waiting_for_data");
+        (waiting && ranks.len() == 2).then_some(ranks)
+    });
+    assert!(
+        seen[0]["phase"]["phase"].is_string(),
+        "rank 0 answers: {seen:?}"
+    );
+    let out = job.finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
+    assert!(
+        out.stderr.contains("has been waiting for data for"),
+        "no live word of the rank the others wait for:\n{}",
+        out.describe()
+    );
     let node = cluster.node_id;
     let head = cluster.head_id;
     let named = [node, head].iter().any(|n| {
@@ -1139,10 +1164,19 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
     let table = cluster.head.run_ok(&["status"]);
     let status = cluster.head.status();
     let reserved = status["reservations"].as_array().map_or(0, Vec::len);
-    // One per trainer, and the job's coordinator's (which reserves nothing but a place).
+    // One per trainer holds CPUs (the coordinator and the monitors reserve a place only).
+    let holding = status["reservations"].as_array().map_or(0, |r| {
+        r.iter()
+            .filter(|r| r["resources"]["cpu"].as_u64() > Some(0))
+            .count()
+    });
     assert_eq!(
-        reserved, 3,
-        "one reservation per trainer and the coordinator's"
+        holding, 2,
+        "one reservation with CPUs per trainer while it runs"
+    );
+    assert_eq!(
+        reserved, 5,
+        "and the coordinator's and each rank's monitor's"
     );
     let mut trainers: Vec<(String, u64, String)> = status["actors"]
         .as_array()

@@ -1,4 +1,6 @@
-//! Jobs that run in the cluster (`imgrun train --detach`): `imgrun jobs` lists them,
+//! Jobs that run in the cluster (`imgrun train` on a running cluster, with or without
+//! `--detach`): `imgrun jobs` lists them, `imgrun jobs JOB` shows one with every rank's
+//! phase (the hang doctor),
 //! `imgrun logs JOB [--follow]` shows what a job said (and follows it to its end),
 //! `imgrun cancel JOB` stops one with a checkpoint, or removes a finished one.
 //!
@@ -10,7 +12,7 @@ use std::time::Duration;
 
 use actors::job::{
     COORDINATOR_KIND, CancelRequest, CoordinatorMethod, FollowRequest, JobOutput, JobState,
-    JobStatus, STOP_GRACE, StatusRequest,
+    JobStatus, RankView, RanksRequest, STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
@@ -25,6 +27,9 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, clap::Args)]
 pub struct JobsArgs {
+    /// One job: its status and, per rank, its node, phase (waiting for data, computing,
+    /// averaging, evaluating, checkpointing), how long it has been in it, and its step.
+    job: Option<String>,
     /// Address of the cluster's head [default: the cluster this machine runs or joined].
     #[arg(long)]
     address: Option<String>,
@@ -53,6 +58,26 @@ pub struct CancelArgs {
 }
 
 pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(name) = &args.job {
+        let (status, ranks) = in_cluster(loaded, args.address.as_deref(), |client| async move {
+            let actor = find(&client, name).await?;
+            let status = call(&actor, &StatusRequest {}).await?;
+            let ranks = if status.state.is_final() {
+                Vec::new()
+            } else {
+                call(&actor, &RanksRequest {}).await?
+            };
+            Ok((status, ranks))
+        })?;
+        if args.json {
+            let both = serde_json::json!({ "job": status, "ranks": ranks });
+            println!("{}", serde_json::to_string_pretty(&both)?);
+        } else {
+            print_jobs(std::slice::from_ref(&status));
+            print_ranks(&ranks);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let statuses = in_cluster(loaded, args.address.as_deref(), |client| async move {
         let mut statuses = Vec::new();
         for (_, actor) in coordinators(&client).await? {
@@ -68,11 +93,45 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
         println!("no jobs (`imgrun train --detach` submits one)");
         return Ok(ExitCode::SUCCESS);
     }
+    print_jobs(&statuses);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_ranks(ranks: &[RankView]) {
+    if ranks.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:>5} {:>5} {:<18} {:>9} {:>6} {:>8}",
+        "RANK", "NODE", "PHASE", "FOR", "EPOCH", "STEP"
+    );
+    for view in ranks {
+        match (&view.phase, &view.problem) {
+            (Some(phase), _) => println!(
+                "{:>5} {:>5} {:<18} {:>8.1}s {:>6} {:>8}",
+                view.rank,
+                view.node,
+                phase.phase.name(),
+                phase.seconds,
+                phase.epoch.map_or("-".to_string(), |e| e.to_string()),
+                phase.step
+            ),
+            (None, problem) => println!(
+                "{:>5} {:>5} {}",
+                view.rank,
+                view.node,
+                problem.as_deref().unwrap_or("unknown")
+            ),
+        }
+    }
+}
+
+fn print_jobs(statuses: &[JobStatus]) {
     println!(
         "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  RUN FOLDER (on the head's machine)",
         "JOB", "STATE", "EPOCH", "STEP", "LOSS", "IMG/S"
     );
-    for status in &statuses {
+    for status in statuses {
         println!(
             "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  {}",
             status.name,
@@ -89,7 +148,6 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
                 .map_or("-".to_string(), |d| d.display().to_string())
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {

@@ -17,6 +17,8 @@ pub(crate) struct Rank {
     pub(crate) rank: u32,
     pub(crate) place: RankPlace,
     pub(crate) actor: ActorRef,
+    /// The actor that reads the trainer's phase at any time ([`crate::train::phase`]).
+    pub(crate) monitor: Option<ActorRef>,
 }
 
 impl Rank {

@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::ranks::RankView;
 use super::{
     Interrupted, JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl,
     StopRequest, Trainers,
@@ -147,6 +148,10 @@ fn stop_name(by: &str) -> &'static str {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StatusRequest {}
 
+/// Every rank's phase now (the hang doctor's view).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RanksRequest {}
+
 impl CoordinatorMethod for FollowRequest {
     const NAME: &'static str = "follow";
     type Reply = FollowReply;
@@ -162,10 +167,17 @@ impl CoordinatorMethod for StatusRequest {
     type Reply = JobStatus;
 }
 
+impl CoordinatorMethod for RanksRequest {
+    const NAME: &'static str = "ranks";
+    type Reply = Vec<RankView>;
+}
+
 /// What the job's thread and the actor's methods share.
 struct Shared {
     log: Mutex<Log>,
     changed: Condvar,
+    /// The job thread's async runtime, once it runs.
+    runtime: Mutex<Option<tokio::runtime::Handle>>,
 }
 
 struct Log {
@@ -266,6 +278,7 @@ impl Coordinator {
                 },
             }),
             changed: Condvar::new(),
+            runtime: Mutex::new(None),
         });
         let (stop, control) = StopControl::new();
         let (abort, aborted) = tokio::sync::watch::channel(false);
@@ -316,6 +329,24 @@ impl Coordinator {
         }
     }
 
+    /// Every rank's phase, asked on the job's runtime.
+    fn ranks(&self) -> Result<Vec<RankView>, MethodError> {
+        let runtime = self
+            .shared
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| MethodError::new("the job has not started yet"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let control = self.control.clone();
+        runtime.spawn(async move {
+            let _ = tx.send(control.rank_views().await);
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .map_err(|_| MethodError::new("the ranks did not answer within 10 s"))
+    }
+
     fn cancel(&self, by: &str) -> JobStatus {
         let mut log = self.shared.lock();
         if log.status.state == JobState::Running {
@@ -340,11 +371,13 @@ impl Actor for Coordinator {
             FollowRequest::NAME => encode(&self.follow(&decode::<FollowRequest>(payload)?)),
             CancelRequest::NAME => encode(&self.cancel(&decode::<CancelRequest>(payload)?.by)),
             StatusRequest::NAME => encode(&self.status()),
+            RanksRequest::NAME => encode(&self.ranks()?),
             other => Err(MethodError::new(format!(
-                "a job's coordinator has no method '{other}' (it has {}, {} and {})",
+                "a job's coordinator has no method '{other}' (it has {}, {}, {} and {})",
                 FollowRequest::NAME,
                 CancelRequest::NAME,
-                StatusRequest::NAME
+                StatusRequest::NAME,
+                RanksRequest::NAME
             ))),
         }
     }
@@ -389,6 +422,10 @@ fn run_job(
             return;
         }
     };
+    *shared
+        .runtime
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(runtime.handle().clone());
     runtime.block_on(async {
         let state = runtime::StateDir::at(&access.state_dir);
         let client = match ClusterClient::connect(&state, Some(&access.head)).await {

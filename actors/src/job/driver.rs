@@ -15,6 +15,7 @@ use super::steps::{RunningJob, Saved, StopControl, train_loop};
 use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
 use super::{HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
+use crate::train::phase::MONITOR_KIND;
 use crate::train::{
     AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
     DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, ResumeFrom,
@@ -137,6 +138,7 @@ pub async fn run(
         |n| n.to_string_lossy().into_owned(),
     );
     let ranks = spawn_trainers(client, trainers, &job, &job_name, &places, &node_ranks).await?;
+    stop.set_ranks(&ranks);
     let long = Duration::from_secs(settings.step_timeout_secs.max(10));
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
     let steps_per_epoch = listens[0].steps_per_epoch;
@@ -269,7 +271,10 @@ async fn spawn_trainers(
     node_ranks: &[u32],
 ) -> Result<Vec<Rank>, JobError> {
     let world = places.len() as u32;
-    let group = format!("train-{}", std::process::id());
+    // Unique per job, also among the jobs of one coordinator host (the head's daemon).
+    static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let group = format!("train-{}-{serial}", std::process::id());
     let mut tasks = tokio::task::JoinSet::new();
     for (r, place) in places.iter().enumerate() {
         let init = TrainerInit {
@@ -289,24 +294,44 @@ async fn spawn_trainers(
         } else {
             Resources::new().with_cpu_millis(place.cpu_millis)
         };
+        let process_group = format!("{group}-rank{r}");
+        let label = ActorLabel::new(job_name, r as u32);
         let options = SpawnOptions::new(TRAINER_KIND)
             .args(to_json(&init))
             .resources(resources)
             .strategy(Strategy::Node(place.node))
-            .process_group(format!("{group}-rank{r}"))
-            .label(ActorLabel::new(job_name, r as u32));
+            .process_group(&process_group)
+            .label(label.clone());
+        // The rank's monitor shares its trainer's process, to read its phase.
+        let monitor = SpawnOptions::new(MONITOR_KIND)
+            .strategy(Strategy::Node(place.node))
+            .process_group(process_group)
+            .label(label);
         let client = client.clone();
         let place = place.clone();
         tasks.spawn(async move {
             let spawned = client.spawn(options).await;
-            (r, place, spawned)
+            let monitor = match &spawned {
+                Ok(_) => match client.spawn(monitor).await {
+                    Ok(monitor) => Some(monitor),
+                    Err(error) => {
+                        tracing::warn!(rank = r, %error, "no monitor for the rank: its phase cannot be shown");
+                        None
+                    }
+                },
+                Err(_) => None,
+            };
+            (r, place, spawned, monitor)
         });
     }
     let mut ranks = Vec::new();
     let mut failure = None;
     while let Some(joined) = tasks.join_next().await {
-        let (r, place, spawned) =
+        let (r, place, spawned, monitor) =
             joined.map_err(|error| JobError::Refused(format!("a spawn task failed: {error}")))?;
+        if let Some(monitor) = &monitor {
+            trainers.add(monitor.clone());
+        }
         match spawned {
             Ok(actor) => {
                 trainers.add(actor.clone());
@@ -314,6 +339,7 @@ async fn spawn_trainers(
                     rank: r as u32,
                     place,
                     actor,
+                    monitor,
                 });
             }
             Err(error) => {

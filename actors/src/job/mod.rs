@@ -19,6 +19,7 @@ mod driver;
 mod error;
 mod metrics;
 mod output;
+mod ranks;
 mod steps;
 mod watch;
 mod world;
@@ -30,11 +31,12 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobState, JobStatus, STOP_GRACE, StatusRequest, register,
+    FollowRequest, JobState, JobStatus, RanksRequest, STOP_GRACE, StatusRequest, register,
 };
 pub use driver::{RankCallError, RankFailure, newest_run, run};
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
+pub use ranks::RankView;
 pub use steps::{Progress, Saved, StopControl, StopRequest};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};

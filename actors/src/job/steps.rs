@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::{Rank, call_all, call_one};
 use super::metrics::Metrics;
+use super::ranks::{RankView, hold_ups, rank_views};
 use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
@@ -39,10 +40,21 @@ pub struct Progress {
 
 /// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
 /// and what the loop tells it back.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StopControl {
     requested: tokio::sync::watch::Receiver<Option<&'static str>>,
     progress: Arc<Mutex<Progress>>,
+    /// The job's ranks, once spawned, for the hang doctor.
+    ranks: Arc<Mutex<Vec<Rank>>>,
+}
+
+impl std::fmt::Debug for StopControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopControl")
+            .field("requested", &*self.requested.borrow())
+            .field("progress", &*self.progress())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The sending half of a [`StopControl`]: asks the job to stop.
@@ -63,6 +75,7 @@ impl StopControl {
         let control = StopControl {
             requested,
             progress: Arc::new(Mutex::new(Progress::default())),
+            ranks: Arc::default(),
         };
         (StopRequest(tx), control)
     }
@@ -70,6 +83,16 @@ impl StopControl {
     /// Where the job stands now.
     pub fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_ranks(&self, ranks: &[Rank]) {
+        *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) = ranks.to_vec();
+    }
+
+    /// Every rank's phase now, from its monitor (none before the ranks are up).
+    pub async fn rank_views(&self) -> Vec<RankView> {
+        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        rank_views(&ranks).await
     }
 
     fn requested(&self) -> Option<&'static str> {
@@ -342,8 +365,26 @@ pub(super) async fn train_loop(
             let request = TrainRequest { epoch, max_steps };
             let called = Instant::now();
             let called_at_s = started.elapsed().as_secs_f64();
-            let replies: Vec<TrainReply> =
-                call_all(ranks, |_| request.clone(), long + Duration::from_secs(60)).await?;
+            let replies: Vec<TrainReply> = {
+                let call = call_all(ranks, |_| request.clone(), long + Duration::from_secs(60));
+                let mut call = std::pin::pin!(call);
+                // While the call is out longer than a straggler may be late, the ranks'
+                // monitors say who the others wait for.
+                let watching = train.straggler_secs > 0.0;
+                let tick = Duration::from_secs_f64(train.straggler_secs.max(1.0));
+                let mut named = std::collections::HashSet::new();
+                loop {
+                    tokio::select! {
+                        replies = &mut call => break replies?,
+                        () = tokio::time::sleep(tick), if watching => {
+                            let views = rank_views(ranks).await;
+                            for line in hold_ups(&views, train.straggler_secs, &mut named) {
+                                output.warn(line);
+                            }
+                        }
+                    }
+                }
+            };
             let elapsed = called.elapsed().as_secs_f64();
             let first = &replies[0];
             if let Some(bad) = replies.iter().position(|r| {

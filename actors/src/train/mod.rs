@@ -10,6 +10,7 @@ mod model;
 pub(crate) mod nccl;
 mod negotiate;
 mod optim;
+pub mod phase;
 mod protocol;
 mod records;
 mod scaler;

@@ -63,7 +63,8 @@ impl TrainerMethod for DigestRequest {
 }
 
 /// Every method's name, for an error about one that does not exist.
-pub const METHODS: [&str; 6] = [
+pub const METHODS: [&str; 7] = [
+    super::phase::PhaseRequest::NAME,
     ListenRequest::NAME,
     ConnectRequest::NAME,
     TrainRequest::NAME,

@@ -30,6 +30,7 @@ use super::model::Model;
 use super::nccl;
 use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
+use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{DigestRequest, EvaluateRequest, ListenRequest, METHODS, TrainerMethod};
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -44,11 +45,12 @@ const PEER_FAILURE: &str = "lost its ring peer";
 /// The actor kind of trainers.
 pub const TRAINER_KIND: &str = "trainer";
 
-/// Registers the trainer kind.
+/// Registers the trainer kind and its monitor's ([`phase::MONITOR_KIND`]).
 pub fn register(registry: &mut ActorRegistry) {
     registry.register(TRAINER_KIND, |ctx, args| {
         Ok(Box::new(Trainer::new(ctx, args)?) as Box<dyn Actor>)
     });
+    phase::register(registry);
 }
 
 /// `listen`'s reply.
@@ -253,6 +255,7 @@ fn fatal(what: &str) -> impl FnOnce(String) -> MethodError + '_ {
 impl Trainer {
     fn new(ctx: &ActorContext, args: &[u8]) -> Result<Self, MethodError> {
         let init: TrainerInit = json(args, "trainer arguments")?;
+        phase::start(init.rank);
         let job = &init.job;
         if init.threads > 0 {
             tch::set_num_threads(i32::try_from(init.threads).unwrap_or(1));
@@ -542,6 +545,8 @@ impl Trainer {
                 break;
             }
             let step_started = Instant::now();
+            phase::at(request.epoch, self.global_step + 1);
+            phase::enter(Phase::WaitingForData);
             let batch = match running.batches.next() {
                 Some(Ok(batch)) => batch,
                 Some(Err(e)) => {
@@ -566,6 +571,7 @@ impl Trainer {
             }
             running.steps += 1;
             let data_wait_s = step_started.elapsed().as_secs_f64();
+            phase::enter(Phase::Computing);
             let mut step = self.step(&batch)?;
             step.timing.data_wait_s = data_wait_s;
             step.timing.seconds = step_started.elapsed().as_secs_f64();
@@ -625,6 +631,7 @@ impl Trainer {
             extra[1] = topk_correct(&logits, &labels, 1) as f32 / n as f32;
         }
         let compute_s = computing.elapsed().as_secs_f64();
+        phase::enter(Phase::Averaging);
         let sync = self
             .sync
             .as_mut()
@@ -798,6 +805,24 @@ impl Trainer {
 impl Actor for Trainer {
     fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
         match method {
+            EvaluateRequest::NAME => phase::enter(Phase::Evaluating),
+            SaveRequest::NAME => phase::enter(Phase::Checkpointing),
+            _ => {}
+        }
+        let result = self.dispatch(method, payload);
+        if method != ListenRequest::NAME && method != PhaseRequest::NAME {
+            phase::enter(Phase::Idle);
+        }
+        result
+    }
+}
+
+impl Trainer {
+    fn dispatch(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        match method {
+            PhaseRequest::NAME => answer(payload, |_: PhaseRequest| {
+                phase::now().ok_or_else(|| MethodError::new("no phase recorded"))
+            }),
             ListenRequest::NAME => answer(payload, |_: ListenRequest| self.listen()),
             ConnectRequest::NAME => answer(payload, |request| self.connect(request)),
             TrainRequest::NAME => answer(payload, |request| self.train(request)),

@@ -54,9 +54,15 @@ pub(super) fn submit_detached(
     println!(
         "job {name} submitted: it runs in the cluster, its coordinator on node {node} (the head's)"
     );
-    println!("  imgrun logs {name} --follow   follows it to its end");
-    println!("  imgrun jobs                   lists the cluster's jobs");
-    println!("  imgrun cancel {name}          stops it with a checkpoint");
+    let commands = [
+        (format!("imgrun logs {name} --follow"), "follows it to its end"),
+        (format!("imgrun jobs {name}"), "shows it, and every rank's phase"),
+        (format!("imgrun cancel {name}"), "stops it with a checkpoint"),
+    ];
+    let width = commands.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    for (command, what) in commands {
+        println!("  {command:<width$}   {what}");
+    }
     println!("run folder: {} (on the head's machine)", run_dir.display());
     Ok(ExitCode::SUCCESS)
 }

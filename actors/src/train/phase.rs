@@ -1,0 +1,184 @@
+//! Where a trainer is right now, readable while it is busy: the trainer writes its phase
+//! into its process's board as it goes (waiting for data, computing, averaging, ...), and
+//! the rank's monitor, a second actor in the same worker process, reads it and answers
+//! at any time, even while the trainer is stuck in a step. That is how the job tells
+//! which rank holds the others up while it happens, and `imgrun jobs JOB --ranks` shows
+//! each rank's phase.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use runtime::{Actor, ActorRegistry, MethodError};
+use serde::{Deserialize, Serialize};
+
+use super::protocol::TrainerMethod;
+
+/// The monitor's actor kind.
+pub const MONITOR_KIND: &str = "trainer-monitor";
+
+/// What a trainer is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Built, not yet connected to its ring.
+    Starting,
+    /// Between the job's calls.
+    Idle,
+    /// Waiting for its loader's next batch.
+    WaitingForData,
+    /// Forward and backward.
+    Computing,
+    /// Averaging gradients (or broadcasting buffers) with the other ranks.
+    Averaging,
+    Evaluating,
+    Checkpointing,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Idle => "idle",
+            Phase::WaitingForData => "waiting for data",
+            Phase::Computing => "computing",
+            Phase::Averaging => "averaging",
+            Phase::Evaluating => "evaluating",
+            Phase::Checkpointing => "checkpointing",
+        }
+    }
+}
+
+/// A rank's phase as its monitor reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankPhase {
+    pub rank: u32,
+    pub phase: Phase,
+    /// How long it has been in that phase.
+    pub seconds: f64,
+    pub epoch: Option<u64>,
+    /// The global step it works on (its steps done + 1 while it trains).
+    pub step: u64,
+}
+
+/// Asks a rank's monitor (or its trainer, between calls) where the trainer is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PhaseRequest {}
+
+impl TrainerMethod for PhaseRequest {
+    const NAME: &'static str = "phase";
+    type Reply = RankPhase;
+}
+
+struct Board {
+    rank: u32,
+    phase: Phase,
+    since: Instant,
+    epoch: Option<u64>,
+    step: u64,
+}
+
+/// The board of this process: one trainer per worker process (each rank has a process
+/// group of its own).
+static BOARD: Mutex<Option<Board>> = Mutex::new(None);
+
+fn board() -> std::sync::MutexGuard<'static, Option<Board>> {
+    BOARD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The trainer of `rank` starts in this process.
+pub(crate) fn start(rank: u32) {
+    *board() = Some(Board {
+        rank,
+        phase: Phase::Starting,
+        since: Instant::now(),
+        epoch: None,
+        step: 0,
+    });
+}
+
+/// The trainer enters `phase` now.
+pub(crate) fn enter(phase: Phase) {
+    if let Some(board) = board().as_mut()
+        && board.phase != phase
+    {
+        board.phase = phase;
+        board.since = Instant::now();
+    }
+}
+
+/// The trainer works on global step `step` of `epoch`.
+pub(crate) fn at(epoch: u64, step: u64) {
+    if let Some(board) = board().as_mut() {
+        board.epoch = Some(epoch);
+        board.step = step;
+    }
+}
+
+/// Where this process's trainer is, if one runs here.
+pub fn now() -> Option<RankPhase> {
+    board().as_ref().map(|board| RankPhase {
+        rank: board.rank,
+        phase: board.phase,
+        seconds: board.since.elapsed().as_secs_f64(),
+        epoch: board.epoch,
+        step: board.step,
+    })
+}
+
+/// Registers the monitor's kind.
+pub fn register(registry: &mut ActorRegistry) {
+    registry.register(MONITOR_KIND, |_ctx, _args| {
+        Ok(Box::new(Monitor) as Box<dyn Actor>)
+    });
+}
+
+/// Answers [`PhaseRequest`] from the board of its process.
+struct Monitor;
+
+impl Actor for Monitor {
+    fn call(&mut self, method: &str, _payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        if method != PhaseRequest::NAME {
+            return Err(MethodError::new(format!(
+                "a trainer's monitor has no method '{method}' (it has {})",
+                PhaseRequest::NAME
+            )));
+        }
+        let phase = now().ok_or_else(|| {
+            MethodError::new(
+                "no trainer runs in this process: spawn the monitor in its rank's group",
+            )
+        })?;
+        serde_json::to_vec(&phase).map_err(|error| MethodError::new(error.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_board_follows_the_trainer() {
+        start(3);
+        let first = now().expect("started");
+        assert_eq!(
+            (first.rank, first.phase, first.step),
+            (3, Phase::Starting, 0)
+        );
+        at(1, 12);
+        enter(Phase::WaitingForData);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Entering the same phase again keeps its start.
+        enter(Phase::WaitingForData);
+        let waiting = now().expect("running");
+        assert_eq!(waiting.phase, Phase::WaitingForData);
+        assert_eq!((waiting.epoch, waiting.step), (Some(1), 12));
+        assert!(waiting.seconds >= 0.02, "{waiting:?}");
+        enter(Phase::Computing);
+        assert!(now().expect("running").seconds < waiting.seconds);
+        let mut monitor = Monitor;
+        let reply = monitor.call("phase", b"{}").expect("phase");
+        let read: RankPhase = serde_json::from_slice(&reply).expect("json");
+        assert_eq!(read.phase, Phase::Computing);
+        assert!(monitor.call("nap", b"").is_err());
+    }
+}
