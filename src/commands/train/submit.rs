@@ -55,9 +55,18 @@ pub(super) fn submit_detached(
         "job {name} submitted: it runs in the cluster, its coordinator on node {node} (the head's)"
     );
     let commands = [
-        (format!("imgrun logs {name} --follow"), "follows it to its end"),
-        (format!("imgrun jobs {name}"), "shows it, and every rank's phase"),
-        (format!("imgrun cancel {name}"), "stops it with a checkpoint"),
+        (
+            format!("imgrun logs {name} --follow"),
+            "follows it to its end",
+        ),
+        (
+            format!("imgrun jobs {name}"),
+            "shows it, and every rank's phase",
+        ),
+        (
+            format!("imgrun cancel {name}"),
+            "stops it with a checkpoint",
+        ),
     ];
     let width = commands.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
     for (command, what) in commands {
