@@ -45,6 +45,11 @@ pub struct DataConfig {
     pub nominal_size: u64,
     /// Samples assumed in each shard no manifest counts (0: none).
     pub samples_per_shard: u64,
+    /// Copy the shards each node reads into `preload_dir` before training, and read the
+    /// copies.
+    pub preload: bool,
+    /// A node-local folder (the same path on every node).
+    pub preload_dir: String,
     pub classes: i64,
     pub seed: u64,
     /// Loader workers per trainer (a reader and a decoder thread each).
@@ -584,6 +589,13 @@ fn validate(config: &Config) -> Result<(), Invalid> {
     if config.serve.send_timeout_secs == 0 {
         return Err(invalid("serve.send_timeout_secs", "must be positive"));
     }
+    if config.data.preload && config.data.preload_dir.is_empty() {
+        return Err(invalid(
+            "data.preload_dir",
+            "is empty and data.preload is true: name a node-local folder, e.g. \
+             \"/local/ssd/imgrun\"",
+        ));
+    }
     let cluster = &config.cluster;
     cluster
         .bind
@@ -751,6 +763,7 @@ impl ShardsConfig {
                 // Invariant: `validate` checked the size when the config was loaded.
                 max_bytes: crate::units::parse_size(&self.cache_max_size).unwrap_or(0),
             }),
+            preloaded: None,
         }
     }
 

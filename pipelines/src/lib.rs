@@ -21,6 +21,7 @@ mod manifest;
 mod members;
 mod pipe;
 mod plan;
+mod preload;
 mod produce;
 mod profile;
 mod reader;
@@ -53,6 +54,7 @@ pub use plan::{
     Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
     WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
 };
+pub use preload::{PreloadError, PreloadProgress, Preloader, preloaded_copy, preloaded_path};
 pub use profile::{StageProfile, process_cpu_seconds, profile_stages};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};

@@ -42,6 +42,9 @@ pub struct SourceOptions {
     /// A local cache for `http(s)://` and `pipe:` shards; `None` reads them remotely
     /// every time.
     pub cache: Option<CacheOptions>,
+    /// The folder of preloaded copies (`data.preload_dir`): a shard with a copy there,
+    /// made from its URL, is read from it.
+    pub preloaded: Option<std::path::PathBuf>,
 }
 
 impl Default for SourceOptions {
@@ -53,6 +56,7 @@ impl Default for SourceOptions {
             http_retry_delay: Duration::from_millis(200),
             pipe_idle_timeout: Some(Duration::from_secs(60)),
             cache: None,
+            preloaded: None,
         }
     }
 }
@@ -125,6 +129,15 @@ impl Sources {
     /// comes from its cached copy when there is one, and is copied into the cache as it
     /// is read otherwise.
     pub fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
+        if let Some(dir) = &self.options.preloaded
+            && let Some(copy) = crate::preload::preloaded_copy(dir, url)
+        {
+            let file = std::fs::File::open(&copy).map_err(|error| ShardError::Open {
+                url: format!("{url} (its preloaded copy {})", copy.display()),
+                error,
+            })?;
+            return decompress(url, Box::new(file), self.options.read_buffer);
+        }
         let source = self
             .sources
             .iter()
@@ -140,6 +153,23 @@ impl Sources {
             _ => source.open(url)?,
         };
         decompress(url, raw, self.options.read_buffer)
+    }
+}
+
+impl Sources {
+    /// Opens a shard as its source stores it (maybe compressed), bypassing the cache and
+    /// any preloaded copy, with the length the source declares up front when it does
+    /// (an HTTP `Content-Length`): what a preload copies.
+    pub fn open_stored(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
+        let source = self
+            .sources
+            .iter()
+            .find(|s| s.handles(url))
+            .ok_or_else(|| ShardError::BadUrl {
+                url: url.to_string(),
+                reason: "no source handles this URL".to_string(),
+            })?;
+        source.open_sized(url)
     }
 }
 

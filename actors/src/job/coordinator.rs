@@ -230,7 +230,10 @@ impl JobOutput for Shared {
                 status.loss = Some(*loss);
                 status.images_per_s = Some(*images_per_s);
             }
-            JobEvent::Line { .. } | JobEvent::EpochEnded { .. } => {}
+            JobEvent::Line { .. }
+            | JobEvent::EpochEnded { .. }
+            | JobEvent::Preloading { .. }
+            | JobEvent::Preloaded => {}
         }
         log.events.push(event);
         drop(log);

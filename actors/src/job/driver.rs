@@ -14,12 +14,12 @@ use super::metrics::{Metrics, rewind};
 use super::steps::{RunningJob, Saved, StopControl, train_loop};
 use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
-use super::{HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
+use super::{HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary};
 use crate::train::phase::MONITOR_KIND;
 use crate::train::{
     AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
-    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, ResumeFrom,
-    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, PreloadReply,
+    PreloadRequest, ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
 };
 
 pub use super::calls::RankCallError;
@@ -140,6 +140,9 @@ pub async fn run(
     let ranks = spawn_trainers(client, trainers, &job, &job_name, &places, &node_ranks).await?;
     stop.set_ranks(&ranks);
     let long = Duration::from_secs(settings.step_timeout_secs.max(10));
+    if let Some(dir) = &job.data.sources.preload_dir {
+        preload(&ranks, dir, output, long).await?;
+    }
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
     let steps_per_epoch = listens[0].steps_per_epoch;
     if let Some(bad) = listens
@@ -258,6 +261,37 @@ pub async fn run(
     ));
     summary.run_dir = run_dir;
     Ok(summary)
+}
+
+/// Has every node copy the shards its ranks read into `dir`, a second of copying per call
+/// so that progress shows, until all are in place.
+async fn preload(
+    ranks: &[Rank],
+    dir: &str,
+    output: &dyn JobOutput,
+    timeout: Duration,
+) -> Result<(), JobError> {
+    let started = std::time::Instant::now();
+    let (copied, present, bytes) = loop {
+        let replies: Vec<PreloadReply> =
+            call_all(ranks, |_| PreloadRequest { seconds: 1.0 }, timeout).await?;
+        let done: u64 = replies.iter().map(|r| r.done).sum();
+        let total: u64 = replies.iter().map(|r| r.total).sum();
+        let present: u64 = replies.iter().map(|r| r.present).sum();
+        let bytes: u64 = replies.iter().map(|r| r.bytes).sum();
+        output.event(JobEvent::Preloading { done, total, bytes });
+        if done >= total {
+            break (done - present.min(done), present, bytes);
+        }
+    };
+    output.event(JobEvent::Preloaded);
+    output.info(format!(
+        "preload: {copied} shard(s) copied ({:.1} MB) and {present} already there (over all \
+         nodes), in {dir} on each node, in {:.1} s; the job reads the copies",
+        bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
 }
 
 /// Spawns one trainer per place, each labelled with the job's name and its rank (what

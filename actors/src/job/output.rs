@@ -33,6 +33,11 @@ pub enum JobEvent {
     },
     /// The epoch's steps are over (its summary line follows as a `Line`).
     EpochEnded { epoch: u64 },
+    /// Shards copied to node-local disk so far (`data.preload`), of `total` on all
+    /// nodes, and bytes copied.
+    Preloading { done: u64, total: u64, bytes: u64 },
+    /// The preload is over (its summary follows as a `Line`).
+    Preloaded,
 }
 
 /// Where a job's events go. Called from the job's tasks; an implementation must not

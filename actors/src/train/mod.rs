@@ -26,7 +26,9 @@ pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
-pub use protocol::{DigestRequest, EvaluateRequest, ListenRequest, TrainerMethod};
+pub use protocol::{
+    DigestRequest, EvaluateRequest, ListenRequest, PreloadReply, PreloadRequest, TrainerMethod,
+};
 pub use records::{
     ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, StepMetrics,
     StopRecord,

@@ -22,6 +22,8 @@ pub const MONITOR_KIND: &str = "trainer-monitor";
 pub enum Phase {
     /// Built, not yet connected to its ring.
     Starting,
+    /// Copying its node's shards to local disk (`data.preload`).
+    Preloading,
     /// Between the job's calls.
     Idle,
     /// Waiting for its loader's next batch.
@@ -38,6 +40,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Starting => "starting",
+            Phase::Preloading => "preloading",
             Phase::Idle => "idle",
             Phase::WaitingForData => "waiting for data",
             Phase::Computing => "computing",

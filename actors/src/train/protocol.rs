@@ -19,6 +19,28 @@ pub trait TrainerMethod: Serialize + DeserializeOwned {
     type Reply: Serialize + DeserializeOwned + Send + 'static;
 }
 
+/// Copies the node's shards to local disk for at most `seconds` (`data.preload`); the
+/// job asks again until every rank is done.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct PreloadRequest {
+    pub seconds: f64,
+}
+
+/// Where a rank's preload stands: shards in place of those it copies, those that were
+/// there already, and bytes copied.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct PreloadReply {
+    pub done: u64,
+    pub total: u64,
+    pub present: u64,
+    pub bytes: u64,
+}
+
+impl TrainerMethod for PreloadRequest {
+    const NAME: &'static str = "preload";
+    type Reply = PreloadReply;
+}
+
 /// Opens the trainer's ring port (and, between CUDA trainers, an NCCL id).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ListenRequest {}
@@ -63,8 +85,9 @@ impl TrainerMethod for DigestRequest {
 }
 
 /// Every method's name, for an error about one that does not exist.
-pub const METHODS: [&str; 7] = [
+pub const METHODS: [&str; 8] = [
     super::phase::PhaseRequest::NAME,
+    PreloadRequest::NAME,
     ListenRequest::NAME,
     ConnectRequest::NAME,
     TrainRequest::NAME,

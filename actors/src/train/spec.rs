@@ -134,6 +134,9 @@ pub struct SourceSpec {
     pub pipe_idle_timeout_secs: u64,
     pub cache_dir: Option<String>,
     pub cache_max_bytes: u64,
+    /// Where shards are preloaded (`data.preload`), read from there once copied.
+    #[serde(default)]
+    pub preload_dir: Option<String>,
 }
 
 impl SourceSpec {
@@ -149,6 +152,7 @@ impl SourceSpec {
                 dir: dir.into(),
                 max_bytes: self.cache_max_bytes,
             }),
+            preloaded: self.preload_dir.as_ref().map(std::path::PathBuf::from),
         }
     }
 }
@@ -471,6 +475,7 @@ mod tests {
                 pipe_idle_timeout_secs: 60,
                 cache_dir: None,
                 cache_max_bytes: 0,
+                preload_dir: None,
             },
         }
     }

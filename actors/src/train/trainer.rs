@@ -31,7 +31,10 @@ use super::nccl;
 use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
-use super::protocol::{DigestRequest, EvaluateRequest, ListenRequest, METHODS, TrainerMethod};
+use super::protocol::{
+    DigestRequest, EvaluateRequest, ListenRequest, METHODS, PreloadReply, PreloadRequest,
+    TrainerMethod,
+};
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
@@ -41,6 +44,9 @@ use super::weights;
 /// stopped answering), for the person reading it; programs ask the failure's
 /// [`runtime::FailureOrigin`] instead.
 const PEER_FAILURE: &str = "lost its ring peer";
+
+/// Shards a node copies at once when it preloads.
+const PRELOAD_JOBS: usize = 4;
 
 /// The actor kind of trainers.
 pub const TRAINER_KIND: &str = "trainer";
@@ -228,6 +234,8 @@ struct Trainer {
     scaler: LossScaler,
     mean: Tensor,
     std: Tensor,
+    /// The copies this node's shards are being preloaded into (`data.preload`).
+    preloader: Option<pipelines::Preloader>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -335,6 +343,7 @@ impl Trainer {
             ),
             mean,
             std,
+            preloader: None,
             init,
             data_ip: ctx.data_ip(),
         })
@@ -471,6 +480,88 @@ impl Trainer {
             .find(|c| c.rank == self.init.rank)
             .cloned();
         Ok(())
+    }
+
+    /// Copies this node's shards into `data.preload_dir` for at most the request's
+    /// seconds (finishing the shards begun). The first rank of each node copies what any
+    /// rank of its node reads in any epoch, and its val shards; the others have nothing
+    /// to copy.
+    fn preload(&mut self, request: PreloadRequest) -> Result<PreloadReply, MethodError> {
+        let sources = pipelines::Sources::new(pipelines::SourceOptions {
+            cache: None,
+            preloaded: None,
+            ..self.init.job.data.sources.options()
+        });
+        if self.preloader.is_none() {
+            let dir = self
+                .init
+                .job
+                .data
+                .sources
+                .preload_dir
+                .clone()
+                .ok_or_else(|| MethodError::new("data.preload is off"))?;
+            let urls = self.node_shards()?;
+            let preloader = pipelines::Preloader::new(std::path::Path::new(&dir), &urls, &sources)
+                .map_err(|e| MethodError::new(format!("rank {}: {e}", self.init.rank)))?;
+            self.preloader = Some(preloader);
+        }
+        let preloader = self
+            .preloader
+            .as_mut()
+            .ok_or_else(|| MethodError::new("no preload"))?;
+        let seconds = std::time::Duration::from_secs_f64(request.seconds.clamp(0.1, 60.0));
+        let progress = preloader
+            .run(&sources, PRELOAD_JOBS, seconds)
+            .map_err(|e| MethodError::new(format!("rank {}: {e}", self.init.rank)))?;
+        Ok(PreloadReply {
+            done: progress.done as u64,
+            total: progress.total as u64,
+            present: progress.present as u64,
+            bytes: progress.bytes,
+        })
+    }
+
+    /// The shards this node reads: for its first rank, those of every rank of the node in
+    /// every epoch of the job, and the val shards; none for the node's other ranks.
+    fn node_shards(&self) -> Result<Vec<String>, MethodError> {
+        let rank = self.init.rank;
+        let mut first = 0u32;
+        let mut node = None;
+        for (i, &count) in self.init.node_ranks.iter().enumerate() {
+            if rank < first + count {
+                node = Some((i as u32, first));
+                break;
+            }
+            first += count;
+        }
+        let Some((node, first)) = node else {
+            return Ok(Vec::new());
+        };
+        if rank != first {
+            return Ok(Vec::new());
+        }
+        let mut urls: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for epoch in 0..self.init.job.optim.epochs {
+            let plan = self
+                .planner
+                .plan(epoch)
+                .map_err(|e| MethodError::new(format!("planning epoch {epoch}: {e}")))?;
+            for rank_plan in plan.ranks.iter().filter(|r| r.node == node) {
+                for item in rank_plan.workers.iter().flat_map(|w| &w.items) {
+                    if seen.insert(item.url.clone()) {
+                        urls.push(item.url.clone());
+                    }
+                }
+            }
+        }
+        for url in &self.init.job.data.val.urls {
+            if seen.insert(url.clone()) {
+                urls.push(url.clone());
+            }
+        }
+        Ok(urls)
     }
 
     fn start_epoch(&mut self, epoch: u64) -> Result<(), MethodError> {
@@ -806,6 +897,7 @@ impl Actor for Trainer {
     fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
         match method {
             EvaluateRequest::NAME => phase::enter(Phase::Evaluating),
+            PreloadRequest::NAME => phase::enter(Phase::Preloading),
             SaveRequest::NAME => phase::enter(Phase::Checkpointing),
             _ => {}
         }
@@ -824,6 +916,7 @@ impl Trainer {
                 phase::now().ok_or_else(|| MethodError::new("no phase recorded"))
             }),
             ListenRequest::NAME => answer(payload, |_: ListenRequest| self.listen()),
+            PreloadRequest::NAME => answer(payload, |request| self.preload(request)),
             ConnectRequest::NAME => answer(payload, |request| self.connect(request)),
             TrainRequest::NAME => answer(payload, |request| self.train(request)),
             EvaluateRequest::NAME => answer(payload, |_: EvaluateRequest| self.evaluate()),

@@ -62,10 +62,16 @@ impl JobOutput for Terminal {
                     ));
                 }
             }
-            JobEvent::EpochEnded { .. } => {
+            JobEvent::EpochEnded { .. } | JobEvent::Preloaded => {
                 if let Some(old) = bar.take() {
                     old.finish_and_clear();
                 }
+            }
+            JobEvent::Preloading { done, total, bytes } => {
+                let bar = bar.get_or_insert_with(|| progress_bar(total, "preload"));
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(format!("preload {:.0} MB", bytes as f64 / 1e6));
             }
         }
     }

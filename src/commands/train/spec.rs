@@ -188,6 +188,13 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
             pipe_idle_timeout_secs: shards.pipe_idle_timeout_secs,
             cache_dir: (!shards.cache_dir.is_empty()).then(|| shards.cache_dir.clone()),
             cache_max_bytes: crate::units::parse_size(&shards.cache_max_size).unwrap_or(0),
+            preload_dir: if data.preload {
+                let dir = std::path::absolute(&data.preload_dir)
+                    .with_context(|| format!("data.preload_dir: {}", data.preload_dir))?;
+                Some(dir.display().to_string())
+            } else {
+                None
+            },
         },
     };
     Ok((spec, manifest))
