@@ -102,16 +102,16 @@ fn print_ranks(ranks: &[RankView]) {
         return;
     }
     println!(
-        "\n{:>5} {:>5} {:<18} {:>9} {:>6} {:>8}",
+        "\n{:>5} {:>5} {:<28} {:>9} {:>6} {:>8}",
         "RANK", "NODE", "PHASE", "FOR", "EPOCH", "STEP"
     );
     for view in ranks {
         match (&view.phase, &view.problem) {
             (Some(phase), _) => println!(
-                "{:>5} {:>5} {:<18} {:>8.1}s {:>6} {:>8}",
+                "{:>5} {:>5} {:<28} {:>8.1}s {:>6} {:>8}",
                 view.rank,
                 view.node,
-                phase.phase.name(),
+                phase.describe(),
                 phase.seconds,
                 phase.epoch.map_or("-".to_string(), |e| e.to_string()),
                 phase.step

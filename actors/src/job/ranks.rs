@@ -96,7 +96,7 @@ pub(crate) fn hold_ups(views: &[RankView], late_secs: f64, told: &mut HashSet<u3
                 Some(format!(
                     "{name} has been {} for {:.0} s at step {} while the others wait for it \
                      in the allreduce: {why}",
-                    phase.phase.name(),
+                    phase.describe(),
                     phase.seconds,
                     phase.step
                 ))
@@ -126,6 +126,7 @@ mod tests {
                 seconds,
                 epoch: Some(0),
                 step: 7,
+                bucket: None,
             }),
             problem: phase.is_none().then(|| "no answer within 2 s".to_string()),
         }

@@ -163,6 +163,7 @@ impl GradSync {
         let mut total = 0.0;
         let mut finite = true;
         for (b, range) in self.buckets.clone().into_iter().enumerate() {
+            super::phase::averaging(b, count);
             let Done {
                 mut buffer,
                 total: t,

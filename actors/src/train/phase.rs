@@ -61,6 +61,22 @@ pub struct RankPhase {
     pub epoch: Option<u64>,
     /// The global step it works on (its steps done + 1 while it trains).
     pub step: u64,
+    /// While averaging: the gradient bucket it waits for (1-based) and how many there
+    /// are.
+    #[serde(default)]
+    pub bucket: Option<(usize, usize)>,
+}
+
+impl RankPhase {
+    /// The phase, with the bucket while averaging (`averaging (bucket 3 of 5)`).
+    pub fn describe(&self) -> String {
+        match self.bucket {
+            Some((bucket, of)) if self.phase == Phase::Averaging => {
+                format!("{} (bucket {bucket} of {of})", self.phase.name())
+            }
+            _ => self.phase.name().to_string(),
+        }
+    }
 }
 
 /// Asks a rank's monitor (or its trainer, between calls) where the trainer is.
@@ -78,6 +94,7 @@ struct Board {
     since: Instant,
     epoch: Option<u64>,
     step: u64,
+    bucket: Option<(usize, usize)>,
 }
 
 /// The board of this process: one trainer per worker process (each rank has a process
@@ -96,6 +113,7 @@ pub(crate) fn start(rank: u32) {
         since: Instant::now(),
         epoch: None,
         step: 0,
+        bucket: None,
     });
 }
 
@@ -106,6 +124,15 @@ pub(crate) fn enter(phase: Phase) {
     {
         board.phase = phase;
         board.since = Instant::now();
+        board.bucket = None;
+    }
+}
+
+/// The trainer waits for gradient bucket `bucket` (0-based) of `buckets` to be averaged.
+pub(crate) fn averaging(bucket: usize, buckets: usize) {
+    enter(Phase::Averaging);
+    if let Some(board) = board().as_mut() {
+        board.bucket = Some((bucket + 1, buckets));
     }
 }
 
@@ -125,6 +152,7 @@ pub fn now() -> Option<RankPhase> {
         seconds: board.since.elapsed().as_secs_f64(),
         epoch: board.epoch,
         step: board.step,
+        bucket: board.bucket,
     })
 }
 
@@ -178,6 +206,13 @@ mod tests {
         assert!(waiting.seconds >= 0.02, "{waiting:?}");
         enter(Phase::Computing);
         assert!(now().expect("running").seconds < waiting.seconds);
+        averaging(2, 5);
+        assert_eq!(
+            now().expect("running").describe(),
+            "averaging (bucket 3 of 5)"
+        );
+        enter(Phase::Computing);
+        assert_eq!(now().expect("running").bucket, None);
         let mut monitor = Monitor;
         let reply = monitor.call("phase", b"{}").expect("phase");
         let read: RankPhase = serde_json::from_slice(&reply).expect("json");
