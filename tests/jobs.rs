@@ -88,6 +88,21 @@ fn a_detached_job_is_listed_followed_and_cancelled_with_a_checkpoint() {
         .expect("a finished job stays listed");
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(steps_of(&cluster, "detached") > 0);
+    // Its metrics are drawn from anywhere: the coordinator sends them.
+    let png = cluster.root.path().join("detached.png");
+    let png_arg = png.display().to_string();
+    let drawn = cluster
+        .head
+        .run_ok(&["plot", "detached", "--out", png_arg.as_str()]);
+    assert!(drawn.contains(" steps, "), "{drawn}");
+    assert!(std::fs::metadata(&png).is_ok_and(|m| m.len() > 1000));
+    let out = cluster.head.run(&["plot", "nowhere"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("neither a run folder here nor a job"),
+        "{}",
+        describe(&out)
+    );
 
     // A long job, followed by a process that is then killed: the job goes on.
     submit(&cluster, "long", 200, &[]);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use actors::job::{
     COORDINATOR_KIND, CancelRequest, CoordinatorMethod, FollowRequest, JobOutput, JobState,
-    JobStatus, RankView, RanksRequest, STOP_GRACE, StatusRequest,
+    JobStatus, MetricsRequest, RankView, RanksRequest, STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
@@ -186,6 +186,34 @@ pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {
         println!("{outcome}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `metrics.jsonl` of the job `name`, fetched from its coordinator a piece at a time.
+pub(crate) fn metrics_of(
+    loaded: &Loaded,
+    address: Option<&str>,
+    name: &str,
+) -> anyhow::Result<Vec<u8>> {
+    in_cluster(loaded, address, |client| async move {
+        let actor = find(&client, name).await?;
+        let mut bytes = Vec::new();
+        loop {
+            let piece = call(
+                &actor,
+                &MetricsRequest {
+                    offset: bytes.len() as u64,
+                    max_bytes: 4 << 20,
+                },
+            )
+            .await?;
+            let done = piece.bytes.is_empty()
+                || bytes.len() as u64 + piece.bytes.len() as u64 >= piece.length;
+            bytes.extend_from_slice(&piece.bytes);
+            if done {
+                return Ok(bytes);
+            }
+        }
+    })
 }
 
 /// Prints the job's events so far (and, with `follow`, until it ends), then how it ended

@@ -152,6 +152,24 @@ pub struct StatusRequest {}
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RanksRequest {}
 
+/// A piece of the run's `metrics.jsonl` on the coordinator's machine: up to `max_bytes`
+/// (at most 4 MiB) from byte `offset`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MetricsRequest {
+    pub offset: u64,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MetricsReply {
+    pub bytes: Vec<u8>,
+    /// The file's length now.
+    pub length: u64,
+}
+
+/// The most one [`MetricsRequest`] returns.
+const MAX_METRICS_PIECE: u64 = 4 << 20;
+
 impl CoordinatorMethod for FollowRequest {
     const NAME: &'static str = "follow";
     type Reply = FollowReply;
@@ -170,6 +188,11 @@ impl CoordinatorMethod for StatusRequest {
 impl CoordinatorMethod for RanksRequest {
     const NAME: &'static str = "ranks";
     type Reply = Vec<RankView>;
+}
+
+impl CoordinatorMethod for MetricsRequest {
+    const NAME: &'static str = "metrics";
+    type Reply = MetricsReply;
 }
 
 /// What the job's thread and the actor's methods share.
@@ -350,6 +373,27 @@ impl Coordinator {
             .map_err(|_| MethodError::new("the ranks did not answer within 10 s"))
     }
 
+    fn metrics(&self, request: &MetricsRequest) -> Result<MetricsReply, MethodError> {
+        use std::io::{Read, Seek};
+        let run_dir = self
+            .status()
+            .run_dir
+            .ok_or_else(|| MethodError::new("the job has no run folder yet"))?;
+        let path = run_dir.join("metrics.jsonl");
+        let mut file = std::fs::File::open(&path)
+            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?;
+        let length = file
+            .metadata()
+            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?
+            .len();
+        let want = request.max_bytes.clamp(1, MAX_METRICS_PIECE);
+        let mut bytes = Vec::new();
+        file.seek(std::io::SeekFrom::Start(request.offset.min(length)))
+            .and_then(|_| file.take(want).read_to_end(&mut bytes))
+            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?;
+        Ok(MetricsReply { bytes, length })
+    }
+
     fn cancel(&self, by: &str) -> JobStatus {
         let mut log = self.shared.lock();
         if log.status.state == JobState::Running {
@@ -375,12 +419,14 @@ impl Actor for Coordinator {
             CancelRequest::NAME => encode(&self.cancel(&decode::<CancelRequest>(payload)?.by)),
             StatusRequest::NAME => encode(&self.status()),
             RanksRequest::NAME => encode(&self.ranks()?),
+            MetricsRequest::NAME => encode(&self.metrics(&decode::<MetricsRequest>(payload)?)?),
             other => Err(MethodError::new(format!(
-                "a job's coordinator has no method '{other}' (it has {}, {}, {} and {})",
+                "a job's coordinator has no method '{other}' (it has {}, {}, {}, {} and {})",
                 FollowRequest::NAME,
                 CancelRequest::NAME,
                 StatusRequest::NAME,
-                RanksRequest::NAME
+                RanksRequest::NAME,
+                MetricsRequest::NAME
             ))),
         }
     }

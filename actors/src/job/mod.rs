@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobState, JobStatus, RanksRequest, STOP_GRACE, StatusRequest, register,
+    FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, STOP_GRACE,
+    StatusRequest, register,
 };
 pub use driver::{RankCallError, RankFailure, newest_run, run};
 pub use error::{HeadLost, Interrupted, JobError};

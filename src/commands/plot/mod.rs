@@ -1,5 +1,6 @@
 //! `imgrun plot RUN_DIR`: draws a run's `metrics.jsonl` to a PNG, a 2x2 grid of training
-//! loss, eval accuracy, throughput and learning rate. `parse.rs` reads the file (leniently where a run's history makes it messy, strictly
+//! loss, eval accuracy, throughput and learning rate. `imgrun plot JOB` draws a job of
+//! the running cluster from anywhere: its coordinator sends the file. `parse.rs` reads the file (leniently where a run's history makes it messy, strictly
 //! everywhere else), `draw.rs` draws it.
 
 mod draw;
@@ -16,9 +17,14 @@ use crate::config::Loaded;
 
 #[derive(Debug, clap::Args)]
 pub struct PlotArgs {
-    /// The run folder (holds metrics.jsonl).
+    /// The run folder (holds metrics.jsonl), or the name of a job in the running cluster
+    /// (`imgrun jobs` lists them), whose file its coordinator sends.
     run_dir: PathBuf,
-    /// Where to write the PNG [default: RUN_DIR/metrics.png].
+    /// Address of the cluster's head, for a job [default: the cluster this machine runs
+    /// or joined].
+    #[arg(long)]
+    address: Option<String>,
+    /// Where to write the PNG [default: RUN_DIR/metrics.png, or JOB-metrics.png here].
     #[arg(long)]
     out: Option<PathBuf>,
     /// Image width in pixels.
@@ -29,7 +35,24 @@ pub struct PlotArgs {
     height: u32,
 }
 
-pub fn run(_loaded: &Loaded, args: PlotArgs) -> anyhow::Result<ExitCode> {
+pub fn run(loaded: &Loaded, args: PlotArgs) -> anyhow::Result<ExitCode> {
+    if !args.run_dir.exists()
+        && let Some(job) = args.run_dir.to_str().filter(|name| !name.contains('/'))
+    {
+        let bytes = crate::commands::jobs::metrics_of(loaded, args.address.as_deref(), job)
+            .with_context(|| {
+                format!("{job} is neither a run folder here nor a job of the running cluster")
+            })?;
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{job}-metrics.png")));
+        let label = PathBuf::from(format!("job {job}: metrics.jsonl"));
+        let summary = plot_bytes(&label, &bytes, job, &out, (args.width, args.height))?;
+        println!("{}", out.display());
+        println!("{summary}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let out = args
         .out
         .clone()
@@ -54,7 +77,20 @@ const DEFAULT_SIZE: (u32, u32) = (1600, 1000);
 fn plot_run(run_dir: &Path, out: &Path, size: (u32, u32)) -> anyhow::Result<String> {
     let path = run_dir.join("metrics.jsonl");
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let metrics = parse_metrics(&path, &bytes)?;
+    plot_bytes(&path, &bytes, run_dir, out, size)
+}
+
+/// Draws the metrics `bytes` (read from `path`, named so in messages) of the run `run`
+/// to the PNG `out`; returns the one-line summary.
+fn plot_bytes(
+    path: &Path,
+    bytes: &[u8],
+    run: impl AsRef<Path>,
+    out: &Path,
+    size: (u32, u32),
+) -> anyhow::Result<String> {
+    let run_dir = run.as_ref();
+    let metrics = parse_metrics(path, bytes)?;
     if let Some(line) = metrics.skipped_last_line {
         tracing::warn!(file = %path.display(), line, "skipped a truncated last line");
     }
