@@ -195,11 +195,17 @@ pub(crate) fn metrics_of(
     name: &str,
 ) -> anyhow::Result<Vec<u8>> {
     in_cluster(loaded, address, |client| async move {
-        let actor = find(&client, name).await?;
+        fetch_metrics(&find(&client, name).await?).await
+    })
+}
+
+/// The `metrics.jsonl` of the job whose coordinator is `actor`, a piece at a time.
+pub(crate) async fn fetch_metrics(actor: &ActorRef) -> anyhow::Result<Vec<u8>> {
+    {
         let mut bytes = Vec::new();
         loop {
             let piece = call(
-                &actor,
+                actor,
                 &MetricsRequest {
                     offset: bytes.len() as u64,
                     max_bytes: 4 << 20,
@@ -213,7 +219,7 @@ pub(crate) fn metrics_of(
                 return Ok(bytes);
             }
         }
-    })
+    }
 }
 
 /// Prints the job's events so far (and, with `follow`, until it ends), then how it ended

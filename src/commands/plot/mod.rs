@@ -70,6 +70,14 @@ pub fn render(run_dir: &Path, out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Draws a job's metrics `bytes` (fetched from its coordinator) to the PNG `out` at the
+/// default size.
+pub fn render_bytes(job: &str, bytes: &[u8], out: &Path) -> anyhow::Result<()> {
+    let label = PathBuf::from(format!("job {job}: metrics.jsonl"));
+    plot_bytes(&label, bytes, job, out, DEFAULT_SIZE)?;
+    Ok(())
+}
+
 /// Width and height when none are given.
 const DEFAULT_SIZE: (u32, u32) = (1600, 1000);
 

@@ -218,7 +218,7 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let summary = tokio.block_on(async {
+    let (summary, remote_metrics) = tokio.block_on(async {
         let mut signals = StopSignals::new()?;
         let (stop_request, stop) = StopControl::new();
         let interrupted = |by, stop: &StopControl, late: Option<String>| -> anyhow::Error {
@@ -277,16 +277,36 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
         .await;
         trainers.kill_all().await;
         cluster.shutdown().await;
-        outcome
+        outcome.map(|summary| (summary, None))
     })?;
     if options.plot {
-        let out = summary.run_dir.join("metrics.png");
-        match crate::commands::plot::render(&summary.run_dir, &out) {
-            Ok(()) => println!("plot: {}", out.display()),
-            Err(error) => eprintln!("warning: drawing the metrics failed: {error:#}"),
-        }
+        plot(&summary, remote_metrics.as_deref());
     }
     Ok(summary)
+}
+
+/// Draws the run's metrics to `metrics.png` in its folder; a run whose folder is on the
+/// head's machine, not this one, is drawn to `NAME-metrics.png` here from `remote`, the
+/// metrics its job's coordinator sent.
+fn plot(summary: &JobSummary, remote: Option<&[u8]>) {
+    let drawn = match remote {
+        None => {
+            let out = summary.run_dir.join("metrics.png");
+            crate::commands::plot::render(&summary.run_dir, &out).map(|()| out)
+        }
+        Some(bytes) => {
+            let name = summary
+                .run_dir
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            let out = PathBuf::from(format!("{name}-metrics.png"));
+            crate::commands::plot::render_bytes(&name, bytes, &out).map(|()| out)
+        }
+    };
+    match drawn {
+        Ok(out) => println!("plot: {}", out.display()),
+        Err(error) => eprintln!("warning: drawing the metrics failed: {error:#}"),
+    }
 }
 
 #[cfg(test)]

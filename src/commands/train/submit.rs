@@ -83,7 +83,7 @@ pub(super) async fn run_attached(
     client: &ClusterClient,
     request: JobRequest,
     signals: &mut StopSignals,
-) -> anyhow::Result<JobSummary> {
+) -> anyhow::Result<(JobSummary, Option<Vec<u8>>)> {
     let coordinator = spawn_coordinator(client, request, false).await?;
     let actor = &coordinator.actor;
     let terminal = Terminal::default();
@@ -148,13 +148,26 @@ pub(super) async fn run_attached(
         }
         return Err(error.context(format!("following job {}", coordinator.name)));
     }
+    let status = last.context("the job ended without a status")?;
+    // A run folder on the head's machine, not this one: its metrics come from the
+    // coordinator, to be drawn here.
+    let remote_metrics = match &status.run_dir {
+        Some(run)
+            if status.state == JobState::Succeeded && !run.join("metrics.jsonl").is_file() =>
+        {
+            crate::commands::jobs::fetch_metrics(actor).await.ok()
+        }
+        _ => None,
+    };
     // The job has ended: its coordinator has nothing more to say.
     let _ = actor.stop().await;
-    let status = last.context("the job ended without a status")?;
     match status.state {
-        JobState::Succeeded => status
-            .summary
-            .context("a job that succeeded without a summary"),
+        JobState::Succeeded => Ok((
+            status
+                .summary
+                .context("a job that succeeded without a summary")?,
+            remote_metrics,
+        )),
         JobState::Cancelled => {
             let by = match status.stopped_by.as_deref() {
                 Some("SIGTERM") => "SIGTERM",
