@@ -372,9 +372,15 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
         }
         let view: Value = serde_json::from_slice(&out.stdout).ok()?;
         let ranks = view["ranks"].as_array()?.clone();
-        let waiting = ranks
-            .iter()
-            .any(|r| r["rank"] == 1 && r["phase"]["phase"] == "waiting_for_data");
+        // Waiting for data, with the shard its loader reads (a slow `pipe:` one).
+        let waiting = ranks.iter().any(|r| {
+            let reads_the_slow_pipe = r["phase"]["reading"].as_array().is_some_and(|shards| {
+                shards
+                    .iter()
+                    .any(|s| s["url"].as_str().is_some_and(|u| u.starts_with("pipe:sh")))
+            });
+            r["rank"] == 1 && r["phase"]["phase"] == "waiting_for_data" && reads_the_slow_pipe
+        });
         (waiting && ranks.len() == 2).then_some(ranks)
     });
     assert!(
@@ -384,8 +390,9 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
     let out = job.finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
     assert!(
-        out.stderr.contains("has been waiting for data for"),
-        "no live word of the rank the others wait for:\n{}",
+        out.stderr.contains("has been waiting for data for")
+            && out.stderr.contains(", reading pipe:sh -c 'sleep 3; cat "),
+        "no live word of the rank the others wait for and its shard:\n{}",
         out.describe()
     );
     let node = cluster.node_id;

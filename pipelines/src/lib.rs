@@ -46,7 +46,7 @@ pub use inspect::{
 };
 pub use loader::{
     Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,
-    SampleId, Transform, WorkerCursor,
+    ReadingNow, SampleId, ShardReading, Transform, WorkerCursor,
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard, shard_name};
 pub use plan::{

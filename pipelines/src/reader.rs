@@ -9,6 +9,7 @@
 use std::io::{self, Read};
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use crate::error::{ErrorPolicy, ShardError, escaped};
 use crate::members::Members;
@@ -101,9 +102,28 @@ impl SampleReader {
         stats: &mut ReadStats,
         visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ShardError> {
+        self.read_shard_counted(url, None, stats, visit)
+    }
+
+    /// [`read_shard`](Self::read_shard), adding the bytes received from the source (as
+    /// stored, before decompression) to `received` as they arrive.
+    pub fn read_shard_counted(
+        &self,
+        url: &str,
+        received: Option<Arc<AtomicU64>>,
+        stats: &mut ReadStats,
+        visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ShardError> {
         let stream = match self.sources.open(url) {
             Ok(stream) => stream,
             Err(error) => return self.handle_shard_error(error, stats),
+        };
+        let stream: crate::source::ShardStream = match received {
+            Some(counter) => Box::new(Counting {
+                inner: stream,
+                counter,
+            }),
+            None => stream,
         };
         let shard = ShardSamples::new(url, stream)
             .with_policy(self.policy)
@@ -453,6 +473,21 @@ impl Grouper {
     }
 }
 
+/// A stream that adds the bytes read through it to a shared counter.
+struct Counting {
+    inner: crate::source::ShardStream,
+    counter: Arc<AtomicU64>,
+}
+
+impl Read for Counting {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.counter
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +505,35 @@ mod tests {
                 .expect("append to memory");
         }
         builder.into_inner().expect("finish in memory")
+    }
+
+    #[test]
+    fn a_counted_read_says_how_many_bytes_came_from_the_source() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let bytes = tar_of(&[("a.cls", b"1"), ("a.txt", b"hello"), ("b.cls", b"2")]);
+        let path = dir.path().join("s.tar");
+        std::fs::write(&path, &bytes).expect("write");
+        let reader = SampleReader::new(crate::source::Sources::new(Default::default()));
+        let received = Arc::new(AtomicU64::new(0));
+        let mut stats = ReadStats::default();
+        let mut keys = Vec::new();
+        let _flow = reader
+            .read_shard_counted(
+                &path.display().to_string(),
+                Some(received.clone()),
+                &mut stats,
+                &mut |s| {
+                    keys.push(s.key.clone());
+                    ControlFlow::Continue(())
+                },
+            )
+            .expect("read");
+        assert_eq!(keys, ["a", "b"]);
+        // Every byte of the stored shard went through the counter.
+        assert_eq!(
+            received.load(std::sync::atomic::Ordering::Relaxed),
+            bytes.len() as u64
+        );
     }
 
     fn read(bytes: &[u8], policy: ErrorPolicy) -> (Result<Vec<Sample>, ShardError>, ReadStats) {

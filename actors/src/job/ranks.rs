@@ -93,9 +93,13 @@ pub(crate) fn hold_ups(views: &[RankView], late_secs: f64, told: &mut HashSet<u3
                     }
                     _ => "it computes slower than the others (a slower or busier machine)",
                 };
+                let reading = match phase.phase {
+                    Phase::WaitingForData => reading_now(&phase.reading),
+                    _ => String::new(),
+                };
                 Some(format!(
-                    "{name} has been {} for {:.0} s at step {} while the others wait for it \
-                     in the allreduce: {why}",
+                    "{name} has been {} for {:.0} s at step {}{reading} while the others wait \
+                     for it in the allreduce: {why}",
                     phase.describe(),
                     phase.seconds,
                     phase.step
@@ -110,6 +114,24 @@ pub(crate) fn hold_ups(views: &[RankView], late_secs: f64, told: &mut HashSet<u3
         }
     }
     said
+}
+
+/// `, reading URL (N bytes so far)` for the shards a rank's loader reads now.
+fn reading_now(reading: &[crate::train::phase::ShardRead]) -> String {
+    let shards: Vec<String> = reading
+        .iter()
+        .take(2)
+        .map(|r| format!("{} ({} bytes so far)", r.url, r.bytes))
+        .collect();
+    match shards.len() {
+        0 => String::new(),
+        _ if reading.len() > 2 => format!(
+            ", reading {} and {} more",
+            shards.join(", "),
+            reading.len() - 2
+        ),
+        _ => format!(", reading {}", shards.join(", ")),
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +149,11 @@ mod tests {
                 epoch: Some(0),
                 step: 7,
                 bucket: None,
+                reading: vec![crate::train::phase::ShardRead {
+                    worker: 0,
+                    url: "http://host/train-000123.tar".to_string(),
+                    bytes: 0,
+                }],
             }),
             problem: phase.is_none().then(|| "no answer within 2 s".to_string()),
         }
@@ -148,7 +175,10 @@ mod tests {
                     view(0, Some((Phase::Averaging, 9.0))),
                     view(1, Some((Phase::WaitingForData, 9.0))),
                 ],
-                &["rank 1 (node 2) has been waiting for data for 9 s at step 7"],
+                &[
+                    "rank 1 (node 2) has been waiting for data for 9 s at step 7, reading \
+                   http://host/train-000123.tar (0 bytes so far)",
+                ],
             ),
             // Not late enough yet.
             (

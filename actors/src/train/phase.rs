@@ -65,6 +65,17 @@ pub struct RankPhase {
     /// are.
     #[serde(default)]
     pub bucket: Option<(usize, usize)>,
+    /// The shards its loader workers read now, with the bytes received from each.
+    #[serde(default)]
+    pub reading: Vec<ShardRead>,
+}
+
+/// A shard a loader worker reads now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRead {
+    pub worker: u32,
+    pub url: String,
+    pub bytes: u64,
 }
 
 impl RankPhase {
@@ -95,6 +106,8 @@ struct Board {
     epoch: Option<u64>,
     step: u64,
     bucket: Option<(usize, usize)>,
+    /// The loader of the epoch in progress.
+    reading: Option<std::sync::Arc<pipelines::ReadingNow>>,
 }
 
 /// The board of this process: one trainer per worker process (each rank has a process
@@ -114,7 +127,15 @@ pub(crate) fn start(rank: u32) {
         epoch: None,
         step: 0,
         bucket: None,
+        reading: None,
     });
+}
+
+/// The epoch in progress reads through `reading` (none between epochs).
+pub(crate) fn reading(reading: Option<std::sync::Arc<pipelines::ReadingNow>>) {
+    if let Some(board) = board().as_mut() {
+        board.reading = reading;
+    }
 }
 
 /// The trainer enters `phase` now.
@@ -153,6 +174,21 @@ pub fn now() -> Option<RankPhase> {
         epoch: board.epoch,
         step: board.step,
         bucket: board.bucket,
+        reading: board
+            .reading
+            .as_ref()
+            .map(|reading| {
+                reading
+                    .snapshot()
+                    .into_iter()
+                    .map(|r| ShardRead {
+                        worker: r.worker,
+                        url: r.url,
+                        bytes: r.bytes,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 

@@ -591,6 +591,7 @@ impl Trainer {
                 cursor.as_ref(),
             )
             .map_err(|e| MethodError::fatal(format!("starting epoch {epoch}: {e}")))?;
+        phase::reading(Some(batches.reading()));
         self.running = Some(Running {
             epoch,
             batches,
@@ -691,6 +692,7 @@ impl Trainer {
                 shards: summarize_names(&running.shards.iter().collect::<Vec<_>>()),
             });
             self.running = None;
+            phase::reading(None);
         }
         Ok(reply)
     }

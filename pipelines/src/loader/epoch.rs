@@ -2,6 +2,7 @@
 //! the planned number of steps, the cursor and the counts kept.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +18,52 @@ const KEPT_PROBLEMS: usize = 32;
 
 /// Mixed into the plan's seed for the cross-worker shuffle.
 const MIX_STREAM: u64 = 0x4d49_5842_4154_4348;
+
+/// The shard each loader worker of an epoch reads now, and the bytes received from it so
+/// far: what a rank that waits for data waits for.
+#[derive(Debug, Default)]
+pub struct ReadingNow(Mutex<std::collections::BTreeMap<u32, (String, Arc<AtomicU64>)>>);
+
+/// One worker's shard in [`ReadingNow`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardReading {
+    pub worker: u32,
+    pub url: String,
+    pub bytes: u64,
+}
+
+impl ReadingNow {
+    /// What every worker reads now, by worker.
+    pub fn snapshot(&self) -> Vec<ShardReading> {
+        let reading = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        reading
+            .iter()
+            .map(|(&worker, (url, bytes))| ShardReading {
+                worker,
+                url: url.clone(),
+                bytes: bytes.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// `worker` starts reading `url`; returns the counter of its bytes.
+    pub(crate) fn start(&self, worker: u32, url: &str) -> Arc<AtomicU64> {
+        let counter = Arc::new(AtomicU64::new(0));
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(worker, (url.to_string(), counter.clone()));
+        counter
+    }
+
+    /// `worker` reads nothing now.
+    pub(crate) fn stop(&self, worker: u32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&worker);
+    }
+}
 
 /// What an epoch served and skipped, so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,6 +132,7 @@ pub struct EpochBatches {
     skip: u64,
     mix_seed: u64,
     stats: Arc<Mutex<EpochStats>>,
+    reading: Arc<ReadingNow>,
     finished: bool,
 }
 
@@ -130,6 +178,7 @@ impl EpochBatches {
         cursor.steps -= cursor.in_block;
         cursor.in_block = 0;
         let stats = Arc::new(Mutex::new(EpochStats::default()));
+        let reading = Arc::new(ReadingNow::default());
         let mut workers = Vec::with_capacity(rank_plan.workers.len());
         for (w, worker_plan) in rank_plan.workers.iter().enumerate() {
             let (out, batches) = sync_channel(config.queue_batches);
@@ -144,6 +193,7 @@ impl EpochBatches {
                 reader: reader.clone(),
                 resume: cursor.workers[w],
                 stats: stats.clone(),
+                reading: reading.clone(),
                 out,
             })?;
             workers.push(Worker {
@@ -164,6 +214,7 @@ impl EpochBatches {
             skip,
             mix_seed: derive_seed(plan.seed ^ MIX_STREAM, plan.epoch, rank.0, u32::MAX),
             stats,
+            reading,
             finished: false,
         })
     }
@@ -187,6 +238,12 @@ impl EpochBatches {
     /// Counts so far.
     pub fn stats(&self) -> EpochStats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The shards the rank's workers read now, readable from another thread while this
+    /// one waits for a batch.
+    pub fn reading(&self) -> Arc<ReadingNow> {
+        self.reading.clone()
     }
 
     fn next_batch(&mut self) -> Option<Result<Batch, LoaderError>> {

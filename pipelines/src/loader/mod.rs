@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 pub use batch::{Batch, Images, SampleId};
 pub use cursor::{RankCursor, WorkerCursor};
-pub use epoch::{EpochBatches, EpochStats};
+pub use epoch::{EpochBatches, EpochStats, ReadingNow, ShardReading};
 
 use crate::error::{ErrorPolicy, ShardError};
 use crate::plan::{Plan, PlanError, Rank};

@@ -8,7 +8,7 @@ use std::thread;
 
 use super::batch::{Batch, BufferPool, SampleId};
 use super::cursor::WorkerCursor;
-use super::epoch::EpochStats;
+use super::epoch::{EpochStats, ReadingNow};
 use super::shuffle::ShuffleBuffer;
 use super::{LoaderConfig, LoaderError, Transform};
 use crate::error::{ErrorPolicy, ShardError};
@@ -42,6 +42,7 @@ pub(crate) struct WorkerJob {
     pub reader: SampleReader,
     pub resume: WorkerCursor,
     pub stats: Arc<Mutex<EpochStats>>,
+    pub reading: Arc<ReadingNow>,
     pub out: SyncSender<WorkerMsg>,
 }
 
@@ -200,10 +201,15 @@ impl WorkerJob {
         let items = self.plan.items.clone();
         let reader = self.reader.clone();
         let stats = self.stats.clone();
+        let reading = self.reading.clone();
+        let worker = self.plan.worker.0;
         let name = format!("imgrun-read-r{}w{}", self.rank, self.plan.worker);
         thread::Builder::new()
             .name(name)
-            .spawn(move || read_items(&items, &reader, &tx, &stats))
+            .spawn(move || {
+                read_items(&items, &reader, &tx, &stats, &reading, worker);
+                reading.stop(worker);
+            })
             .map_err(|source| LoaderError::Thread { source })?;
         Ok(rx)
     }
@@ -216,32 +222,36 @@ fn read_items(
     reader: &SampleReader,
     tx: &SyncSender<ReadResult>,
     stats: &Mutex<EpochStats>,
+    reading: &ReadingNow,
+    worker: u32,
 ) {
     let mut read = ReadStats::default();
     for item in items {
         if item.take == Some(0) {
             continue;
         }
+        let received = reading.start(worker, &item.url);
         let stride = item.stride.max(1);
         let (mut position, mut taken) = (0u64, 0u64);
         let mut hung_up = false;
-        let result = reader.read_shard(&item.url, &mut read, &mut |sample| {
-            let at = position;
-            position += 1;
-            if at < item.start || (at - item.start) % stride != 0 {
-                return ControlFlow::Continue(());
-            }
-            if tx.send(Ok(sample)).is_err() {
-                hung_up = true;
-                return ControlFlow::Break(());
-            }
-            taken += 1;
-            if item.take.is_some_and(|take| taken >= take) {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
+        let result =
+            reader.read_shard_counted(&item.url, Some(received), &mut read, &mut |sample| {
+                let at = position;
+                position += 1;
+                if at < item.start || (at - item.start) % stride != 0 {
+                    return ControlFlow::Continue(());
+                }
+                if tx.send(Ok(sample)).is_err() {
+                    hung_up = true;
+                    return ControlFlow::Break(());
+                }
+                taken += 1;
+                if item.take.is_some_and(|take| taken >= take) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
         if let Some(expected) = item.samples.filter(|_| item.is_whole_shard())
             && (taken > expected || (!hung_up && result.is_ok() && taken < expected))
         {
