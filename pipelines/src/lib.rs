@@ -42,7 +42,7 @@ pub use error::{ErrorPolicy, ShardError, escaped};
 pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
 pub use index::{IndexError, IndexOptions, index_shards};
 pub use inspect::{
-    Problem, ShardSummary, VerifyChecks, VerifyReport, summarize_shard, verify_shard,
+    Problem, ShardSummary, VerifyChecks, VerifyReport, human_bytes, summarize_shard, verify_shard,
 };
 pub use loader::{
     Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,

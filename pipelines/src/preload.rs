@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::ShardError;
+use crate::inspect::human_bytes;
 use crate::manifest::shard_name;
 use crate::source::{Sources, local_path};
 
@@ -263,21 +264,6 @@ fn copy_one(dir: &Path, url: &str, sources: &Sources) -> Result<u64, PreloadErro
 fn free_space(dir: &Path) -> io::Result<u64> {
     let stat = rustix::fs::statvfs(dir)?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
-}
-
-fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < UNITS.len() {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 #[cfg(test)]
