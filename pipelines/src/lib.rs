@@ -45,8 +45,9 @@ pub use inspect::{
     Problem, ShardSummary, VerifyChecks, VerifyReport, human_bytes, summarize_shard, verify_shard,
 };
 pub use loader::{
-    Batch, EpochBatches, EpochStats, Images, Loader, LoaderConfig, LoaderError, RankCursor,
-    ReadingNow, SampleId, ShardReading, Transform, WorkerCursor,
+    Batch, EpochBatches, EpochStats, EpochTally, FrameDecoder, FrameError, Images, Loader,
+    LoaderConfig, LoaderError, RankCursor, ReadingNow, SampleId, ShardReading, Transform,
+    WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame,
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard, shard_name};
 pub use plan::{

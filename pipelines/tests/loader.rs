@@ -520,3 +520,116 @@ fn planned_batches_match_what_the_loader_serves_per_worker() {
         assert_eq!(per_worker, want, "rank {rank}");
     }
 }
+
+/// Runs workers in this process, but passes every batch through the frame encoding, as a
+/// loader actor and its trainer do; worker `cut` stops after `cut_after` frames, as a
+/// lost loader does, and is started again from the cursor of the last batch passed on.
+struct Framed {
+    loader: Loader,
+    cut: u32,
+    cut_after: usize,
+    restarts: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl pipelines::WorkerPlacement for Framed {
+    fn start(
+        &mut self,
+        run: pipelines::WorkerRun,
+        tally: &pipelines::EpochTally,
+    ) -> Result<std::sync::mpsc::Receiver<pipelines::WorkerMsg>, LoaderError> {
+        use pipelines::{FrameDecoder, WorkerMsg, WorkerRun, encode_frame};
+        use std::sync::mpsc::sync_channel;
+        let (tx, rx) = sync_channel(2);
+        let loader = self.loader.clone();
+        let tally = tally.clone();
+        let cut_after = (run.plan.worker.0 == self.cut).then_some(self.cut_after);
+        let restarts = self.restarts.clone();
+        std::thread::spawn(move || {
+            let start = |run: WorkerRun| {
+                let (remote_tx, remote_rx) = sync_channel(2);
+                let remote = pipelines::EpochTally::default();
+                loader
+                    .start_worker(run, &remote, remote_tx)
+                    .expect("worker starts");
+                (remote_rx, remote)
+            };
+            let mut decoder =
+                FrameDecoder::new(run.rank, run.plan.worker, run.transform, run.batch_size, 4)
+                    .expect("decoder");
+            let (mut remote_rx, mut remote) = start(run.clone());
+            let (mut header, mut reported) = (Vec::new(), pipelines::EpochStats::default());
+            let mut last = run.resume;
+            let mut frames = 0;
+            loop {
+                let Ok(msg) = remote_rx.recv() else { return };
+                if cut_after == Some(frames) {
+                    // The loader is lost with what it had in flight; start again from
+                    // the last batch passed on.
+                    drop(remote_rx);
+                    restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    (remote_rx, remote) = start(WorkerRun {
+                        resume: last,
+                        ..run.clone()
+                    });
+                    reported = pipelines::EpochStats::default();
+                    frames += 1;
+                    continue;
+                }
+                frames += 1;
+                let now = remote.stats();
+                let pixels =
+                    encode_frame(&msg, now.since(&reported), &mut header).expect("encodes");
+                reported = now;
+                let mut frame = decoder.buffer();
+                frame.clear();
+                frame.extend_from_slice(pixels);
+                frame.extend_from_slice(&header);
+                let (msg, stats) = decoder.decode(frame).expect("decodes");
+                tally.add(&stats);
+                let end = !matches!(msg, WorkerMsg::Batch(..));
+                if let WorkerMsg::Batch(_, cursor) = &msg {
+                    last = *cursor;
+                }
+                if tx.send(msg).is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+#[test]
+fn batches_through_frames_and_a_worker_restarted_mid_epoch_match_local_loading() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[23, 17, 30, 9, 21, 14]);
+    let planner = planned(shards, ClusterShape::new(1, 2, 3), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|c| c.mix_batches = 2);
+    for rank in 0..2 {
+        let local = run_epoch(&loader, &plan, rank, train(8));
+        for (cut, cut_after) in [(9, 0), (0, 0), (1, 2), (2, 3)] {
+            let restarts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let mut framed = Framed {
+                loader: loader.clone(),
+                cut,
+                cut_after,
+                restarts: restarts.clone(),
+            };
+            let placed: Vec<Seen> = loader
+                .epoch_placed(&plan, Rank(rank), train(8), None, &mut framed)
+                .expect("epoch starts")
+                .map(|b| seen(&b.expect("batch loads")))
+                .collect();
+            assert_eq!(
+                placed, local,
+                "rank {rank}, worker {cut} lost after {cut_after} frames"
+            );
+            let expected = u32::from(cut < 3);
+            assert_eq!(
+                restarts.load(std::sync::atomic::Ordering::Relaxed),
+                expected
+            );
+        }
+    }
+}

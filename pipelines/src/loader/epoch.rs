@@ -3,15 +3,15 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use super::batch::{Batch, Held};
 use super::cursor::{RankCursor, WorkerCursor};
-use super::worker::{self, WorkerJob, WorkerMsg};
-use super::{LoaderConfig, LoaderError, Transform};
+use super::worker::{EpochTally, WorkerMsg, WorkerRun};
+use super::{LoaderError, Transform};
 use crate::plan::{Plan, Rank, SplitMix64, derive_seed, mix64};
-use crate::reader::{ReadStats, SampleReader};
+use crate::reader::ReadStats;
 
 /// How many problems [`EpochStats`] keeps word for word; the rest are only counted.
 const KEPT_PROBLEMS: usize = 32;
@@ -66,7 +66,7 @@ impl ReadingNow {
 }
 
 /// What an epoch served and skipped, so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EpochStats {
     /// Samples handed out in batches.
     pub samples: u64,
@@ -96,6 +96,39 @@ impl EpochStats {
         self.skipped_shards += read.skipped_shards;
         for problem in read.problems {
             self.note(problem.to_string());
+        }
+    }
+
+    /// Adds `more` (counts gathered elsewhere) to these.
+    pub fn merge(&mut self, more: &EpochStats) {
+        self.samples += more.samples;
+        self.batches += more.batches;
+        self.empty_batches += more.empty_batches;
+        self.bad_samples += more.bad_samples;
+        self.skipped_in_shards += more.skipped_in_shards;
+        self.skipped_shards += more.skipped_shards;
+        for problem in &more.problems {
+            self.note(problem.clone());
+        }
+    }
+
+    /// What these counts gained since `earlier` (taken from the same tally): the
+    /// difference of every count and the problems kept after it.
+    pub fn since(&self, earlier: &EpochStats) -> EpochStats {
+        EpochStats {
+            samples: self.samples.saturating_sub(earlier.samples),
+            batches: self.batches.saturating_sub(earlier.batches),
+            empty_batches: self.empty_batches.saturating_sub(earlier.empty_batches),
+            bad_samples: self.bad_samples.saturating_sub(earlier.bad_samples),
+            skipped_in_shards: self
+                .skipped_in_shards
+                .saturating_sub(earlier.skipped_in_shards),
+            skipped_shards: self.skipped_shards.saturating_sub(earlier.skipped_shards),
+            problems: self
+                .problems
+                .get(earlier.problems.len()..)
+                .unwrap_or_default()
+                .to_vec(),
         }
     }
 
@@ -131,8 +164,7 @@ pub struct EpochBatches {
     /// Batches of the first block already handed out before a resume.
     skip: u64,
     mix_seed: u64,
-    stats: Arc<Mutex<EpochStats>>,
-    reading: Arc<ReadingNow>,
+    tally: EpochTally,
     finished: bool,
 }
 
@@ -142,13 +174,25 @@ struct Worker {
     done: bool,
 }
 
+/// Where a rank's loader workers run: each one's [`WorkerRun`] is started somewhere, and
+/// its messages arrive on the receiver returned. [`Loader::epoch`](super::Loader::epoch)
+/// runs them all in this process; a trainer fed by loader actors sends some elsewhere.
+pub trait WorkerPlacement {
+    /// Starts `run`; its counts go to `tally` (a remote worker's as it reports them).
+    fn start(
+        &mut self,
+        run: WorkerRun,
+        tally: &EpochTally,
+    ) -> Result<Receiver<WorkerMsg>, LoaderError>;
+}
+
 impl EpochBatches {
     pub(crate) fn start(
-        config: Arc<LoaderConfig>,
-        reader: SampleReader,
+        placement: &mut dyn WorkerPlacement,
         plan: &Plan,
         rank: Rank,
         transform: Transform,
+        mix_batches: usize,
         resume: Option<&RankCursor>,
     ) -> Result<Self, LoaderError> {
         let Some(rank_plan) = plan.ranks.get(rank.0 as usize) else {
@@ -165,7 +209,7 @@ impl EpochBatches {
                 field: "batch_size",
                 problem: format!("{} is not a usable batch size", plan.batch_size),
             })?;
-        let mix = config.mix_batches.max(1) as u64;
+        let mix = mix_batches.max(1) as u64;
         let mut cursor = match resume {
             Some(cursor) => {
                 cursor.check(plan, rank_plan, mix)?;
@@ -177,27 +221,20 @@ impl EpochBatches {
         let skip = cursor.in_block;
         cursor.steps -= cursor.in_block;
         cursor.in_block = 0;
-        let stats = Arc::new(Mutex::new(EpochStats::default()));
-        let reading = Arc::new(ReadingNow::default());
+        let tally = EpochTally::default();
         let mut workers = Vec::with_capacity(rank_plan.workers.len());
         for (w, worker_plan) in rank_plan.workers.iter().enumerate() {
-            let (out, batches) = sync_channel(config.queue_batches);
-            worker::spawn(WorkerJob {
+            let run = WorkerRun {
                 epoch: plan.epoch,
                 rank,
                 plan: worker_plan.clone(),
                 batch_size,
                 drop_partial: plan.drop_partial,
                 transform,
-                config: config.clone(),
-                reader: reader.clone(),
                 resume: cursor.workers[w],
-                stats: stats.clone(),
-                reading: reading.clone(),
-                out,
-            })?;
+            };
             workers.push(Worker {
-                batches,
+                batches: placement.start(run, &tally)?,
                 done: false,
             });
         }
@@ -213,8 +250,7 @@ impl EpochBatches {
             block: VecDeque::new(),
             skip,
             mix_seed: derive_seed(plan.seed ^ MIX_STREAM, plan.epoch, rank.0, u32::MAX),
-            stats,
-            reading,
+            tally,
             finished: false,
         })
     }
@@ -237,13 +273,13 @@ impl EpochBatches {
 
     /// Counts so far.
     pub fn stats(&self) -> EpochStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        self.tally.stats()
     }
 
     /// The shards the rank's workers read now, readable from another thread while this
     /// one waits for a batch.
     pub fn reading(&self) -> Arc<ReadingNow> {
-        self.reading.clone()
+        self.tally.reading()
     }
 
     fn next_batch(&mut self) -> Option<Result<Batch, LoaderError>> {
@@ -274,7 +310,7 @@ impl EpochBatches {
                 self.cursor.workers.clone_from(&self.positions);
                 self.cursor.turn = self.turn;
             }
-            if let Ok(mut stats) = self.stats.lock() {
+            if let Ok(mut stats) = self.tally.stats.lock() {
                 stats.samples += batch.len() as u64;
                 stats.batches += 1;
             }
@@ -289,7 +325,7 @@ impl EpochBatches {
                 self.transform.output(),
             );
             self.cursor.steps += 1;
-            if let Ok(mut stats) = self.stats.lock() {
+            if let Ok(mut stats) = self.tally.stats.lock() {
                 stats.empty_batches += 1;
             }
             return Some(Ok(empty));

@@ -24,13 +24,17 @@ mod batch;
 mod cursor;
 mod epoch;
 mod shuffle;
+mod wire;
 mod worker;
 
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 pub use batch::{Batch, Images, SampleId};
 pub use cursor::{RankCursor, WorkerCursor};
-pub use epoch::{EpochBatches, EpochStats, ReadingNow, ShardReading};
+pub use epoch::{EpochBatches, EpochStats, ReadingNow, ShardReading, WorkerPlacement};
+pub use wire::{FrameDecoder, FrameError, encode_frame};
+pub use worker::{EpochTally, WorkerMsg, WorkerRun};
 
 use crate::error::{ErrorPolicy, ShardError};
 use crate::plan::{Plan, PlanError, Rank};
@@ -144,6 +148,12 @@ pub enum LoaderError {
     },
     #[error("cannot resume: {problem}")]
     Cursor { problem: String },
+    #[error("rank {rank} loader worker {worker}: {message}")]
+    Remote {
+        rank: Rank,
+        worker: u32,
+        message: String,
+    },
     #[error("rank {rank} loader worker {worker} stopped without finishing its epoch")]
     WorkerLost { rank: Rank, worker: u32 },
     #[error("cannot start a loader thread: {source}")]
@@ -197,13 +207,50 @@ impl Loader {
         transform: Transform,
         resume: Option<&RankCursor>,
     ) -> Result<EpochBatches, LoaderError> {
+        self.epoch_placed(plan, rank, transform, resume, &mut self.clone())
+    }
+
+    /// [`Loader::epoch`], with each worker started by `placement` (which may run some of
+    /// them elsewhere and pass their batches here).
+    pub fn epoch_placed(
+        &self,
+        plan: &Plan,
+        rank: Rank,
+        transform: Transform,
+        resume: Option<&RankCursor>,
+        placement: &mut dyn WorkerPlacement,
+    ) -> Result<EpochBatches, LoaderError> {
         EpochBatches::start(
-            self.config.clone(),
-            self.reader.clone(),
+            placement,
             plan,
             rank,
             transform,
+            self.config.mix_batches,
             resume,
         )
+    }
+
+    /// Starts one worker in this process: its threads count into `tally` and send to
+    /// `out`, and stop at the end of the worker's epoch or when `out`'s receiver is gone.
+    pub fn start_worker(
+        &self,
+        run: WorkerRun,
+        tally: &EpochTally,
+        out: SyncSender<WorkerMsg>,
+    ) -> Result<(), LoaderError> {
+        worker::spawn(run, self.config.clone(), self.reader.clone(), tally, out)
+    }
+}
+
+/// Every worker in this process.
+impl WorkerPlacement for Loader {
+    fn start(
+        &mut self,
+        run: WorkerRun,
+        tally: &EpochTally,
+    ) -> Result<Receiver<WorkerMsg>, LoaderError> {
+        let (out, batches) = sync_channel(self.config.queue_batches);
+        self.start_worker(run, tally, out)?;
+        Ok(batches)
     }
 }

@@ -22,7 +22,7 @@ const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4531;
 
 /// What a worker sends its rank.
 #[derive(Debug)]
-pub(crate) enum WorkerMsg {
+pub enum WorkerMsg {
     /// A batch, and the worker's cursor once the batch is handed out.
     Batch(Batch, WorkerCursor),
     /// The worker's data (or its planned batches) is finished.
@@ -30,25 +30,96 @@ pub(crate) enum WorkerMsg {
     Failed(LoaderError),
 }
 
-/// Everything one worker needs for one epoch.
-pub(crate) struct WorkerJob {
+/// One loader worker's share of an epoch: what it reads (its part of the plan), how it
+/// batches and transforms, and where it starts. A rank's epoch makes one per worker; a
+/// loader elsewhere (a loader actor) gets one over the network and runs it the same way.
+#[derive(Debug, Clone)]
+pub struct WorkerRun {
     pub epoch: u64,
     pub rank: Rank,
     pub plan: WorkerPlan,
     pub batch_size: usize,
     pub drop_partial: bool,
     pub transform: Transform,
-    pub config: Arc<LoaderConfig>,
-    pub reader: SampleReader,
+    /// Where the worker starts: at the beginning, or after what its rank already took.
     pub resume: WorkerCursor,
-    pub stats: Arc<Mutex<EpochStats>>,
-    pub reading: Arc<ReadingNow>,
-    pub out: SyncSender<WorkerMsg>,
 }
 
-/// Starts the worker's threads. They stop by themselves at the end of the epoch, or as
-/// soon as the rank stops listening.
-pub(crate) fn spawn(job: WorkerJob) -> Result<(), LoaderError> {
+/// The counters one epoch's workers share with whoever reads them: what was skipped, and
+/// the shard each worker reads now.
+#[derive(Debug, Clone, Default)]
+pub struct EpochTally {
+    pub(crate) stats: Arc<Mutex<EpochStats>>,
+    pub(crate) reading: Arc<ReadingNow>,
+}
+
+impl EpochTally {
+    /// The counts so far.
+    pub fn stats(&self) -> EpochStats {
+        self.stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Adds counts gathered elsewhere (a remote worker's, since its last report).
+    pub fn add(&self, more: &EpochStats) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.merge(more);
+    }
+
+    /// Notes a problem that skipped nothing (a loader that moved, a count that was off).
+    pub fn note(&self, problem: String) {
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(problem);
+    }
+
+    pub fn reading(&self) -> Arc<ReadingNow> {
+        self.reading.clone()
+    }
+}
+
+/// Everything one worker needs for one epoch.
+struct WorkerJob {
+    epoch: u64,
+    rank: Rank,
+    plan: WorkerPlan,
+    batch_size: usize,
+    drop_partial: bool,
+    transform: Transform,
+    config: Arc<LoaderConfig>,
+    reader: SampleReader,
+    resume: WorkerCursor,
+    stats: Arc<Mutex<EpochStats>>,
+    reading: Arc<ReadingNow>,
+    out: SyncSender<WorkerMsg>,
+}
+
+/// Starts the threads of `run`, counting into `tally` and sending to `out`. They stop by
+/// themselves at the end of the worker's epoch, or as soon as `out`'s receiver is gone.
+pub(crate) fn spawn(
+    run: WorkerRun,
+    config: Arc<LoaderConfig>,
+    reader: SampleReader,
+    tally: &EpochTally,
+    out: SyncSender<WorkerMsg>,
+) -> Result<(), LoaderError> {
+    let job = WorkerJob {
+        epoch: run.epoch,
+        rank: run.rank,
+        plan: run.plan,
+        batch_size: run.batch_size,
+        drop_partial: run.drop_partial,
+        transform: run.transform,
+        config,
+        reader,
+        resume: run.resume,
+        stats: tally.stats.clone(),
+        reading: tally.reading.clone(),
+        out,
+    };
     let name = format!("imgrun-load-r{}w{}", job.rank, job.plan.worker);
     thread::Builder::new()
         .name(name)

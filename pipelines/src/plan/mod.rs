@@ -48,11 +48,15 @@ pub use rng::{SplitMix64, derive_seed, mix64};
 pub use shards::{PlanShard, WorkItem};
 
 /// A training process's index in the world (`0..world_size`), numbered node by node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Rank(pub u32);
 
 /// A loader worker's index within its rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct WorkerId(pub u32);
 
 impl fmt::Display for Rank {

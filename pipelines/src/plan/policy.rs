@@ -54,7 +54,7 @@ pub struct RankPlan {
 }
 
 /// One loader worker's epoch: read `items` in order, batch them, stop at the end.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerPlan {
     pub worker: WorkerId,
     /// Seed for the worker's own randomness (sample shuffling, augmentation), derived

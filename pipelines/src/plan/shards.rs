@@ -47,7 +47,7 @@ impl PlanShard {
 
 /// A piece of work for one loader worker: samples `start`, `start + stride`, ... of one
 /// shard, at most `take` of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkItem {
     pub url: String,
     /// First sample (0-based, in the shard's order).
