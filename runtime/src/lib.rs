@@ -11,6 +11,7 @@
 //! ([`RingGroup`]). It knows nothing about tch or shards.
 
 mod actor;
+mod auth;
 mod client;
 mod collective;
 mod daemon;
@@ -22,6 +23,7 @@ mod membership;
 mod node;
 mod placement;
 mod resources;
+mod secret;
 mod state;
 mod status;
 mod tls;
@@ -39,7 +41,8 @@ pub use client::{
     GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
-    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingSecret,
+    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingPurpose,
+    RingSecret,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
@@ -54,6 +57,7 @@ pub use placement::{
     ResourceTable, Resources, Strategy,
 };
 pub use resources::{DiscoverOptions, HostResources, NodeResources, discover, discover_host};
+pub use secret::{Secret, SecretPurpose};
 pub use state::{DaemonRecord, DaemonRole, HeadRecord, StateDir, StateError};
 pub use tls::{
     ALPN, CaCertificate, CaHash, ClientTls, ClusterCa, JoinToken, NodeCredentials, SERVER_NAME,
