@@ -8,10 +8,12 @@
 //! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]), placed and restarted
 //! by the head, spawned and reached from anywhere through [`ClusterClient::spawn`] and
 //! [`ActorRef`]; and the ring collectives trainers average gradients with
-//! ([`RingGroup`]). It knows nothing about tch or shards.
+//! ([`RingGroup`]); and the data channel that streams bulk bytes between a job's
+//! processes ([`channel`]). It knows nothing about tch or shards.
 
 mod actor;
 mod auth;
+pub mod channel;
 mod client;
 mod collective;
 mod daemon;
