@@ -8,9 +8,12 @@
 //! daemon ([`LocalActors`]) or in worker processes ([`WorkerPool`]), placed and restarted
 //! by the head, spawned and reached from anywhere through [`ClusterClient::spawn`] and
 //! [`ActorRef`]; and the ring collectives trainers average gradients with
-//! ([`RingGroup`]). It knows nothing about tch or shards.
+//! ([`RingGroup`]); and the data channel that streams bulk bytes between a job's
+//! processes ([`channel`]). It knows nothing about tch or shards.
 
 mod actor;
+mod auth;
+pub mod channel;
 mod client;
 mod collective;
 mod daemon;
@@ -22,6 +25,7 @@ mod membership;
 mod node;
 mod placement;
 mod resources;
+mod secret;
 mod state;
 mod status;
 mod tls;
@@ -39,7 +43,8 @@ pub use client::{
     GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
-    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingSecret,
+    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, RingGroup, RingPurpose,
+    RingSecret,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
@@ -54,6 +59,7 @@ pub use placement::{
     ResourceTable, Resources, Strategy,
 };
 pub use resources::{DiscoverOptions, HostResources, NodeResources, discover, discover_host};
+pub use secret::{Secret, SecretPurpose};
 pub use state::{DaemonRecord, DaemonRole, HeadRecord, StateDir, StateError};
 pub use tls::{
     ALPN, CaCertificate, CaHash, ClientTls, ClusterCa, JoinToken, NodeCredentials, SERVER_NAME,

@@ -38,6 +38,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, RootCertStore, SignatureScheme};
 use sha2::{Digest, Sha256};
 
+use crate::auth::{constant_time_eq, decode_hex, encode_hex};
+
 /// The DNS name in every cluster certificate, and the name every client asks for.
 pub const SERVER_NAME: &str = "imgrun";
 
@@ -693,36 +695,6 @@ fn civil_from_days(days: u64) -> (i32, u8, u8) {
     )
 }
 
-/// Equality of two byte strings in time that depends on their length only: no early exit
-/// at the first difference, so timing does not reveal how much of a guess was right.
-/// (`subtle` would do the same; this is all we need of it.)
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        // `black_box` keeps the optimiser from turning the loop back into an early exit.
-        diff |= std::hint::black_box(x ^ y);
-    }
-    diff == 0
-}
-
-fn encode_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    // `from_str_radix` alone would take a sign.
-    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
-        .collect()
-}
-
 /// Writes `dir/name` with mode 0600, atomically: a reader sees the old file or the new
 /// one, never half of it.
 fn write_private(dir: &Path, name: &str, contents: &[u8]) -> Result<(), TlsError> {
@@ -845,21 +817,6 @@ mod tests {
             "0123456789ABCDEF0123456789ABCDEF",
         ] {
             assert!(bad.parse::<JoinToken>().is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn constant_time_eq_is_equality() {
-        let cases: [(&[u8], &[u8], bool); 6] = [
-            (b"", b"", true),
-            (b"a", b"a", true),
-            (b"abc", b"abd", false),
-            (b"abc", b"ab", false),
-            (b"", b"a", false),
-            (b"xbc", b"abc", false),
-        ];
-        for (a, b, equal) in cases {
-            assert_eq!(constant_time_eq(a, b), equal, "{a:?} {b:?}");
         }
     }
 

@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rand::Rng;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, timeout_at};
 use tracing::{debug, warn};
 
 use super::{CollectiveError, RingSecret};
+use crate::auth::{self, constant_time_eq};
 
 /// An ordered, reliable byte pipe to the next rank of a ring and from the previous one.
 ///
@@ -358,7 +358,7 @@ fn io_reason(e: io::Error) -> String {
     e.to_string()
 }
 
-/// HMAC over the role and everything both sides agreed on, each part length-prefixed.
+/// HMAC over the role and everything both sides agreed on.
 fn proof(
     secret: &RingSecret,
     role: &[u8],
@@ -368,77 +368,22 @@ fn proof(
     nonce_c: &[u8],
     nonce_a: &[u8],
 ) -> [u8; 32] {
-    let mut message = Vec::with_capacity(128 + job.len());
-    for part in [
-        role,
-        job.as_bytes(),
-        &from.to_le_bytes(),
-        &to.to_le_bytes(),
-        nonce_c,
-        nonce_a,
-    ] {
-        message.extend_from_slice(&(part.len() as u32).to_le_bytes());
-        message.extend_from_slice(part);
-    }
-    hmac_sha256(secret.as_bytes(), &message)
-}
-
-/// HMAC-SHA256 (RFC 2104).
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block_key = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block_key[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block_key[..key.len()].copy_from_slice(key);
-    }
-    let inner = Sha256::new()
-        .chain_update(block_key.map(|b| b ^ 0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(block_key.map(|b| b ^ 0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    auth::proof(
+        secret.as_bytes(),
+        &[
+            role,
+            job.as_bytes(),
+            &from.to_le_bytes(),
+            &to.to_le_bytes(),
+            nonce_c,
+            nonce_a,
+        ],
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    #[test]
-    fn hmac_matches_rfc_4231() {
-        // Test cases 1, 2 and 6 (a key longer than the block).
-        let cases: [(&[u8], &[u8], &str); 3] = [
-            (
-                &[0x0b; 20],
-                b"Hi There",
-                "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
-            ),
-            (
-                b"Jefe",
-                b"what do ya want for nothing?",
-                "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
-            ),
-            (
-                &[0xaa; 131],
-                b"Test Using Larger Than Block-Size Key - Hash Key First",
-                "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
-            ),
-        ];
-        for (key, message, expected) in cases {
-            assert_eq!(hex(&hmac_sha256(key, message)), expected);
-        }
-    }
 
     #[test]
     fn proofs_bind_role_ranks_and_nonces() {

@@ -18,13 +18,14 @@
 mod link;
 mod ring;
 
-use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use link::Link;
 pub use ring::RingGroup;
+
+use crate::secret::{Secret, SecretPurpose};
 
 /// Default size of the chunks a segment is cut into on the wire.
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
@@ -50,30 +51,15 @@ impl Default for CollectiveOptions {
     }
 }
 
-/// The per-job secret that ring peers prove they know; never printed by `Debug`.
-#[derive(Clone)]
-pub struct RingSecret([u8; 32]);
+/// The per-job secret that ring peers prove they know (the head makes one per job).
+pub type RingSecret = Secret<RingPurpose>;
 
-impl RingSecret {
-    /// A fresh random secret (the head makes one per job).
-    pub fn random() -> Self {
-        use rand::Rng;
-        Self(rand::rng().random())
-    }
+/// Marks a [`Secret`] as a ring's.
+#[derive(Debug)]
+pub enum RingPurpose {}
 
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        Self(bytes)
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for RingSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RingSecret(..)")
-    }
+impl SecretPurpose for RingPurpose {
+    const NAME: &'static str = "RingSecret";
 }
 
 /// The collective operations, as named in errors and carried in headers.
