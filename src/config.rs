@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actors::train::{AllreduceChoice, LossScaling, ModelKind};
+use actors::train::{AllreduceChoice, Loaders, LossScaling, ModelKind};
 use anyhow::Context;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -54,6 +54,11 @@ pub struct DataConfig {
     pub seed: u64,
     /// Loader workers per trainer (a reader and a decoder thread each).
     pub loader_workers: u32,
+    /// Where they run: threads in the trainer's process, or loader actors on any node.
+    #[serde(deserialize_with = "choice")]
+    pub loaders: Loaders,
+    /// Loader actors of a job with remote loaders (0: one per trainer).
+    pub loader_actors: u32,
     pub shuffle_buffer: usize,
     pub queue_batches: usize,
     pub image_fields: Vec<String>,
@@ -214,6 +219,8 @@ pub struct TrainConfig {
     pub threads: u32,
     pub step_timeout_secs: u64,
     pub straggler_secs: f64,
+    /// Samples of every step into metrics.jsonl.
+    pub sample_log: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -596,6 +603,14 @@ fn validate(config: &Config) -> Result<(), Invalid> {
              \"/local/ssd/imgrun\"",
         ));
     }
+    if config.data.preload && config.data.loaders == Loaders::Remote {
+        return Err(invalid(
+            "data.preload",
+            "is true and data.loaders is \"remote\": a preload copies shards to the \
+             trainers' nodes, and remote loaders read on theirs. Use the shard cache \
+             (shards.cache_dir) on the loaders' nodes instead, or local loaders",
+        ));
+    }
     let cluster = &config.cluster;
     cluster
         .bind
@@ -900,6 +915,11 @@ mod tests {
             ("[train]\nprecision = \"fp16\"\n", "fp32 or amp"),
             ("[train]\nallreduce = \"mpi\"\n", "train.allreduce"),
             ("[shards]\nerror_policy = \"ignore\"\n", "`fail` or `skip`"),
+            ("[data]\nloaders = \"elsewhere\"\n", "local or remote"),
+            (
+                "[data]\nloaders = \"remote\"\npreload = true\npreload_dir = \"/x\"\n",
+                "shards.cache_dir",
+            ),
         ];
         for (text, want) in cases {
             let path = dir.path().join("cluster.toml");

@@ -497,6 +497,7 @@ pub fn actor_registry() -> runtime::ActorRegistry {
     let mut registry = runtime::diagnostic_registry();
     actors::train::register(&mut registry);
     actors::job::register(&mut registry);
+    actors::load::register(&mut registry);
     registry
 }
 

@@ -10,6 +10,7 @@ use runtime::{
 };
 
 use super::calls::{Rank, call_all, to_json};
+use super::loaders;
 use super::metrics::{Metrics, rewind};
 use super::steps::{RunningJob, Saved, StopControl, train_loop};
 use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
@@ -18,8 +19,9 @@ use super::{HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, Jo
 use crate::train::phase::MONITOR_KIND;
 use crate::train::{
     AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
-    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, MetricsRecord, PreloadReply,
-    PreloadRequest, ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord,
+    PreloadReply, PreloadRequest, ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr,
+    secret_hex,
 };
 
 pub use super::calls::RankCallError;
@@ -159,6 +161,9 @@ pub async fn run(
         "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
         world, listens[0].parameters, listens[0].device, steps_per_epoch, listens[0].total_steps
     ));
+    if job.data.loaders == Loaders::Remote {
+        loaders::start(client, trainers, &job, &job_name, &ranks, output, long).await?;
+    }
     let secret = runtime::RingSecret::random();
     let job_id = format!("{}", run_dir.display());
     let connects: Vec<ConnectReply> = call_all(
@@ -500,9 +505,13 @@ fn plan_lines(
             }
         ),
         format!(
-            "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each",
+            "  threads     {} libtorch thread(s) per trainer, {} loader worker(s) each{}",
             places.first().map_or(0, |p| p.threads),
-            job.data.loader_workers
+            job.data.loader_workers,
+            match job.data.loaders {
+                Loaders::Local => "",
+                Loaders::Remote => " in loader actors",
+            }
         ),
         format!(
             "  model       {} ({} classes)",

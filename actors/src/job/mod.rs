@@ -17,6 +17,7 @@ mod calls;
 mod coordinator;
 mod driver;
 mod error;
+mod loaders;
 mod metrics;
 mod output;
 mod ranks;
@@ -75,6 +76,10 @@ pub struct JobSettings {
     /// How far behind the quickest rank a rank may be in one step before it is named
     /// (0: never).
     pub straggler_secs: f64,
+    /// Write the samples of every rank's every step to `metrics.jsonl`
+    /// (`train.sample_log`), to audit that an epoch served each sample once.
+    #[serde(default)]
+    pub sample_log: bool,
     /// Where run folders are made.
     pub runs_dir: PathBuf,
     /// The run's name (its folder is `runs_dir/name`); empty: `run-<unix time>`.

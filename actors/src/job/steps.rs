@@ -16,8 +16,8 @@ use super::ranks::{RankView, hold_ups, rank_views};
 use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
-    JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SaveRequest, StepMetrics,
-    StepRecord, StepTiming, StopRecord, TrainReply, TrainRequest, late_rank,
+    JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
+    StepMetrics, StepRecord, StepTiming, StopRecord, TrainReply, TrainRequest, late_rank,
 };
 
 /// A checkpoint this job wrote or resumed from.
@@ -362,7 +362,11 @@ pub(super) async fn train_loop(
                 chunk,
                 &[train.checkpoint_every_steps, train.eval_every_steps],
             );
-            let request = TrainRequest { epoch, max_steps };
+            let request = TrainRequest {
+                epoch,
+                max_steps,
+                sample_ids: train.sample_log,
+            };
             let called = Instant::now();
             let called_at_s = started.elapsed().as_secs_f64();
             let replies: Vec<TrainReply> = {
@@ -460,6 +464,16 @@ pub(super) async fn train_loop(
                     loss_scale: step.loss_scale,
                     skipped: step.loss_scale.map(|_| step.skipped),
                 }))?;
+                if train.sample_log {
+                    for (rank, record) in ranks_records.iter().enumerate() {
+                        metrics.write(&MetricsRecord::Samples(SamplesRecord {
+                            epoch,
+                            step: step.step,
+                            rank: rank as u32,
+                            samples: record.sample_ids.clone(),
+                        }))?;
+                    }
+                }
                 sums.add(step.loss, step.accuracy, step.samples);
                 summary.first_loss.get_or_insert(step.loss);
                 summary.last_loss = Some(step.loss);
@@ -614,6 +628,7 @@ mod tests {
                 compute_s: 0.0,
                 allreduce_s,
             },
+            sample_ids: Vec::new(),
         };
         let (a, b) = (record(0.5, 0.1, 0.2), record(0.25, 0.3, 0.0));
         let figures = step_figures(64, &[&a, &b]);

@@ -27,17 +27,18 @@ pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{
-    DigestRequest, EvaluateRequest, ListenRequest, PreloadReply, PreloadRequest, TrainerMethod,
+    DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest, PreloadReply,
+    PreloadRequest, TrainerMethod,
 };
 pub use records::{
-    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, StepMetrics,
-    StopRecord,
+    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, SamplesRecord,
+    StepMetrics, StopRecord,
 };
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{
-    AllreduceChoice, DataSpec, DeviceSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, ShardSet,
-    SourceSpec, TrainPlanner, TrainerInit,
+    AllreduceChoice, DataSpec, DeviceSpec, JobSpec, Loaders, ModelSpec, OptimSpec, ScheduleSpec,
+    ShardSet, SourceSpec, TrainPlanner, TrainerInit,
 };
 pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{

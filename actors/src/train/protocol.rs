@@ -41,6 +41,26 @@ impl TrainerMethod for PreloadRequest {
     type Reply = PreloadReply;
 }
 
+/// Feeds the rank's loader workers from loader actors (`data.loaders = "remote"`): each
+/// worker's loader actor (`None`: the worker runs in the trainer's process) and the job's
+/// data channel secret, in hex. From the next epoch started on.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct LoadersRequest {
+    pub loaders: Vec<Option<std::net::SocketAddr>>,
+    pub secret: String,
+}
+
+/// Workers the rank's loader actors run.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct LoadersReply {
+    pub remote_workers: u32,
+}
+
+impl TrainerMethod for LoadersRequest {
+    const NAME: &'static str = "loaders";
+    type Reply = LoadersReply;
+}
+
 /// Opens the trainer's ring port (and, between CUDA trainers, an NCCL id).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ListenRequest {}
@@ -85,9 +105,10 @@ impl TrainerMethod for DigestRequest {
 }
 
 /// Every method's name, for an error about one that does not exist.
-pub const METHODS: [&str; 8] = [
+pub const METHODS: [&str; 9] = [
     super::phase::PhaseRequest::NAME,
     PreloadRequest::NAME,
+    LoadersRequest::NAME,
     ListenRequest::NAME,
     ConnectRequest::NAME,
     TrainRequest::NAME,

@@ -23,6 +23,8 @@ pub enum MetricsRecord {
     Stop(StopRecord),
     /// A rank that held the others up in a step (`train.straggler_secs`).
     Late(LateRecord),
+    /// The samples one rank trained on in one step (`train.sample_log`).
+    Samples(SamplesRecord),
     /// A kind from a newer version, kept in the file and skipped by readers.
     #[serde(other)]
     Unknown,
@@ -39,6 +41,7 @@ impl MetricsRecord {
             Self::Epoch(_) => "epoch",
             Self::Stop(_) => "stop",
             Self::Late(_) => "late",
+            Self::Samples(_) => "samples",
             Self::Unknown => "unknown",
         }
     }
@@ -187,6 +190,15 @@ pub struct LateRecord {
     /// How much longer its own work took than the quickest rank's.
     pub behind_s: f64,
     pub cause: super::straggler::LateCause,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplesRecord {
+    pub epoch: u64,
+    pub step: u64,
+    pub rank: u32,
+    /// Each sample as `URL#key`, in the batch's order.
+    pub samples: Vec<String>,
 }
 
 /// A number, or `null` read as NaN (how JSON carries a NaN loss).

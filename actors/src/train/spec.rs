@@ -104,6 +104,13 @@ pub struct DataSpec {
     pub seed: u64,
     /// Loader workers per trainer.
     pub loader_workers: u32,
+    /// Where they run (`data.loaders`).
+    #[serde(default)]
+    pub loaders: Loaders,
+    /// Loader actors of a job whose loaders are remote (`data.loader_actors`; 0: one per
+    /// trainer).
+    #[serde(default)]
+    pub loader_actors: u32,
     pub shuffle_buffer: usize,
     pub queue_batches: usize,
     pub image_fields: Vec<String>,
@@ -178,6 +185,39 @@ pub struct OptimSpec {
     pub loss_scale_init: f64,
     /// How gradients are averaged.
     pub allreduce: AllreduceChoice,
+}
+
+/// Where a trainer's loader workers run (`data.loaders`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Loaders {
+    /// Threads in the trainer's process.
+    #[default]
+    Local,
+    /// Loader actors, placed by the CPUs they reserve on any node (CPU-only ones too),
+    /// streaming `u8` batches to their trainers.
+    Remote,
+}
+
+impl std::str::FromStr for Loaders {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "local" => Ok(Self::Local),
+            "remote" => Ok(Self::Remote),
+            other => Err(format!("`{other}`: expected local or remote")),
+        }
+    }
+}
+
+impl Loaders {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Remote => "remote",
+        }
+    }
 }
 
 /// Which collective averages the gradients (`train.allreduce`).
@@ -456,6 +496,8 @@ mod tests {
             samples_per_shard: None,
             seed: 0,
             loader_workers: 1,
+            loaders: Loaders::Local,
+            loader_actors: 0,
             shuffle_buffer: 100,
             queue_batches: 2,
             image_fields: vec!["jpg".into()],

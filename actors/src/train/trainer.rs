@@ -32,8 +32,8 @@ use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
-    DigestRequest, EvaluateRequest, ListenRequest, METHODS, PreloadReply, PreloadRequest,
-    TrainerMethod,
+    DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest, METHODS,
+    PreloadReply, PreloadRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -104,6 +104,9 @@ pub struct ConnectReply {
 pub struct TrainRequest {
     pub epoch: u64,
     pub max_steps: u64,
+    /// Reply with each step's sample ids (`train.sample_log`).
+    #[serde(default)]
+    pub sample_ids: bool,
 }
 
 /// One optimiser step, as every rank saw it (loss and accuracy are global means).
@@ -125,6 +128,9 @@ pub struct StepRecord {
     /// How long the step took on the rank that replies (the one figure here that differs
     /// between ranks).
     pub timing: StepTiming,
+    /// The replying rank's samples in this step, as `URL#key`, when the job asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample_ids: Vec<String>,
 }
 
 /// One rank's wall time for one step, and how it went.
@@ -236,6 +242,8 @@ struct Trainer {
     std: Tensor,
     /// The copies this node's shards are being preloaded into (`data.preload`).
     preloader: Option<pipelines::Preloader>,
+    /// The loader actors that run this rank's loader workers (`data.loaders = "remote"`).
+    remote: Option<crate::load::RemoteWorkers>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -344,9 +352,32 @@ impl Trainer {
             mean,
             std,
             preloader: None,
+            remote: None,
             init,
             data_ip: ctx.data_ip(),
         })
+    }
+
+    fn use_loaders(&mut self, request: LoadersRequest) -> Result<LoadersReply, MethodError> {
+        let workers = self.init.job.data.loader_workers.max(1) as usize;
+        if request.loaders.len() != workers {
+            return Err(MethodError::new(format!(
+                "rank {}: {} loader addresses for {workers} loader workers",
+                self.init.rank,
+                request.loaders.len()
+            )));
+        }
+        let secret = runtime::channel::ChannelSecret::from_hex(&request.secret)
+            .map_err(|e| MethodError::new(format!("the data channel secret: {e}")))?;
+        let remote = crate::load::RemoteWorkers::new(
+            self.loader.clone(),
+            request.loaders,
+            secret,
+            self.init.job.data.queue_batches,
+        );
+        let remote_workers = remote.remote_workers() as u32;
+        self.remote = Some(remote);
+        Ok(LoadersReply { remote_workers })
     }
 
     fn listen(&mut self) -> Result<ListenReply, MethodError> {
@@ -582,15 +613,18 @@ impl Trainer {
         }
         let cursor = self.resume_cursor.take().filter(|c| c.epoch == epoch);
         let steps = cursor.as_ref().map_or(0, |c| c.steps);
-        let batches = self
-            .loader
-            .epoch(
-                &plan,
-                Rank(self.init.rank),
-                self.init.job.data.train_transform(epoch),
-                cursor.as_ref(),
-            )
-            .map_err(|e| MethodError::fatal(format!("starting epoch {epoch}: {e}")))?;
+        let (rank, transform) = (
+            Rank(self.init.rank),
+            self.init.job.data.train_transform(epoch),
+        );
+        let batches = match self.remote.as_mut() {
+            Some(remote) => {
+                self.loader
+                    .epoch_placed(&plan, rank, transform, cursor.as_ref(), remote)
+            }
+            None => self.loader.epoch(&plan, rank, transform, cursor.as_ref()),
+        }
+        .map_err(|e| MethodError::fatal(format!("starting epoch {epoch}: {e}")))?;
         phase::reading(Some(batches.reading()));
         self.running = Some(Running {
             epoch,
@@ -665,6 +699,9 @@ impl Trainer {
             let data_wait_s = step_started.elapsed().as_secs_f64();
             phase::enter(Phase::Computing);
             let mut step = self.step(&batch)?;
+            if request.sample_ids {
+                step.sample_ids = batch.ids.iter().map(ToString::to_string).collect();
+            }
             step.timing.data_wait_s = data_wait_s;
             step.timing.seconds = step_started.elapsed().as_secs_f64();
             reply.data_wait_s += step.timing.data_wait_s;
@@ -773,6 +810,7 @@ impl Trainer {
                 allreduce_s: stats.wait.as_secs_f64(),
                 ..StepTiming::default()
             },
+            sample_ids: Vec::new(),
         })
     }
 
@@ -919,6 +957,7 @@ impl Trainer {
             }),
             ListenRequest::NAME => answer(payload, |_: ListenRequest| self.listen()),
             PreloadRequest::NAME => answer(payload, |request| self.preload(request)),
+            LoadersRequest::NAME => answer(payload, |request| self.use_loaders(request)),
             ConnectRequest::NAME => answer(payload, |request| self.connect(request)),
             TrainRequest::NAME => answer(payload, |request| self.train(request)),
             EvaluateRequest::NAME => answer(payload, |_: EvaluateRequest| self.evaluate()),

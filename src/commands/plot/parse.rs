@@ -138,6 +138,7 @@ impl Metrics {
             MetricsRecord::Connect(_)
             | MetricsRecord::Stop(_)
             | MetricsRecord::Late(_)
+            | MetricsRecord::Samples(_)
             | MetricsRecord::Unknown => {}
         }
         Ok(())
