@@ -8,7 +8,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::train::{Finished, JOB_LIMIT, TrainCluster, metrics, replica_digest, workers_of};
+use common::train::{
+    Finished, JOB_LIMIT, Job, TrainCluster, metrics, printed_resume_command, replica_digest,
+    workers_of,
+};
 use common::wait_for;
 use rustix::process::{Signal, kill_process};
 
@@ -60,6 +63,16 @@ fn node_after(finished: &Finished, prefix: &str) -> u64 {
     digits
         .parse()
         .unwrap_or_else(|_| panic!("no node number in {line:?}"))
+}
+
+/// The training set through a command that waits a second before each shard, and its
+/// manifest: a worker's epoch takes seconds.
+fn slow_shards(cluster: &TrainCluster) -> [String; 2] {
+    let dir = cluster.data.train_dir.display().to_string();
+    [
+        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
+        format!("data.manifest=\"{dir}/manifest.json\""),
+    ]
 }
 
 /// Each sample of the training set once per epoch: the union of every step's samples of
@@ -119,14 +132,10 @@ fn a_loader_actor_killed_mid_epoch_loses_and_repeats_no_sample() {
     let cluster = TrainCluster::start();
     let total: u64 = cluster.train_counts().iter().sum();
     let epochs = 2;
-    // Each shard through a command that waits a second first: a worker's epoch takes
-    // seconds, so the loader is killed with most of it ahead.
-    let dir = cluster.data.train_dir.display().to_string();
-    let slow =
-        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\"");
-    let manifest = format!("data.manifest=\"{dir}/manifest.json\"");
+    // A worker's epoch takes seconds, so the loader is killed with most of it ahead.
+    let slow = slow_shards(&cluster);
     let mut sets = SETS.to_vec();
-    sets.extend([slow.as_str(), manifest.as_str()]);
+    sets.extend(slow.iter().map(String::as_str));
     let local = cluster.job("local", epochs, &sets, false).finish(JOB_LIMIT);
     assert!(local.status.success(), "{}", local.describe());
 
@@ -171,6 +180,40 @@ fn a_loader_actor_killed_mid_epoch_loses_and_repeats_no_sample() {
     assert_eq!(
         killed_seen, local_seen,
         "the batches after the loss should be the ones the loader would have sent"
+    );
+    cluster.assert_settled();
+}
+
+#[test]
+fn a_job_stopped_with_remote_loaders_resumes_with_local_ones_on_the_same_samples() {
+    let cluster = TrainCluster::start();
+    let total: u64 = cluster.train_counts().iter().sum();
+    let epochs = 2;
+    let slow = slow_shards(&cluster);
+    let mut sets = SETS.to_vec();
+    sets.extend(slow.iter().map(String::as_str));
+    let whole = cluster.job("whole", epochs, &sets, false).finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+
+    sets.push("data.loaders=\"remote\"");
+    let mut job = cluster.job("cut", epochs, &sets, false);
+    cluster.wait_for_steps(&mut job, "cut", 2);
+    job.signal(Signal::INT);
+    let cut = job.finish(JOB_LIMIT);
+    assert_eq!(cut.status.code(), Some(130), "{}", cut.describe());
+    let run = cluster.runs.join("cut");
+    let command = printed_resume_command(&cut.stderr, &run);
+    cluster.assert_settled();
+
+    // The same run, continued with the loaders in the trainer's process.
+    let command = format!("{command} --set 'data.loaders=\"local\"'");
+    let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    let (whole_seen, cut_seen) = (samples(&cluster, "whole"), samples(&cluster, "cut"));
+    assert_each_sample_once(&cut_seen, epochs, total);
+    assert_eq!(
+        cut_seen, whole_seen,
+        "a run stopped and resumed elsewhere should see the uninterrupted run's samples"
     );
     cluster.assert_settled();
 }
