@@ -3,15 +3,16 @@
 # CPUs it reserves, fed by W loader workers, either as threads in its own process
 # (data.loaders = "local") or run by K loader actors that the head places on a second,
 # CPU-only node (data.loaders = "remote"), their uint8 batches sent over data channels.
-# The model is the small CNN (width 8), so the loader is what limits images/s. Prints,
-# side by side, images/s, images/s per loader worker and the trainer's data wait.
+# The model is the small CNN (width 8) on one libtorch thread at SIZE px, so the loader
+# is what limits images/s. Prints, side by side, images/s, images/s per loader worker
+# and the trainer's data wait.
 #
 #   tools/loader_bench.sh [WORKERS...]        # default: 1 2
 #
 # Needs target/release/imgrun (`cargo build --release --bin imgrun`). DATA (default
 # /tmp/imgrun-loader-bench) holds the shards, made once: JPEGs of 256 px from
 # ../shared/data/photos (each photo many times over, 4 classes), else synthetic ones.
-# SIZE (default 160) is the train crop, EPOCHS (default 2) the epochs per run; the first
+# SIZE (default 32) is the train crop, EPOCHS (default 3) the epochs per run; the first
 # epoch is left out of the figures. Both nodes are daemons on this machine, so the
 # cores they use are the same ones: this measures what placing the loaders in other
 # processes and sending their batches costs, not what more cores would give.
@@ -19,8 +20,8 @@ set -euo pipefail
 
 workers=("$@")
 [ ${#workers[@]} -eq 0 ] && workers=(1 2)
-size=${SIZE:-160}
-epochs=${EPOCHS:-2}
+size=${SIZE:-32}
+epochs=${EPOCHS:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 imgrun=${IMGRUN:-$root/target/release/imgrun}
 data=${DATA:-/tmp/imgrun-loader-bench}
@@ -41,7 +42,7 @@ if [ ! -f "$data/train.spec" ]; then
     if ls "$photos"/*.jpg "$photos"/*.png >/dev/null 2>&1; then
         echo "== making shards from $photos (JPEG, shorter side 256)"
         n=0
-        for copy in $(seq 1 40); do
+        for copy in $(seq 1 100); do
             for photo in "$photos"/*.jpg "$photos"/*.png; do
                 class=$((n % 4))
                 mkdir -p "$data/src/c$class"
@@ -79,7 +80,7 @@ run() { # NAME LOADERS WORKERS ACTORS
         --set "data.loaders=\"$2\"" --set "data.loader_workers=$3" \
         --set "data.loader_actors=$4" --set "data.image_size=$size" \
         --set "data.eval_size=$size" --set 'model.name="small_cnn"' --set 'model.width=8' \
-        --set 'train.batch_size=64' --set 'train.cpu_trainers=1' \
+        --set 'train.batch_size=64' --set 'train.cpu_trainers=1' --set 'train.threads=1' \
         --set "train.runs_dir=\"$work/runs\"" --set 'train.eval_every_epochs=0' \
         --set 'train.checkpoint_every_epochs=0' >"$work/$1.log" 2>&1 ||
         { cat "$work/$1.log"; exit 1; }
