@@ -20,6 +20,7 @@ pub struct Config {
     pub shards: ShardsConfig,
     pub serve: ServeConfig,
     pub cluster: ClusterConfig,
+    pub launch: LaunchConfig,
     pub data: DataConfig,
     pub model: ModelConfig,
     pub train: TrainConfig,
@@ -249,6 +250,45 @@ pub struct ServeConfig {
     pub header_timeout_secs: u64,
     pub send_timeout_secs: u64,
     pub follow_links: bool,
+}
+
+/// `[launch]`: `imgrun train` started by torchrun or Slurm on every node or rank.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchConfig {
+    #[serde(deserialize_with = "choice")]
+    pub launcher: Launcher,
+    /// Where process 0 leaves the join line for the others (empty: `<runs_dir>/.rendezvous`).
+    pub rendezvous_dir: String,
+    /// The head's UDP port under Slurm (0: 29400 + the job id modulo 500); torchrun's is
+    /// MASTER_PORT.
+    pub port: u16,
+    /// How long the processes wait for each other.
+    pub timeout_secs: u64,
+}
+
+/// `launch.launcher`: which launcher's environment `imgrun train` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// torchrun's variables when set, else Slurm's inside a step of several tasks.
+    Auto,
+    None,
+    Torchrun,
+    Slurm,
+}
+
+impl std::str::FromStr for Launcher {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::None),
+            "torchrun" => Ok(Self::Torchrun),
+            "slurm" => Ok(Self::Slurm),
+            other => Err(format!("`{other}`: expected auto, none, torchrun or slurm")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

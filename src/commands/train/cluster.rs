@@ -11,10 +11,20 @@ use crate::config::Config;
 pub(super) struct Cluster {
     pub(super) client: ClusterClient,
     pub(super) embedded: Option<(runtime::Head, tempfile::TempDir)>,
+    /// Under a launcher: the rendezvous file the other processes joined through.
+    rendezvous: Option<std::path::PathBuf>,
 }
 
 impl Cluster {
     pub(super) async fn connect(config: &Config, options: &JobOptions) -> anyhow::Result<Self> {
+        if let Some(launch) = &options.launch {
+            let led = super::launch::lead(config, launch).await?;
+            return Ok(Self {
+                client: led.client,
+                embedded: Some((led.head, led.dir)),
+                rendezvous: Some(led.rendezvous),
+            });
+        }
         let state = crate::commands::cluster::state_dir(&config.cluster)?;
         if !options.embedded {
             match ClusterClient::connect(&state, options.address.as_deref()).await {
@@ -23,6 +33,7 @@ impl Cluster {
                     return Ok(Self {
                         client,
                         embedded: None,
+                        rendezvous: None,
                     });
                 }
                 Err(runtime::DaemonError::NoHead { .. }) if options.address.is_none() => {}
@@ -60,10 +71,14 @@ impl Cluster {
         Ok(Self {
             client,
             embedded: Some((head, dir)),
+            rendezvous: None,
         })
     }
 
     pub(super) async fn shutdown(self) {
+        if let Some(rendezvous) = &self.rendezvous {
+            super::launch::finish(&self.client, rendezvous).await;
+        }
         if let Some((head, _dir)) = self.embedded {
             head.stop().await;
         }

@@ -8,6 +8,7 @@
 //! that continues the run.
 
 mod cluster;
+mod launch;
 mod render;
 mod spec;
 mod submit;
@@ -85,11 +86,28 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
     if let Some(name) = &args.name {
         train.name = name.clone();
     }
+    let launch = launch::detect(&loaded.config.launch, &|name| std::env::var(name).ok())?;
+    if let Some(launch) = &launch {
+        anyhow::ensure!(
+            !args.detach && args.address.is_none(),
+            "--detach and --address do not apply to a job started by {} (launch.launcher): \
+             its processes are the job's cluster",
+            if launch.kind == launch::LauncherKind::Torchrun {
+                "torchrun"
+            } else {
+                "slurm"
+            }
+        );
+        if launch.rank != 0 {
+            return launch::follow(&loaded.config, launch);
+        }
+    }
     let options = JobOptions {
         address: args.address,
         embedded: args.embedded,
         resume: args.resume,
         plot: !args.no_plot,
+        launch,
     };
     if args.detach {
         let request = job_request(&loaded.config, options.resume.clone())?;
@@ -133,6 +151,8 @@ pub struct JobOptions {
     pub embedded: bool,
     pub resume: Option<PathBuf>,
     pub plot: bool,
+    /// Started by a launcher, as its process 0 (`launch.rs`).
+    pub launch: Option<launch::Launch>,
 }
 
 /// 128 + the signal's number, as a shell reports a process the signal ended.

@@ -1,0 +1,157 @@
+//! End-to-end tests of `imgrun train` started by a launcher on every rank, with no
+//! `imgrun start`: local processes with the environment torchrun gives them, and with
+//! the one Slurm's `srun` gives them, train the small CNN together with identical
+//! replicas; a process of the job that dies fails the job, naming it.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::train::{Dataset, Finished, JOB_LIMIT, Job};
+use rustix::process::{Signal, kill_process};
+
+/// A UDP port free on loopback now.
+fn free_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
+    socket.local_addr().expect("its address").port()
+}
+
+/// `imgrun train` as launcher process `rank`, with `vars` as its launcher's environment.
+fn process(root: &Path, data: &Dataset, rank: usize, vars: &[(String, String)]) -> Job {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
+    command
+        .args(data.args(&root.join("runs"), "launched", 2))
+        .args(["--no-plot", "--set", "train.eval_every_epochs=0"])
+        .env_remove("IMGRUN_LOG")
+        .env("IMGRUN_STATE_DIR", root.join(format!("state-{rank}")))
+        .env("IMGRUN_CLUSTER__HEARTBEAT_MS", "200")
+        .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", "3000")
+        .env("IMGRUN_LAUNCH__TIMEOUT_SECS", "60")
+        .envs(vars.iter().map(|(k, v)| (k, v)));
+    Job::spawn(command, root)
+}
+
+fn vars(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn torchrun(rank: usize, world: usize, port: u16, id: &str) -> Vec<(String, String)> {
+    vars(&[
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", id.to_string()),
+    ])
+}
+
+fn slurm(rank: usize, world: usize, port: u16, job: u32) -> Vec<(String, String)> {
+    vars(&[
+        ("SLURM_JOB_ID", job.to_string()),
+        ("SLURM_STEP_ID", "0".to_string()),
+        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", world.to_string()),
+        ("SLURM_LOCALID", rank.to_string()),
+        ("SLURM_NODEID", "0".to_string()),
+        ("SLURM_JOB_NODELIST", "localhost".to_string()),
+        ("SLURM_TASKS_PER_NODE", world.to_string()),
+        ("IMGRUN_LAUNCH__PORT", port.to_string()),
+    ])
+}
+
+/// Runs the job's processes to their end; returns what each printed, by rank.
+fn run_all(
+    root: &Path,
+    data: &Dataset,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Finished> {
+    let jobs: Vec<Job> = (0..2).map(|r| process(root, data, r, &env(r))).collect();
+    jobs.into_iter()
+        .map(|mut job| job.finish(JOB_LIMIT))
+        .collect()
+}
+
+fn assert_trained_together(finished: &[Finished]) {
+    for (rank, done) in finished.iter().enumerate() {
+        assert!(
+            done.status.success(),
+            "process {rank}:\n{}",
+            done.describe()
+        );
+    }
+    let leader = &finished[0].stdout;
+    assert!(
+        leader.contains("launch: all 2 processes joined"),
+        "{}",
+        finished[0].describe()
+    );
+    assert!(
+        leader.contains("2 CPU trainer(s) on node"),
+        "two trainers, one per process:\n{leader}"
+    );
+    assert!(
+        leader.contains("replicas: identical on all 2 ranks"),
+        "the job checks its replicas:\n{leader}"
+    );
+    assert!(
+        finished[1]
+            .stdout
+            .contains("the job's head stopped this node"),
+        "{}",
+        finished[1].describe()
+    );
+}
+
+#[test]
+fn processes_started_as_torchrun_starts_them_train_one_job() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let port = free_port();
+    let id = format!("t{}", std::process::id());
+    let finished = run_all(root.path(), &data, |r| torchrun(r, 2, port, &id));
+    assert_trained_together(&finished);
+    let rendezvous = root.path().join("runs/.rendezvous");
+    let left: Vec<_> = std::fs::read_dir(&rendezvous)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "rendezvous files left behind: {left:?}");
+}
+
+#[test]
+fn processes_started_as_srun_starts_them_train_one_job() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let port = free_port();
+    let finished = run_all(root.path(), &data, |r| {
+        slurm(r, 2, port, std::process::id())
+    });
+    assert_trained_together(&finished);
+}
+
+#[test]
+fn a_process_of_the_job_that_dies_fails_the_job_naming_its_node() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let port = free_port();
+    let id = format!("k{}", std::process::id());
+    let mut leader = process(root.path(), &data, 0, &torchrun(0, 2, port, &id));
+    let follower = process(root.path(), &data, 1, &torchrun(1, 2, port, &id));
+    let run = root.path().join("runs/launched");
+    common::train::wait_for_steps(&mut leader, &run, 2);
+    let pid = common::pid_of(follower.pid()).expect("the follower's pid");
+    kill_process(pid, Signal::KILL).expect("kill process 1");
+    let done = leader.finish(JOB_LIMIT);
+    assert!(!done.status.success(), "{}", done.describe());
+    assert!(
+        done.stderr.contains("node") && done.stderr.contains("rank 1"),
+        "the job should name the rank and node it lost:\n{}",
+        done.describe()
+    );
+    drop(follower);
+}
