@@ -34,8 +34,8 @@ pub(crate) struct Pixels<'a> {
 
 /// Resamples `area` of `source` to `out_width x out_height` RGB8 into `out`, with
 /// `fast_image_resize`'s SIMD convolution: PIL's bilinear filter, in 8-bit fixed point.
-/// The box is clamped to the image first. Fails only if `source` or `out` is shorter
-/// than its dimensions say.
+/// The box is clamped to the image first. Fails only if `source` is empty or `source`
+/// or `out` is shorter than its dimensions say.
 pub(crate) fn resample_into(
     resizer: &mut Resizer,
     source: Pixels<'_>,
@@ -43,6 +43,9 @@ pub(crate) fn resample_into(
     (out_width, out_height): (u32, u32),
     out: &mut [u8],
 ) -> Result<(), fast_image_resize::ImageBufferError> {
+    if source.width == 0 || source.height == 0 {
+        return Err(fast_image_resize::ImageBufferError::InvalidBufferSize);
+    }
     let src = ImageRef::new(source.width, source.height, source.pixels, PixelType::U8x3)?;
     let mut dst = Image::from_slice_u8(out_width, out_height, out, PixelType::U8x3)?;
     let (width, height) = (f64::from(source.width), f64::from(source.height));
