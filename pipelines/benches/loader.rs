@@ -17,7 +17,7 @@
 //!
 //! Every row is one pass over all samples after a warm-up of one batch per worker; worker
 //! `w` of `n` reads shards `w, w + n, ...`, as WebDataset splits shards between
-//! `DataLoader` workers. The goal is imgrun >= 2x Python's train images/s per worker
+//! `DataLoader` workers. The goal is imgrun >= 3x Python's train images/s per worker
 //! (per core). Timings are printed, never asserted. `--only-imgrun` skips Python, for
 //! profiling:
 //!
@@ -51,7 +51,7 @@ const BATCH: usize = 256;
 const WARMUP: u64 = BATCH as u64;
 /// Of the augmentation and of the generated data.
 const SEED: u64 = 20_240_101;
-const GOAL_PER_WORKER: f64 = 2.0;
+const GOAL_PER_WORKER: f64 = 3.0;
 
 fn main() {
     let options = Options::parse().unwrap_or_else(|error| fail(&error));
@@ -490,7 +490,9 @@ fn print_breakdown(rows: &[Row], read_only: Option<Measured>) {
         minus(decode, read),
     );
     line(
-        "imgrun: crop, resample, write u8 (train u8 - decode)",
+        // The train transform decodes only down to the crop, so this is the resample
+        // and write less the rows it leaves undecoded.
+        "imgrun: train u8 - full decode (resample, fewer rows)",
         minus(train_u8, decode),
     );
     line(

@@ -1,11 +1,15 @@
 //! The train and eval transforms: crop geometry as torchvision computes it, then one
 //! resampling pass written straight into the caller's slot.
 
-use image::RgbImage;
+use std::cell::RefCell;
+
+use fast_image_resize::Resizer;
 use rand::Rng;
 
-use super::decode::{ImageHeader, decode_checked, read_header, scale_denominator};
-use super::resample::{SourceBox, resample_rows};
+use super::decode::{
+    DecodeBuffers, Frame, ImageHeader, decode_top, read_header, scale_denominator,
+};
+use super::resample::{Pixels, SourceBox, resample_into};
 use super::{DecodeLimits, OutputFormat, TransformError};
 
 /// A crop in pixels of the image as its header declares it.
@@ -277,6 +281,20 @@ impl From<CropBox> for CropF64 {
     }
 }
 
+thread_local! {
+    /// Each thread's buffers, reused from image to image: transforms run on the
+    /// loader's decode threads, one image at a time each.
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+#[derive(Default)]
+struct Scratch {
+    decode: DecodeBuffers,
+    resizer: Resizer,
+    /// The resampled RGB8 image before it becomes floats.
+    resized: Vec<u8>,
+}
+
 /// Where a transform writes, with the format the transform was configured for.
 enum Slot<'a> {
     U8(&'a mut [u8], OutputFormat),
@@ -303,7 +321,7 @@ fn render_at(
     crop: CropF64,
     flip: bool,
     size: u32,
-    mut slot: Slot<'_>,
+    slot: Slot<'_>,
     forced_denominator: Option<u32>,
 ) -> Result<(), TransformError> {
     if size == 0 {
@@ -333,54 +351,100 @@ fn render_at(
         let needed = (image_short / factor).ceil() as u32;
         scale_denominator(header, needed.max(crop.min_decoded_short_side))
     });
-    let image = decode_checked(bytes, header, denominator)?;
-    let area = scaled_box(&crop.area, header, &image);
-    let size = size as usize;
-    match &mut slot {
-        Slot::U8(out, _) => resample_rows(&image, area, size as u32, size as u32, |y, row| {
-            let dst = &mut out[y * size * 3..(y + 1) * size * 3];
-            if flip {
-                for (d, s) in dst.chunks_exact_mut(3).zip(row.chunks_exact(3).rev()) {
-                    d.copy_from_slice(s);
+    // The last declared row the resampler reads: the box's bottom plus the filter's
+    // reach, which is one output pixel's height (at least one source pixel) and rounding.
+    let reach = (crop.area.height / f64::from(size)).max(1.0) + 2.0;
+    let rows = (crop.area.y + crop.area.height + reach).ceil() as u32;
+    SCRATCH.with_borrow_mut(|scratch| {
+        let frame = decode_top(bytes, header, denominator, rows, &mut scratch.decode)?;
+        let source = Pixels {
+            pixels: &scratch.decode.pixels,
+            width: frame.width,
+            height: frame.height,
+        };
+        let area = scaled_box(&crop.area, header, &frame);
+        let resizer = &mut scratch.resizer;
+        let mut resample = |out: &mut [u8]| {
+            resample_into(resizer, source, area, (size, size), out).map_err(|_| {
+                TransformError::Undecodable {
+                    format: header.format,
+                    reason: "decoded buffer does not match the frame size".into(),
                 }
-            } else {
-                dst.copy_from_slice(row);
+            })
+        };
+        let side = size as usize;
+        let stride = side * 3;
+        match slot {
+            Slot::U8(out, _) => {
+                resample(out)?;
+                if flip {
+                    out.chunks_exact_mut(stride).for_each(mirror);
+                }
             }
-        }),
-        Slot::F32(out, OutputFormat::Float32Chw { mean, std }) => {
-            // Every possible value per channel, computed once: `v / 255` normalised.
-            let table: [[f32; 256]; 3] = std::array::from_fn(|c| {
-                let gain = 1.0 / (255.0 * std[c]);
-                let bias = -mean[c] / std[c];
-                std::array::from_fn(|v| v as f32 * gain + bias)
-            });
-            let plane = size * size;
-            resample_rows(&image, area, size as u32, size as u32, |y, row| {
-                for (c, table) in table.iter().enumerate() {
-                    let start = c * plane + y * size;
-                    let dst = &mut out[start..start + size];
-                    let pixels = row.chunks_exact(3);
-                    if flip {
-                        for (d, px) in dst.iter_mut().zip(pixels.rev()) {
-                            *d = table[usize::from(px[c])];
-                        }
-                    } else {
-                        for (d, px) in dst.iter_mut().zip(pixels) {
-                            *d = table[usize::from(px[c])];
-                        }
-                    }
-                }
-            });
+            Slot::F32(out, OutputFormat::Float32Chw { mean, std }) => {
+                let pixels = &mut scratch.resized;
+                pixels.resize(stride * side, 0);
+                resample(pixels)?;
+                write_chw(pixels, side, flip, (mean, std), out);
+            }
+            Slot::F32(_, OutputFormat::Uint8Nhwc) => {} // Rejected above.
         }
-        Slot::F32(_, OutputFormat::Uint8Nhwc) => {} // Rejected above.
+        Ok(())
+    })
+}
+
+/// Writes `size x size` RGB8 pixels into `out` as normalised float planes (CHW), each
+/// row mirrored when `flip` is set.
+fn write_chw(
+    pixels: &[u8],
+    size: usize,
+    flip: bool,
+    (mean, std): ([f32; 3], [f32; 3]),
+    out: &mut [f32],
+) {
+    // `(v / 255 - mean) / std` as one multiply and add per value.
+    let gain: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * std[c]));
+    let bias: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+    let plane = size * size;
+    let (red, rest) = out.split_at_mut(plane);
+    let (green, blue) = rest.split_at_mut(plane);
+    let rows = pixels.chunks_exact(size * 3);
+    let planes = red
+        .chunks_exact_mut(size)
+        .zip(green.chunks_exact_mut(size))
+        .zip(blue.chunks_exact_mut(size));
+    for (row, ((r, g), b)) in rows.zip(planes) {
+        let mut put = |x: usize, p: &[u8]| {
+            r[x] = f32::from(p[0]) * gain[0] + bias[0];
+            g[x] = f32::from(p[1]) * gain[1] + bias[1];
+            b[x] = f32::from(p[2]) * gain[2] + bias[2];
+        };
+        if flip {
+            row.chunks_exact(3)
+                .rev()
+                .enumerate()
+                .for_each(|(x, p)| put(x, p));
+        } else {
+            row.chunks_exact(3).enumerate().for_each(|(x, p)| put(x, p));
+        }
     }
-    Ok(())
+}
+
+/// Reverses the order of the RGB pixels of one row in place.
+fn mirror(row: &mut [u8]) {
+    let pixels = row.len() / 3;
+    for x in 0..pixels / 2 {
+        let (a, b) = (x * 3, (pixels - 1 - x) * 3);
+        for c in 0..3 {
+            row.swap(a + c, b + c);
+        }
+    }
 }
 
 /// Maps a box of the declared image onto the decoded one (smaller after scaled decoding).
-fn scaled_box(area: &SourceBox, header: &ImageHeader, image: &RgbImage) -> SourceBox {
-    let sx = f64::from(image.width()) / f64::from(header.width);
-    let sy = f64::from(image.height()) / f64::from(header.height);
+fn scaled_box(area: &SourceBox, header: &ImageHeader, frame: &Frame) -> SourceBox {
+    let sx = f64::from(frame.width) / f64::from(header.width);
+    let sy = f64::from(frame.full_height) / f64::from(header.height);
     SourceBox {
         x: area.x * sx,
         y: area.y * sy,

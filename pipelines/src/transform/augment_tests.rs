@@ -1,10 +1,13 @@
 //! Tests of the train and eval transforms.
 
-use rand::SeedableRng;
+use image::RgbImage;
+use image::imageops::FilterType::Triangle;
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::transform::decode::tests::{encode, mean_abs_diff, picture};
+use crate::transform::decode::tests::{encode, jpeg_420, mean_abs_diff, photos_as_jpeg, picture};
+use crate::transform::decode_rgb;
 use crate::transform::{IMAGENET_MEAN, IMAGENET_STD, ImageFormat};
 
 fn png(image: &RgbImage) -> Vec<u8> {
@@ -301,5 +304,92 @@ fn scaled_decode_train_matches_full_decode() {
     for d in [None, Some(2), Some(4)] {
         let diff = mean_abs_diff(&full, &run(d));
         assert!(diff < 2.5, "denominator {d:?}: mean abs diff {diff}");
+    }
+}
+
+/// The crops a seed gives are drawn from the header's size before anything is decoded,
+/// and the transform draws nothing else but the flip: no change to decoding may move
+/// them. (torchvision's algorithm as `random_resized_crop` implements it, ChaCha8 seeded
+/// with 2024, on a 500x375 image.)
+#[test]
+fn crop_boxes_for_a_seed_are_fixed() {
+    let t = TrainTransform::new(224);
+    let mut rng = ChaCha8Rng::seed_from_u64(2024);
+    let crops: Vec<_> = (0..4)
+        .map(|_| random_resized_crop(500, 375, t.scale, t.ratio, &mut rng))
+        .collect();
+    let crop = |top, left, height, width| CropBox {
+        top,
+        left,
+        height,
+        width,
+    };
+    let want = [
+        crop(129, 178, 182, 240),
+        crop(6, 69, 363, 278),
+        crop(23, 144, 284, 348),
+        crop(36, 50, 327, 384),
+    ];
+    assert_eq!(crops, want);
+    let bytes = jpeg_420(&picture(500, 375), false);
+    for seed in 0..4 {
+        let mut applied = ChaCha8Rng::seed_from_u64(seed);
+        let mut out = vec![0u8; t.output.slot_len(t.size)];
+        t.apply_u8(&bytes, &mut applied, &mut out)
+            .expect("valid jpeg");
+        let mut drawn = ChaCha8Rng::seed_from_u64(seed);
+        random_resized_crop(500, 375, t.scale, t.ratio, &mut drawn);
+        drawn.random_bool(0.5);
+        assert_eq!(applied.next_u64(), drawn.next_u64(), "seed {seed}");
+    }
+}
+
+/// On every shared photo and a few seeds, the train transform (decoding only the rows
+/// the crop needs, SIMD resampling) matches an independent reference: the whole image
+/// decoded, the same crop cut out and resized by `image`'s triangle filter, then flipped.
+#[test]
+fn train_matches_a_full_decode_reference_on_photos() {
+    let t = TrainTransform::new(224);
+    for (name, bytes) in photos_as_jpeg() {
+        let full = decode_rgb(&bytes, None, &t.limits).expect("photo decodes");
+        for seed in 0..4 {
+            let out = train_u8(&t, &bytes, seed);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let (w, h) = full.dimensions();
+            let c = random_resized_crop(w, h, t.scale, t.ratio, &mut rng);
+            let flip = rng.random_bool(0.5);
+            let cut = image::imageops::crop_imm(&full, c.left, c.top, c.width, c.height);
+            let mut want = image::imageops::resize(&cut.to_image(), 224, 224, Triangle);
+            if flip {
+                image::imageops::flip_horizontal_in_place(&mut want);
+            }
+            let diff = mean_abs_diff(&out, want.as_raw());
+            assert!(diff < 1.0, "{name} seed {seed} {c:?}: mean abs diff {diff}");
+        }
+    }
+}
+
+/// The same for the eval transform: the whole image resized so that its shorter side is
+/// 256, then the center 224 x 224.
+#[test]
+fn eval_matches_a_full_decode_reference_on_photos() {
+    let t = EvalTransform::new(224);
+    for (name, bytes) in photos_as_jpeg() {
+        let full = decode_rgb(&bytes, None, &t.limits).expect("photo decodes");
+        let mut out = vec![0u8; t.output.slot_len(224)];
+        t.apply_u8(&bytes, &mut out).expect("photo decodes");
+        let (w, h) = full.dimensions();
+        let (rw, rh) = if w <= h {
+            (256, 256 * h / w)
+        } else {
+            (256 * w / h, 256)
+        };
+        let resized = image::imageops::resize(&full, rw, rh, Triangle);
+        // torchvision's CenterCrop: `int(round((side - 224) / 2))`, ties to even.
+        let offset = |side: u32| (f64::from(side - 224) / 2.0).round_ties_even() as u32;
+        let (left, top) = (offset(rw), offset(rh));
+        let want = image::imageops::crop_imm(&resized, left, top, 224, 224).to_image();
+        let diff = mean_abs_diff(&out, want.as_raw());
+        assert!(diff < 1.0, "{name}: mean abs diff {diff}");
     }
 }

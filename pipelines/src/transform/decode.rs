@@ -1,9 +1,13 @@
-//! JPEG and PNG bytes to RGB8: header checks before allocation, reduced-scale JPEG.
+//! JPEG and PNG bytes to RGB8: header checks before allocation, reduced-scale JPEG,
+//! and for the transforms only the rows a crop needs.
 //!
-//! Full-size JPEG goes through `image` (zune-jpeg, the fastest pure-Rust decoder);
+//! Full-size JPEG goes straight to zune-jpeg (the fastest pure-Rust decoder; through
+//! `image` it would copy the input, parse the headers twice and zero the output);
 //! reduced-size JPEG through `jpeg-decoder`, whose IDCT can output 1/2, 1/4 or 1/8 of
 //! the image directly (zune-jpeg cannot; see `scale_denominator` for which are used).
-//! PNG goes through `image` (the `png` crate).
+//! PNG goes through `image` (the `png` crate). Entropy decoding is most of a JPEG's
+//! time and is sequential, so rows above a crop cannot be skipped, but those below it
+//! can: see [`decode_top`].
 
 use std::io::Cursor;
 
@@ -92,6 +96,87 @@ pub(crate) fn scale_denominator(header: &ImageHeader, min_side: u32) -> u32 {
         .unwrap_or(1)
 }
 
+/// Buffers a thread keeps from image to image, so that the transforms' decoding
+/// neither allocates nor zeroes memory once they are large enough.
+#[derive(Debug, Default)]
+pub(crate) struct DecodeBuffers {
+    /// RGB8 pixels of the last image, `Frame::width * Frame::height * 3` at the start.
+    pub pixels: Vec<u8>,
+    /// A copy of the input whose frame header was changed.
+    input: Vec<u8>,
+}
+
+/// What [`decode_top`] left in [`DecodeBuffers::pixels`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub width: u32,
+    pub height: u32,
+    /// The height the whole image has at the decoded scale: more than `height` when
+    /// only the top rows were decoded.
+    pub full_height: u32,
+}
+
+/// Decodes an image whose header has been checked into `buffers.pixels`, reduced by
+/// `denominator` (1, 2, 4 or 8; JPEG only), keeping at least the top `rows` rows of the
+/// declared image.
+///
+/// A sequential JPEG (baseline or extended Huffman, as nearly every photo) stores its
+/// MCU rows top to bottom, so decoding stops after the MCU row that holds `rows` plus a
+/// margin: the frame header's height is lowered in a copy of the bytes and the decoder
+/// never reads what lies below. The margin keeps the rows above it identical to a full
+/// decode (chroma upsampling reads the next MCU row). Other images decode whole.
+pub(crate) fn decode_top(
+    bytes: &[u8],
+    header: &ImageHeader,
+    denominator: u32,
+    rows: u32,
+    buffers: &mut DecodeBuffers,
+) -> Result<Frame, TransformError> {
+    // One row of the tallest MCU (16 pixels) of the decoded scale: the rows above it are
+    // then upsampled as in the whole image.
+    let margin = 16 * denominator.max(1);
+    let kept = rows.saturating_add(margin);
+    let height_at = match header.format {
+        ImageFormat::Jpeg if kept < header.height => sequential_height_offset(bytes),
+        _ => None,
+    };
+    let (bytes, cut_header) = match height_at {
+        Some(at) => {
+            let input = &mut buffers.input;
+            input.clear();
+            input.extend_from_slice(bytes);
+            // `kept < header.height <= u16::MAX` for a JPEG.
+            let kept16 = u16::try_from(kept).unwrap_or(u16::MAX);
+            input[at..at + 2].copy_from_slice(&kept16.to_be_bytes());
+            let cut = ImageHeader {
+                height: kept,
+                ..*header
+            };
+            (input.as_slice(), cut)
+        }
+        None => (bytes, *header),
+    };
+    let (width, height) = if header.format == ImageFormat::Jpeg && denominator == 1 {
+        decode_jpeg_into(bytes, &cut_header, &mut buffers.pixels)?
+    } else {
+        let image = decode_checked(bytes, &cut_header, denominator)?;
+        let size = image.dimensions();
+        buffers.pixels = image.into_raw();
+        size
+    };
+    // A scaled decode may have fallen back to full size.
+    let actual = if width == header.width {
+        1
+    } else {
+        denominator
+    };
+    Ok(Frame {
+        width,
+        height,
+        full_height: header.height.div_ceil(actual),
+    })
+}
+
 /// Decodes an image whose header has been checked, reduced by `denominator` (1, 2, 4 or
 /// 8; JPEG only). The result is `ceil(width / d) x ceil(height / d)`.
 pub(crate) fn decode_checked(
@@ -116,13 +201,60 @@ pub(crate) fn decode_checked(
             }
             return decode_checked(bytes, header, 1);
         }
-        ImageFormat::Jpeg => {
-            let decoder =
-                image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes)).map_err(undecodable)?;
-            DynamicImage::from_decoder(decoder).map_err(undecodable)?
-        }
+        ImageFormat::Jpeg => return decode_jpeg(bytes, header),
     };
     Ok(image.into_rgb8())
+}
+
+/// Full-size decoding with zune-jpeg, straight to RGB (grey and CMYK are converted).
+fn decode_jpeg(bytes: &[u8], header: &ImageHeader) -> Result<RgbImage, TransformError> {
+    let mut pixels = Vec::new();
+    let (width, height) = decode_jpeg_into(bytes, header, &mut pixels)?;
+    RgbImage::from_raw(width, height, pixels).ok_or_else(|| TransformError::Undecodable {
+        format: ImageFormat::Jpeg,
+        reason: "decoded buffer does not match the frame size".into(),
+    })
+}
+
+/// Decodes a JPEG at full size into the start of `pixels` as RGB8, growing it when too
+/// small (it never shrinks, so a reused buffer is zeroed only when it grows).
+fn decode_jpeg_into(
+    bytes: &[u8],
+    header: &ImageHeader,
+    pixels: &mut Vec<u8>,
+) -> Result<(u32, u32), TransformError> {
+    use zune_core::bytestream::ZCursor;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+    let undecodable = |reason: String| TransformError::Undecodable {
+        format: ImageFormat::Jpeg,
+        reason,
+    };
+    let options = DecoderOptions::default()
+        .set_strict_mode(false)
+        .set_max_width(header.width as usize)
+        .set_max_height(header.height as usize)
+        .jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder
+        .decode_headers()
+        .map_err(|e| undecodable(e.to_string()))?;
+    let size = decoder.dimensions().zip(decoder.output_buffer_size());
+    let Some(((width, height), len)) = size else {
+        return Err(undecodable("no frame header".into()));
+    };
+    if decoder.output_colorspace() != Some(ColorSpace::RGB) || len != width * height * 3 {
+        return Err(undecodable("no RGB conversion for its colour space".into()));
+    }
+    if pixels.len() < len {
+        pixels.resize(len, 0);
+    }
+    decoder
+        .decode_into(&mut pixels[..len])
+        .map_err(|e| undecodable(e.to_string()))?;
+    // Both are at most `u16::MAX` in a JPEG frame header.
+    let side = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    Ok((side(width), side(height)))
 }
 
 /// Scaled decoding with `jpeg-decoder`; `None` for what it does not support or leaves
@@ -160,6 +292,36 @@ fn decode_jpeg_scaled(
             format: ImageFormat::Jpeg,
             reason: "decoded buffer does not match the frame size".into(),
         })
+}
+
+/// Where the frame header of a sequential Huffman JPEG (SOF0 or SOF1) holds the image
+/// height, as a byte offset; `None` for any other frame type (progressive, lossless,
+/// arithmetic) or markers that do not parse before the frame header.
+fn sequential_height_offset(bytes: &[u8]) -> Option<usize> {
+    let mut at = 2; // Past SOI.
+    loop {
+        if *bytes.get(at)? != 0xFF {
+            return None;
+        }
+        // Any number of 0xFF fill bytes may precede a marker code.
+        let mut code_at = at + 1;
+        while *bytes.get(code_at)? == 0xFF {
+            code_at += 1;
+        }
+        let code = *bytes.get(code_at)?;
+        let length = usize::from(u16::from_be_bytes([
+            *bytes.get(code_at + 1)?,
+            *bytes.get(code_at + 2)?,
+        ]));
+        match code {
+            // Segment length (2), sample precision (1), then the height.
+            0xC0 | 0xC1 => return Some(code_at + 4).filter(|&h| h + 2 <= bytes.len()),
+            // Other frame types, or a scan before any frame: decode whole.
+            0xC2 | 0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF | 0xDA => return None,
+            _ if length < 2 => return None,
+            _ => at = code_at + 1 + length,
+        }
+    }
 }
 
 fn sniff(bytes: &[u8]) -> Result<ImageFormat, TransformError> {

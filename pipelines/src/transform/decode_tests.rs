@@ -25,6 +25,60 @@ pub(crate) fn encode(image: &RgbImage, format: image::ImageFormat) -> Vec<u8> {
     out.into_inner()
 }
 
+/// JPEG at quality 90 with 4:2:0 chroma, as most photos are stored (`image`'s encoder
+/// writes 4:4:4 only), baseline or progressive.
+pub(crate) fn jpeg_420(image: &RgbImage, progressive: bool) -> Vec<u8> {
+    let side = |n: u32| u16::try_from(n).expect("test image fits a JPEG");
+    let mut jpeg = Vec::new();
+    let mut encoder = jpeg_encoder::Encoder::new(&mut jpeg, 90);
+    encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+    encoder.set_progressive(progressive);
+    encoder
+        .encode(
+            image.as_raw(),
+            side(image.width()),
+            side(image.height()),
+            jpeg_encoder::ColorType::Rgb,
+        )
+        .expect("encoding a test image");
+    jpeg
+}
+
+/// The shared photos (`../shared/data/photos`), each as a 4:2:0 JPEG, with its name; a
+/// skip where allowed, and an empty list then.
+pub(crate) fn photos_as_jpeg() -> Vec<(String, Vec<u8>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| {
+                ["jpg", "jpeg", "png"]
+                    .iter()
+                    .any(|x| e.eq_ignore_ascii_case(x))
+            })
+        })
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        crate::skip::skip_or_fail(&format!("no photos under {}", dir.display()));
+    }
+    paths
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).expect("reading a listed photo");
+            let image = image::load_from_memory(&bytes).expect("photo decodes");
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            (
+                name.unwrap_or_default(),
+                jpeg_420(&image.into_rgb8(), false),
+            )
+        })
+        .collect()
+}
+
 /// Rewrites the SOF0 frame size of an encoded JPEG.
 fn patch_jpeg_size(mut jpeg: Vec<u8>, width: u16, height: u16) -> Vec<u8> {
     let sof = jpeg
@@ -123,6 +177,16 @@ fn jpeg_cut_in_scan_never_panics() {
         for hint in [None, Some(30)] {
             if let Ok(image) = decode_rgb(&jpeg[..cut], hint, &DecodeLimits::default()) {
                 assert!(image.width() <= 200 && image.height() <= 120, "cut {cut}");
+            }
+        }
+        // Decoding only the top rows goes through a changed copy of the header.
+        let Ok(header) = read_header(&jpeg[..cut], &DecodeLimits::default()) else {
+            continue;
+        };
+        let mut buffers = DecodeBuffers::default();
+        for (denominator, rows) in [(1, 10), (1, 200), (4, 10)] {
+            if let Ok(frame) = decode_top(&jpeg[..cut], &header, denominator, rows, &mut buffers) {
+                assert!(frame.width <= 200 && frame.height <= 120, "cut {cut}");
             }
         }
     }
@@ -263,4 +327,80 @@ fn real_photo_decodes_at_scale() {
     );
     let diff = mean_abs_diff(&a, &b);
     assert!(diff < 6.0, "{}: mean abs diff {diff}", path.display());
+}
+
+/// Decodes the top `rows` of `bytes` at `1 / denominator` with a reused buffer and checks
+/// them against the whole image decoded at that scale: the same frame, the same pixels.
+/// Returns whether decoding stopped early.
+fn check_top_rows(name: &str, bytes: &[u8], denominator: u32, rows: u32) -> bool {
+    thread_local! {
+        static BUFFERS: std::cell::RefCell<DecodeBuffers> = Default::default();
+    }
+    let header = read_header(bytes, &DecodeLimits::default()).expect("valid jpeg");
+    let whole = decode_checked(bytes, &header, denominator).expect("valid jpeg");
+    BUFFERS.with_borrow_mut(|buffers| {
+        let frame = decode_top(bytes, &header, denominator, rows, buffers).expect("valid jpeg");
+        let case = format!("{name} at 1/{denominator}, top {rows} rows");
+        assert_eq!(frame.width, whole.width(), "{case}");
+        assert_eq!(frame.full_height, whole.height(), "{case}");
+        let needed = rows.div_ceil(denominator).min(whole.height());
+        assert!(
+            needed <= frame.height && frame.height <= whole.height(),
+            "{case}"
+        );
+        let len = (frame.width * needed * 3) as usize;
+        let same = buffers.pixels[..len] == whole.as_raw()[..len];
+        assert!(same, "{case}: rows differ from the whole image's");
+        frame.height < whole.height()
+    })
+}
+
+/// Table: sequential JPEGs of every chroma layout stop decoding below the rows asked
+/// for, at full and reduced scale; progressive ones decode whole. The rows kept equal
+/// the whole image's exactly.
+#[test]
+fn top_rows_match_full_decode() {
+    let source = picture(203, 397);
+    let mut grey = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(source.clone())
+        .into_luma8()
+        .write_to(&mut grey, image::ImageFormat::Jpeg)
+        .expect("encoding a test image");
+    let cases = [
+        ("4:2:0", jpeg_420(&source, false), true),
+        ("4:4:4", encode(&source, image::ImageFormat::Jpeg), true),
+        ("grey", grey.into_inner(), true),
+        ("progressive", jpeg_420(&source, true), false),
+    ];
+    for (name, bytes, sequential) in &cases {
+        for (denominator, rows, stops) in [
+            (1, 0, true),
+            (1, 1, true),
+            (1, 100, true),
+            (1, 380, true),
+            (1, 381, false),
+            (1, 397, false),
+            (1, u32::MAX, false),
+            (4, 50, true),
+            (4, 340, false),
+        ] {
+            let stopped = check_top_rows(name, bytes, denominator, rows);
+            assert_eq!(
+                stopped,
+                stops && *sequential,
+                "{name} 1/{denominator} {rows}"
+            );
+        }
+    }
+}
+
+/// The same on every shared photo, for the rows a crop might need.
+#[test]
+fn real_photos_top_rows_match_full_decode() {
+    for (name, bytes) in photos_as_jpeg() {
+        let header = read_header(&bytes, &DecodeLimits::default()).expect("valid jpeg");
+        for rows in [7, header.height / 2 + 5] {
+            check_top_rows(&name, &bytes, 1, rows);
+        }
+    }
 }

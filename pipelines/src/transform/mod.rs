@@ -1,13 +1,14 @@
 //! From image bytes to training inputs: decoding, random-resized-crop, flip and resize.
 //!
 //! `decode.rs` turns JPEG or PNG bytes into RGB8, checking the declared size against
-//! [`DecodeLimits`] from the header before any pixel buffer exists, and decoding JPEG at a
-//! reduced DCT scale when the caller needs far fewer pixels. `resample.rs` is a separable,
-//! antialiased bilinear resampler over a floating-point source box (the same filter as
-//! PIL's `BILINEAR`), which writes rows straight into the caller's output slot.
-//! `augment.rs` holds the train and eval transforms, which sample their crop from the
-//! header's dimensions, so the same RNG state gives the same crop whatever scale the
-//! decoder picks.
+//! [`DecodeLimits`] from the header before any pixel buffer exists, decoding JPEG at a
+//! reduced DCT scale when the caller needs far fewer pixels, and for the transforms
+//! stopping a sequential JPEG after the rows the crop reaches. `resample.rs` resamples a
+//! floating-point source box with PIL's antialiased `BILINEAR` filter (SIMD, through
+//! `fast_image_resize`) straight into the caller's buffer. `augment.rs` holds the train
+//! and eval transforms, which sample their crop from the header's dimensions, so the
+//! same RNG state gives the same crop whatever the decoder does; each thread keeps its
+//! decode and resample buffers from image to image.
 //!
 //! Hostile bytes never panic: every failure is a [`TransformError`].
 
