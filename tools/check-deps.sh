@@ -6,16 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail=0
+# The crates' dependency names, or the run ends: a tree that cannot be read checks nothing.
+deps() { # crate, cargo tree options...
+    local out
+    if ! out=$(cargo tree --locked -p "$1" "${@:2}" --prefix none); then
+        echo "check-deps: cannot read the dependency tree of $1 (cargo tree failed above)" >&2
+        exit 1
+    fi
+    awk '{print $1}' <<<"$out"
+}
 forbid() { # crate, forbidden dependency
-    if cargo tree --offline -p "$1" -e normal,build --prefix none 2>/dev/null \
-        | awk '{print $1}' | grep -qx "$2"; then
+    if deps "$1" -e normal,build | grep -qx "$2"; then
         echo "check-deps: $1 must not depend on $2" >&2
         fail=1
     fi
 }
 require() { # crate, required dependency
-    if ! cargo tree --offline -p "$1" -e normal --depth 1 --prefix none 2>/dev/null \
-        | awk '{print $1}' | grep -qx "$2"; then
+    if ! deps "$1" -e normal --depth 1 | grep -qx "$2"; then
         echo "check-deps: $1 should depend on $2" >&2
         fail=1
     fi

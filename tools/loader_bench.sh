@@ -16,6 +16,12 @@
 # epoch is left out of the figures. Both nodes are daemons on this machine, so the
 # cores they use are the same ones: this measures what placing the loaders in other
 # processes and sending their batches costs, not what more cores would give.
+#
+# NETNS=1 puts the head (with the trainer and the `imgrun train` client) and the node in
+# two network namespaces joined by a veth pair (needs root and `ip`), so batches cross a
+# real link instead of loopback. PIN=1 pins the head's processes to CPU 0 and the node's
+# to CPU 1 (taskset): the trainer's node then has one core, and the remote runs show
+# what borrowing a CPU-only node's core gives.
 set -euo pipefail
 
 workers=("$@")
@@ -29,12 +35,47 @@ photos=${PHOTOS:-$root/../shared/data/photos}
 work=$(mktemp -d)
 export IMGRUN_CLUSTER__HEARTBEAT_MS=200 IMGRUN_CLUSTER__DEAD_AFTER_MS=3000
 
+# How each side's commands run: in its namespace, on its core.
+on_head=()
+on_node=()
+head_ip=127.0.0.1
+node_ip=127.0.0.1
+tag=$$
+if [ "${NETNS:-0}" = 1 ]; then
+    head_ip=10.78.0.1
+    node_ip=10.78.0.2
+    on_head=(ip netns exec "imgrun-bh-$tag")
+    on_node=(ip netns exec "imgrun-bn-$tag")
+fi
+if [ "${PIN:-0}" = 1 ]; then
+    on_head+=(taskset -c 0)
+    on_node+=(taskset -c 1)
+fi
+
 stop() {
-    IMGRUN_STATE_DIR=$work/node "$imgrun" stop >/dev/null 2>&1 || true
-    IMGRUN_STATE_DIR=$work/head "$imgrun" stop >/dev/null 2>&1 || true
+    IMGRUN_STATE_DIR=$work/node "${on_node[@]}" "$imgrun" stop >/dev/null 2>&1 || true
+    IMGRUN_STATE_DIR=$work/head "${on_head[@]}" "$imgrun" stop >/dev/null 2>&1 || true
+    if [ "${NETNS:-0}" = 1 ]; then
+        ip netns del "imgrun-bh-$tag" 2>/dev/null || true
+        ip netns del "imgrun-bn-$tag" 2>/dev/null || true
+    fi
     rm -rf "$work"
 }
 trap stop EXIT
+
+if [ "${NETNS:-0}" = 1 ]; then
+    ip netns add "imgrun-bh-$tag"
+    ip netns add "imgrun-bn-$tag"
+    ip link add "imgbh$tag" netns "imgrun-bh-$tag" type veth peer name "imgbn$tag" \
+        netns "imgrun-bn-$tag"
+    ip -n "imgrun-bh-$tag" addr add "$head_ip/24" dev "imgbh$tag"
+    ip -n "imgrun-bn-$tag" addr add "$node_ip/24" dev "imgbn$tag"
+    for ns in "imgrun-bh-$tag" "imgrun-bn-$tag"; do
+        ip -n "$ns" link set lo up
+    done
+    ip -n "imgrun-bh-$tag" link set "imgbh$tag" up
+    ip -n "imgrun-bn-$tag" link set "imgbn$tag" up
+fi
 
 if [ ! -f "$data/train.spec" ]; then
     rm -rf "$data"
@@ -68,14 +109,15 @@ fi
 spec=$(cat "$data/train.spec")
 
 cpus=$(( $(printf '%s\n' "${workers[@]}" | sort -n | tail -1) ))
-join_line=$(IMGRUN_STATE_DIR=$work/head "$imgrun" start --head --bind 127.0.0.1 --port 0 \
-    --num-gpus 0 --num-cpus 2 | grep -m1 '^ *imgrun join')
+join_line=$(IMGRUN_STATE_DIR=$work/head "${on_head[@]}" "$imgrun" start --head \
+    --bind "$head_ip" --port 0 --num-gpus 0 --num-cpus 2 | grep -m1 '^ *imgrun join')
 read -r _ _ address _ token _ ca_hash <<<"$join_line"
-IMGRUN_STATE_DIR=$work/node "$imgrun" join "$address" --token "$token" --ca-hash "$ca_hash" \
-    --bind 127.0.0.1 --num-gpus 0 --num-cpus "$cpus" >/dev/null
+IMGRUN_STATE_DIR=$work/node "${on_node[@]}" "$imgrun" join "$address" --token "$token" \
+    --ca-hash "$ca_hash" --bind "$node_ip" --num-gpus 0 --num-cpus "$cpus" >/dev/null
 
 run() { # NAME LOADERS WORKERS ACTORS
-    IMGRUN_STATE_DIR=$work/head "$imgrun" train --name "$1" --epochs "$epochs" --no-plot \
+    IMGRUN_STATE_DIR=$work/head "${on_head[@]}" "$imgrun" train --name "$1" --epochs "$epochs" \
+        --no-plot \
         --set "data.train=\"$spec\"" --set 'data.val=""' --set 'data.mode="split"' \
         --set "data.loaders=\"$2\"" --set "data.loader_workers=$3" \
         --set "data.loader_actors=$4" --set "data.image_size=$size" \
@@ -98,11 +140,14 @@ print(f"{sys.argv[2]:<22} {images / seconds:9.1f} images/s  {images / seconds / 
 EOF
 }
 
-echo "== $spec, ${size} px crops, batch 64, small CNN; figures from epoch 1 on"
+echo "== $spec, ${size} px crops, batch 64, small CNN; figures from epoch 1 on" \
+    "(NETNS=${NETNS:-0}, PIN=${PIN:-0})"
 for w in "${workers[@]}"; do
     run "local-w$w" local "$w" 0
     run "remote-w$w-k1" remote "$w" 1
-    if [ "$w" -gt 1 ]; then
-        run "remote-w$w-k$w" remote "$w" "$w"
-    fi
+    for k in 2 4; do
+        if [ "$k" -le "$w" ]; then
+            run "remote-w$w-k$k" remote "$w" "$k"
+        fi
+    done
 done
