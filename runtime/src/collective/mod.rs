@@ -16,14 +16,18 @@
 //! operation fails at once.
 
 mod link;
+mod mix;
 mod ring;
+mod topology;
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use link::Link;
+pub use mix::{MixError, Mixer};
 pub use ring::RingGroup;
+pub use topology::{Topology, UnknownTopology};
 
 use crate::secret::{Secret, SecretPurpose};
 
