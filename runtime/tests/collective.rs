@@ -17,8 +17,19 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(20);
 fn options(chunk_bytes: usize) -> CollectiveOptions {
     CollectiveOptions {
         chunk_bytes,
+        // The chunked ring itself; `inline_options` turns the inline path on.
+        inline_bytes: 0,
         op_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
+    }
+}
+
+/// `options(chunk_bytes)` with small buffers sent inline with the header round (up to
+/// `inline_bytes` times the world size less one), so both allreduce paths run.
+fn inline_options(chunk_bytes: usize, inline_bytes: usize) -> CollectiveOptions {
+    CollectiveOptions {
+        inline_bytes,
+        ..options(chunk_bytes)
     }
 }
 
@@ -101,13 +112,16 @@ async fn check_allreduce(groups: Vec<RingGroup>, sizes: &[usize], seed: u64) -> 
 async fn allreduce_matches_direct_sum_for_every_world() -> Result<()> {
     // 16-element chunks, so chunk boundaries fall inside small buffers.
     let chunk = 16;
-    for world in 1..=8usize {
-        let mut sizes = vec![0, 1, world.saturating_sub(1), world + 1, 7, 13, 31, 257];
-        for boundary in [chunk, world * chunk, 3 * world * chunk] {
-            sizes.extend([boundary - 1, boundary, boundary + 1]);
+    // The chunked ring, then every size inline with the header round.
+    for inline_bytes in [0, usize::MAX] {
+        for world in 1..=8usize {
+            let mut sizes = vec![0, 1, world.saturating_sub(1), world + 1, 7, 13, 31, 257];
+            for boundary in [chunk, world * chunk, 3 * world * chunk] {
+                sizes.extend([boundary - 1, boundary, boundary + 1]);
+            }
+            let groups = RingGroup::in_memory(world, inline_options(chunk * 4, inline_bytes));
+            check_allreduce(groups, &sizes, 1000 * world as u64).await?;
         }
-        let groups = RingGroup::in_memory(world, options(chunk * 4));
-        check_allreduce(groups, &sizes, 1000 * world as u64).await?;
     }
     Ok(())
 }
@@ -190,14 +204,27 @@ async fn broadcast_copies_the_roots_buffer() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disagreeing_ranks_all_fail() -> Result<()> {
     type Case = fn(usize) -> (usize, bool);
-    // (length, broadcast instead of allreduce) per rank.
-    let cases: [(&str, Case); 2] = [
-        ("length", |rank| (if rank == 2 { 11 } else { 10 }, false)),
-        ("operation", |rank| (10, rank == 0)),
+    // (length, broadcast instead of allreduce) per rank, and the largest inline buffer:
+    // both through the ring, both inline, and rank 2 inline while the others use the ring
+    // (which reads and forwards its longer message, so no rank waits for bytes).
+    let cases: [(&str, Case, usize); 5] = [
+        ("length", |rank| (if rank == 2 { 11 } else { 10 }, false), 0),
+        ("operation", |rank| (10, rank == 0), 0),
+        (
+            "inline length",
+            |rank| (if rank == 2 { 11 } else { 10 }, false),
+            1024,
+        ),
+        ("inline operation", |rank| (10, rank == 0), 1024),
+        (
+            "path",
+            |rank| (if rank == 2 { 10 } else { 1000 }, false),
+            1024,
+        ),
     ];
-    for (name, case) in cases {
+    for (name, case, inline_bytes) in cases {
         let outputs = run_ranks(
-            RingGroup::in_memory(4, options(64)),
+            RingGroup::in_memory(4, inline_options(64, inline_bytes)),
             |mut group| async move {
                 let (len, broadcast) = case(group.rank());
                 let mut buffer = vec![1.0; len];
@@ -619,7 +646,9 @@ fn interesting_sizes(rng: &mut StdRng, world: usize, chunk: usize) -> Vec<usize>
 async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<()> {
     // Chunks of 1, 2 (10 bytes round down to whole floats) and 16 floats hit many chunk
     // boundaries with small buffers.
-    for chunk_bytes in [4, 10, 64] {
+    // Inline 0: the chunked ring for every size; 1 KiB: small sizes inline, the rest
+    // through the ring, on one group.
+    for (chunk_bytes, inline_bytes) in [(4, 0), (10, 0), (64, 0), (64, 1024)] {
         let chunk = (chunk_bytes / 4).max(1);
         for world in 1..=8usize {
             let seed = base_seed() ^ ((world as u64) << 32) ^ chunk_bytes as u64;
@@ -628,10 +657,10 @@ async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<
                 .into_iter()
                 .map(|len| sum_bucket(&mut rng, world, len))
                 .collect();
-            let case = format!("seed {seed} chunk_bytes {chunk_bytes}");
+            let case = format!("seed {seed} chunk_bytes {chunk_bytes} inline_bytes {inline_bytes}");
             check_schedule(
                 &case,
-                RingGroup::in_memory(world, options(chunk_bytes)),
+                RingGroup::in_memory(world, inline_options(chunk_bytes, inline_bytes)),
                 schedule,
             )
             .await?;
@@ -662,8 +691,10 @@ async fn random_buckets_in_a_row_on_one_group() -> Result<()> {
             })
             .collect();
         let case = format!("seed {seed}");
-        // Chunks of 4 KiB, so the larger buckets span many of them.
-        check_schedule(&case, RingGroup::in_memory(world, options(4096)), schedule).await?;
+        // Chunks of 4 KiB, so the larger buckets span many of them; the smaller ones go
+        // inline with the header round, so the paths alternate on one group.
+        let options = inline_options(4096, runtime::DEFAULT_INLINE_BYTES);
+        check_schedule(&case, RingGroup::in_memory(world, options), schedule).await?;
     }
     Ok(())
 }
@@ -710,7 +741,7 @@ async fn random_buckets_over_tcp() -> Result<()> {
         let ring = tcp_ring(
             vec![RingSecret::random(); world],
             vec!["props"; world],
-            options(chunk_bytes),
+            inline_options(chunk_bytes, runtime::DEFAULT_INLINE_BYTES),
         )
         .await?;
         let groups = ring
