@@ -6,7 +6,7 @@
 //! env -u LIBTORCH -u LIBTORCH_USE_PYTORCH \
 //!     cargo run --locked --release -p runtime --example allreduce_procs -- [--worlds 2,4]
 //!     [--max-bytes 268435456] [--target-bytes 268435456] [--chunk-bytes 1048576]
-//!     [--inline-bytes 131072] [--python PATH]
+//!     [--inline-bytes 131072] [--block-bytes 524288] [--python PATH]
 //! ```
 //!
 //! For each world size the driver starts the ranks of this binary (`rank ...`), then the
@@ -18,7 +18,7 @@
 //! slowest rank's median, and busbw = 2 (n - 1) / n * bytes / time, as in nccl-tests.
 //!
 //! The ceiling printed first is this machine's memcpy bandwidth on one thread (buffers of
-//! the largest size): over loopback TCP every byte a rank sends is copied twice by the
+//! the largest size, at least 64 MiB): over loopback TCP every byte a rank sends is copied twice by the
 //! kernel (into the socket, out of it) and reduced once, so the busbw columns are also
 //! shown as a share of it.
 
@@ -52,6 +52,7 @@ struct Flags {
     python: Option<PathBuf>,
     chunk_bytes: usize,
     inline_bytes: usize,
+    block_bytes: usize,
     rank: usize,
     ports: Vec<u16>,
 }
@@ -64,6 +65,7 @@ impl Flags {
             target_bytes: 256 << 20,
             chunk_bytes: runtime::DEFAULT_CHUNK_BYTES,
             inline_bytes: runtime::DEFAULT_INLINE_BYTES,
+            block_bytes: runtime::DEFAULT_BLOCK_BYTES,
             ..Flags::default()
         };
         let mut args = args.iter();
@@ -83,6 +85,7 @@ impl Flags {
                 "--python" => flags.python = Some(value.into()),
                 "--chunk-bytes" => flags.chunk_bytes = value.parse().context("--chunk-bytes")?,
                 "--inline-bytes" => flags.inline_bytes = value.parse().context("--inline-bytes")?,
+                "--block-bytes" => flags.block_bytes = value.parse().context("--block-bytes")?,
                 "--rank" => flags.rank = value.parse().context("--rank")?,
                 "--ports" => {
                     flags.ports = list(value)?
@@ -132,11 +135,13 @@ fn driver(flags: &Flags) -> Result<()> {
         ),
     }
     println!(
-        "# imgrun: ring over TCP loopback, chunk {} KiB, inline up to {} KiB x (n - 1), one current-thread tokio runtime per rank",
+        "# imgrun: ring over TCP loopback, chunk {} KiB, blocks of {} KiB, inline up to {} KiB x (n - 1), one current-thread tokio runtime per rank",
         flags.chunk_bytes >> 10,
+        flags.block_bytes >> 10,
         flags.inline_bytes >> 10
     );
-    let memcpy_len = flags.max_bytes.max(4 << 10);
+    // At least 64 MiB, so the copy runs from memory, not from cache.
+    let memcpy_len = flags.max_bytes.max(64 << 20);
     let ceiling = memcpy_bandwidth(memcpy_len, Duration::from_secs(1));
     println!(
         "# ceiling: memcpy on one thread, {} buffers: {:.2} GB/s",
@@ -224,6 +229,7 @@ fn run_imgrun(flags: &Flags, world: usize) -> Result<Vec<Value>> {
                 .args(["--target-bytes", &flags.target_bytes.to_string()])
                 .args(["--chunk-bytes", &flags.chunk_bytes.to_string()])
                 .args(["--inline-bytes", &flags.inline_bytes.to_string()])
+                .args(["--block-bytes", &flags.block_bytes.to_string()])
                 .env(SECRET_ENV, &secret)
                 .stdout(if rank == 0 {
                     Stdio::piped()
@@ -386,6 +392,7 @@ async fn rank_body(flags: &Flags) -> Result<()> {
         CollectiveOptions {
             chunk_bytes: flags.chunk_bytes,
             inline_bytes: flags.inline_bytes,
+            block_bytes: flags.block_bytes,
             ..CollectiveOptions::default()
         },
     )

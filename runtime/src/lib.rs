@@ -43,8 +43,8 @@ pub use client::{
     GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
-    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, DEFAULT_INLINE_BYTES, Link, RingGroup,
-    RingPurpose, RingSecret,
+    CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,
+    DEFAULT_INLINE_BYTES, Link, RingGroup, RingPurpose, RingSecret,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};

@@ -17,8 +17,10 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(20);
 fn options(chunk_bytes: usize) -> CollectiveOptions {
     CollectiveOptions {
         chunk_bytes,
-        // The chunked ring itself; `inline_options` turns the inline path on.
+        // The chunked ring on whole buffers; `inline_options` turns the inline path on,
+        // `block_options` cuts buffers into blocks.
         inline_bytes: 0,
+        block_bytes: 0,
         op_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
     }
@@ -29,6 +31,14 @@ fn options(chunk_bytes: usize) -> CollectiveOptions {
 fn inline_options(chunk_bytes: usize, inline_bytes: usize) -> CollectiveOptions {
     CollectiveOptions {
         inline_bytes,
+        ..options(chunk_bytes)
+    }
+}
+
+/// `options(chunk_bytes)` with ring allreduces run block by block.
+fn block_options(chunk_bytes: usize, block_bytes: usize) -> CollectiveOptions {
+    CollectiveOptions {
+        block_bytes,
         ..options(chunk_bytes)
     }
 }
@@ -306,6 +316,16 @@ async fn tcp_ring(
     jobs: Vec<&'static str>,
     options: CollectiveOptions,
 ) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
+    let per_rank = vec![options; secrets.len()];
+    tcp_ring_with(secrets, jobs, per_rank).await
+}
+
+/// [`tcp_ring`] with each rank's own options.
+async fn tcp_ring_with(
+    secrets: Vec<RingSecret>,
+    jobs: Vec<&'static str>,
+    options: Vec<CollectiveOptions>,
+) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
     let world = secrets.len();
     let mut listeners = Vec::new();
     for _ in 0..world {
@@ -319,10 +339,10 @@ async fn tcp_ring(
         .into_iter()
         .zip(secrets)
         .zip(jobs)
+        .zip(options)
         .enumerate()
-        .map(|(rank, ((listener, secret), job))| {
+        .map(|(rank, (((listener, secret), job), options))| {
             let next = addrs[(rank + 1) % world];
-            let options = options.clone();
             tokio::spawn(async move {
                 RingGroup::connect(rank, world, listener, next, &secret, job, options).await
             })
@@ -354,6 +374,56 @@ async fn tcp_ring_allreduces_megabytes() -> Result<()> {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         // 1 Mi floats (4 MiB) and a size that is not a multiple of anything.
         check_allreduce(groups, &[1 << 20, 1_000_003, 0, 5], 42).await?;
+    }
+    Ok(())
+}
+
+/// Ranks whose options put the same allreduce on different paths (inline or ring) or cut
+/// it into different blocks: every rank fails with a mismatch, none hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
+    let world = 3;
+    // (case, rank 1's options, the others', length)
+    let cases = [
+        ("path", inline_options(64, 0), inline_options(64, 1024), 10),
+        ("block", block_options(64, 64), block_options(64, 128), 1000),
+    ];
+    for (name, odd, usual, len) in cases {
+        let per_rank = (0..world)
+            .map(|rank| {
+                if rank == 1 {
+                    odd.clone()
+                } else {
+                    usual.clone()
+                }
+            })
+            .collect();
+        let ring = tcp_ring_with(
+            vec![RingSecret::random(); world],
+            vec!["odd"; world],
+            per_rank,
+        )
+        .await?;
+        let groups = ring
+            .into_iter()
+            .map(|(_, group)| group)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let outputs = run_ranks(groups, move |mut group| async move {
+            let first = group.allreduce_sum(&mut vec![1.0; len]).await;
+            let after = group.barrier().await;
+            (first, after)
+        })
+        .await?;
+        for (rank, (first, after)) in outputs.into_iter().enumerate() {
+            assert!(
+                matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
+                "{name}: rank {rank}: {first:?}"
+            );
+            assert!(
+                matches!(after, Err(CollectiveError::Poisoned { .. })),
+                "{name}: rank {rank}: {after:?}"
+            );
+        }
     }
     Ok(())
 }
@@ -669,6 +739,38 @@ async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<
     Ok(())
 }
 
+/// Ring allreduces cut into blocks: blocks of 1, 3, 7 and 100 values (fewer than the
+/// ranks, odd, larger than a chunk), buffers on both sides of block edges and shorter
+/// than the world, sums and weighted means, worlds of 2 to 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_allreduce_matches_f64_sum_for_worlds_2_to_5() -> Result<()> {
+    for block_bytes in [4, 12, 28, 400] {
+        let block = block_bytes / 4;
+        for world in 2..=5usize {
+            let seed = base_seed() ^ ((world as u64) << 40) ^ block_bytes as u64;
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut sizes = vec![0, 1, world - 1, world, world + 1, 2 * world + 1];
+            for edge in [block, 3 * block, world * block] {
+                sizes.extend([edge.saturating_sub(1), edge, edge + 1]);
+            }
+            sizes.push(rng.random_range(0..20 * block + 50));
+            let schedule = sizes
+                .into_iter()
+                .enumerate()
+                .map(|(i, len)| match i % 3 {
+                    2 => mean_bucket(&mut rng, world, len, false),
+                    _ => sum_bucket(&mut rng, world, len),
+                })
+                .collect();
+            let case = format!("seed {seed} block_bytes {block_bytes}");
+            // Chunks of 2 values, so a block of 3 or more spans several.
+            let groups = RingGroup::in_memory(world, block_options(8, block_bytes));
+            check_schedule(&case, groups, schedule).await?;
+        }
+    }
+    Ok(())
+}
+
 /// DDP-like: buckets of varying sizes, sums and weighted means mixed, back to back on one
 /// group, with weight-0 ranks and steps where every rank is out of data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -741,7 +843,10 @@ async fn random_buckets_over_tcp() -> Result<()> {
         let ring = tcp_ring(
             vec![RingSecret::random(); world],
             vec!["props"; world],
-            inline_options(chunk_bytes, runtime::DEFAULT_INLINE_BYTES),
+            CollectiveOptions {
+                block_bytes: runtime::DEFAULT_BLOCK_BYTES,
+                ..inline_options(chunk_bytes, runtime::DEFAULT_INLINE_BYTES)
+            },
         )
         .await?;
         let groups = ring

@@ -8,8 +8,8 @@
 //! and both ranks). Data after the handshake is **not encrypted or authenticated**, as
 //! with gloo and NCCL: the ring is meant for a trusted cluster network.
 //!
-//! Every operation starts with a header (operation, sequence number, length, root, and
-//! how many bytes of values follow it) that goes once around the ring, so every rank sees
+//! Every operation starts with a header (operation, sequence number, length, root, ring
+//! block size, and how many bytes of values follow it) that goes once around the ring, so every rank sees
 //! every other rank's header before any data moves through the chunked ring: ranks that
 //! disagree on the operation or its size all fail with [`CollectiveError::Mismatch`]
 //! instead of hanging or corrupting the buffer. A small allreduce carries its values
@@ -33,6 +33,9 @@ use crate::secret::{Secret, SecretPurpose};
 /// Default size of the chunks a segment is cut into on the wire.
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 
+/// Default of [`CollectiveOptions::block_bytes`].
+pub const DEFAULT_BLOCK_BYTES: usize = 512 << 10;
+
 /// Default of [`CollectiveOptions::inline_bytes`].
 pub const DEFAULT_INLINE_BYTES: usize = 128 << 10;
 
@@ -45,6 +48,11 @@ pub const MAX_INLINE_BYTES: usize = 1 << 20;
 pub struct CollectiveOptions {
     /// Bytes per chunk on the wire (rounded down to whole `f32`s, at least one).
     pub chunk_bytes: usize,
+    /// A ring allreduce runs its reduce-scatter and allgather on blocks of this many
+    /// bytes (rounded down to whole `f32`s) one after the other, so each block's values
+    /// are still in cache when they are sent on; 0 runs the whole buffer as one block.
+    /// Carried in the header: ranks that differ fail with [`CollectiveError::Mismatch`].
+    pub block_bytes: usize,
     /// An allreduce whose buffer, times the world size less one, is at most this many
     /// bytes skips the chunked ring: every rank's values travel once around the ring with
     /// its header and every rank sums them in rank order. That is one trip around the
@@ -64,6 +72,7 @@ impl Default for CollectiveOptions {
         Self {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             inline_bytes: DEFAULT_INLINE_BYTES,
+            block_bytes: DEFAULT_BLOCK_BYTES,
             op_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(60),
         }

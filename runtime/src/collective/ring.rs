@@ -184,6 +184,7 @@ impl RingGroup {
             seq: self.seq,
             len: len as u64,
             inline: 0,
+            block: 0,
         })
     }
 
@@ -207,14 +208,26 @@ impl RingGroup {
         result
     }
 
-    async fn allreduce(&mut self, header: Header, buffer: &mut [f32]) -> Result<()> {
+    async fn allreduce(&mut self, mut header: Header, buffer: &mut [f32]) -> Result<()> {
         if self.world == 1 {
             return Ok(());
         }
         if self.inlined(buffer.len()) {
             return self.allreduce_inline(header, buffer).await;
         }
+        let block = self.block_elems();
+        header.block = block as u64;
         self.circulate(header, &[]).await?;
+        // A block's reduce-scatter and allgather run back to back while its values are
+        // still in cache, instead of each pass streaming the whole buffer from memory.
+        for part in buffer.chunks_mut(block) {
+            self.ring_pass(part).await?;
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter then allgather of `buffer` around the ring.
+    async fn ring_pass(&mut self, buffer: &mut [f32]) -> Result<()> {
         let (n, r) = (self.world, self.rank);
         let len = buffer.len();
         // Reduce-scatter: after step s, segment r - s - 1 holds s + 2 ranks' values; at
@@ -417,6 +430,14 @@ impl RingGroup {
         }
     }
 
+    /// Values per block of a ring allreduce (a whole buffer when blocks are off).
+    fn block_elems(&self) -> usize {
+        match self.options.block_bytes / 4 {
+            0 => usize::MAX,
+            block => block,
+        }
+    }
+
     fn chunk_elems(&self) -> usize {
         (self.options.chunk_bytes / 4).max(1)
     }
@@ -437,6 +458,8 @@ struct Header {
     len: u64,
     /// Bytes of values that follow the header on the wire.
     inline: u64,
+    /// Values per block of a ring allreduce (0 for other operations).
+    block: u64,
 }
 
 /// A header's length in `f32` words (messages are stored as words, so the values after
@@ -444,7 +467,7 @@ struct Header {
 const HEADER_WORDS: usize = Header::BYTES / 4;
 
 impl Header {
-    const BYTES: usize = 32;
+    const BYTES: usize = 40;
 
     fn encode(&self) -> [u8; Self::BYTES] {
         let mut bytes = [0u8; Self::BYTES];
@@ -453,6 +476,7 @@ impl Header {
         bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.len.to_le_bytes());
         bytes[24..32].copy_from_slice(&self.inline.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.block.to_le_bytes());
         bytes
     }
 
@@ -466,6 +490,7 @@ impl Header {
             seq: u64_at(8),
             len: u64_at(16),
             inline: u64_at(24),
+            block: u64_at(32),
         }
     }
 
@@ -475,8 +500,12 @@ impl Header {
             Some(op) => format!("{op:?}"),
             None => format!("unknown operation {}", self.op),
         };
-        let path = if self.inline > 0 { "inline" } else { "ring" };
-        format!("{op} #{} of {} elements ({path})", self.seq, self.len)
+        let path = match (self.inline, self.block) {
+            (0, 0) => String::new(),
+            (0, block) => format!(" (ring, blocks of {block})"),
+            _ => " (inline)".to_string(),
+        };
+        format!("{op} #{} of {} elements{path}", self.seq, self.len)
     }
 }
 
@@ -766,6 +795,7 @@ mod tests {
             seq: u64::MAX - 1,
             len: 1 << 40,
             inline: 12,
+            block: 7,
         };
         assert_eq!(Header::decode(&header.encode()), header);
         assert_eq!(
