@@ -5,7 +5,8 @@
 //! eval "$(bash tools/libtorch.sh)"   # optional: puts torch's python on PATH for gloo
 //! env -u LIBTORCH -u LIBTORCH_USE_PYTORCH \
 //!     cargo run --locked --release -p runtime --example allreduce_procs -- [--worlds 2,4]
-//!     [--max-bytes 268435456] [--target-bytes 268435456] [--chunk-bytes 1048576] [--python PATH]
+//!     [--max-bytes 268435456] [--target-bytes 268435456] [--chunk-bytes 1048576]
+//!     [--inline-bytes 131072] [--block-bytes 524288] [--python PATH]
 //! ```
 //!
 //! For each world size the driver starts the ranks of this binary (`rank ...`), then the
@@ -15,12 +16,18 @@
 //! counts (enough to move `--target-bytes` per size, 5 to 1000, after a fifth as many
 //! warm-up ops, at most 50) and print the same JSON lines; the time per op is the
 //! slowest rank's median, and busbw = 2 (n - 1) / n * bytes / time, as in nccl-tests.
+//!
+//! The ceiling printed first is this machine's memcpy bandwidth on one thread (buffers of
+//! the largest size, at least 64 MiB): over loopback TCP every byte a rank sends is copied twice by the
+//! kernel (into the socket, out of it) and reduced once, so the busbw columns are also
+//! shown as a share of it.
 
+use std::hint::black_box;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{CollectiveOptions, RingGroup, RingSecret};
@@ -44,6 +51,8 @@ struct Flags {
     target_bytes: usize,
     python: Option<PathBuf>,
     chunk_bytes: usize,
+    inline_bytes: usize,
+    block_bytes: usize,
     rank: usize,
     ports: Vec<u16>,
 }
@@ -55,6 +64,8 @@ impl Flags {
             max_bytes: 256 << 20,
             target_bytes: 256 << 20,
             chunk_bytes: runtime::DEFAULT_CHUNK_BYTES,
+            inline_bytes: runtime::DEFAULT_INLINE_BYTES,
+            block_bytes: runtime::DEFAULT_BLOCK_BYTES,
             ..Flags::default()
         };
         let mut args = args.iter();
@@ -73,6 +84,8 @@ impl Flags {
                 "--target-bytes" => flags.target_bytes = value.parse().context("--target-bytes")?,
                 "--python" => flags.python = Some(value.into()),
                 "--chunk-bytes" => flags.chunk_bytes = value.parse().context("--chunk-bytes")?,
+                "--inline-bytes" => flags.inline_bytes = value.parse().context("--inline-bytes")?,
+                "--block-bytes" => flags.block_bytes = value.parse().context("--block-bytes")?,
                 "--rank" => flags.rank = value.parse().context("--rank")?,
                 "--ports" => {
                     flags.ports = list(value)?
@@ -122,8 +135,18 @@ fn driver(flags: &Flags) -> Result<()> {
         ),
     }
     println!(
-        "# imgrun: ring over TCP loopback, chunk {} KiB, one current-thread tokio runtime per rank",
-        flags.chunk_bytes >> 10
+        "# imgrun: ring over TCP loopback, chunk {} KiB, blocks of {} KiB, inline up to {} KiB x (n - 1), one current-thread tokio runtime per rank",
+        flags.chunk_bytes >> 10,
+        flags.block_bytes >> 10,
+        flags.inline_bytes >> 10
+    );
+    // At least 64 MiB, so the copy runs from memory, not from cache.
+    let memcpy_len = flags.max_bytes.max(64 << 20);
+    let ceiling = memcpy_bandwidth(memcpy_len, Duration::from_secs(1));
+    println!(
+        "# ceiling: memcpy on one thread, {} buffers: {:.2} GB/s",
+        human(memcpy_len as f64),
+        ceiling / 1e9
     );
     println!(
         "# {} cores; load before: {}",
@@ -142,13 +165,29 @@ fn driver(flags: &Flags) -> Result<()> {
             None => None,
         };
         let theirs_s = started.elapsed().as_secs_f64();
-        print_table(world, &ours, theirs.as_deref());
+        print_table(world, &ours, theirs.as_deref(), ceiling);
         println!(
             "# {world} ranks: imgrun {ours_s:.1} s, gloo {theirs_s:.1} s; load after: {}",
             load()
         );
     }
     Ok(())
+}
+
+/// Bytes per second that one thread copies between two buffers of `len` bytes.
+fn memcpy_bandwidth(len: usize, window: Duration) -> f64 {
+    let source = vec![7u8; len];
+    let mut target = vec![0u8; len];
+    // Once to fault the pages in.
+    target.copy_from_slice(&source);
+    let started = Instant::now();
+    let mut copies = 0u64;
+    while started.elapsed() < window {
+        target.copy_from_slice(black_box(&source));
+        black_box(&mut target);
+        copies += 1;
+    }
+    copies as f64 * len as f64 / started.elapsed().as_secs_f64()
 }
 
 fn python(flags: &Flags) -> PathBuf {
@@ -189,6 +228,8 @@ fn run_imgrun(flags: &Flags, world: usize) -> Result<Vec<Value>> {
                 .args(["--max-bytes", &flags.max_bytes.to_string()])
                 .args(["--target-bytes", &flags.target_bytes.to_string()])
                 .args(["--chunk-bytes", &flags.chunk_bytes.to_string()])
+                .args(["--inline-bytes", &flags.inline_bytes.to_string()])
+                .args(["--block-bytes", &flags.block_bytes.to_string()])
                 .env(SECRET_ENV, &secret)
                 .stdout(if rank == 0 {
                     Stdio::piped()
@@ -244,7 +285,7 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
         .collect()
 }
 
-fn print_table(world: usize, ours: &[Value], theirs: Option<&[Value]>) {
+fn print_table(world: usize, ours: &[Value], theirs: Option<&[Value]>, ceiling: f64) {
     let field = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let find = |lines: Option<&[Value]>, bytes: f64| {
         lines.and_then(|ls| ls.iter().find(|v| field(v, "bytes") == bytes).cloned())
@@ -252,8 +293,16 @@ fn print_table(world: usize, ours: &[Value], theirs: Option<&[Value]>) {
     println!();
     println!("## {world} processes, float32 allreduce, loopback");
     println!(
-        "{:>10} {:>6} {:>12} {:>12} {:>11} {:>11} {:>8}",
-        "bytes", "iters", "imgrun us", "gloo us", "imgrun GB/s", "gloo GB/s", "ratio"
+        "{:>10} {:>6} {:>12} {:>12} {:>11} {:>11} {:>8} {:>9} {:>9}",
+        "bytes",
+        "iters",
+        "imgrun us",
+        "gloo us",
+        "imgrun GB/s",
+        "gloo GB/s",
+        "ratio",
+        "imgrun %",
+        "gloo %"
     );
     for ours in ours {
         let bytes = field(ours, "bytes");
@@ -263,17 +312,21 @@ fn print_table(world: usize, ours: &[Value], theirs: Option<&[Value]>) {
         });
         let busbw = field(ours, "busbw_gbps");
         println!(
-            "{:>10} {:>6} {:>12.1} {:>12.1} {:>11.3} {:>11.3} {:>8.2}",
+            "{:>10} {:>6} {:>12.1} {:>12.1} {:>11.3} {:>11.3} {:>8.2} {:>8.1}% {:>8.1}%",
             human(bytes),
             field(ours, "iters"),
             field(ours, "median_us"),
             gloo_us,
             busbw,
             gloo_bw,
-            busbw / gloo_bw
+            busbw / gloo_bw,
+            100.0 * busbw / (ceiling / 1e9),
+            100.0 * gloo_bw / (ceiling / 1e9)
         );
     }
-    println!("(GB/s: bus bandwidth of the slowest rank's median; ratio: imgrun / gloo)");
+    println!(
+        "(GB/s: bus bandwidth of the slowest rank's median; ratio: imgrun / gloo; %: of memcpy)"
+    );
     if let Some(small) = ours.first() {
         let bytes = field(small, "bytes");
         let gloo = find(theirs, bytes);
@@ -338,6 +391,8 @@ async fn rank_body(flags: &Flags) -> Result<()> {
         "allreduce-bench",
         CollectiveOptions {
             chunk_bytes: flags.chunk_bytes,
+            inline_bytes: flags.inline_bytes,
+            block_bytes: flags.block_bytes,
             ..CollectiveOptions::default()
         },
     )

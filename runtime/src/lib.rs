@@ -43,8 +43,9 @@ pub use client::{
     GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
-    CollectiveError, CollectiveOptions, DEFAULT_CHUNK_BYTES, Link, MixError, Mixer, RingGroup,
-    RingPurpose, RingSecret, Topology, UnknownTopology,
+    CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,
+    DEFAULT_INLINE_BYTES, Link, MixError, Mixer, RingGroup, RingPurpose, RingSecret, Topology,
+    UnknownTopology,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};

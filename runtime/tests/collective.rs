@@ -17,8 +17,29 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(20);
 fn options(chunk_bytes: usize) -> CollectiveOptions {
     CollectiveOptions {
         chunk_bytes,
+        // The chunked ring on whole buffers; `inline_options` turns the inline path on,
+        // `block_options` cuts buffers into blocks.
+        inline_bytes: 0,
+        block_bytes: 0,
         op_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
+    }
+}
+
+/// `options(chunk_bytes)` with small buffers sent inline with the header round (up to
+/// `inline_bytes` times the world size less one), so both allreduce paths run.
+fn inline_options(chunk_bytes: usize, inline_bytes: usize) -> CollectiveOptions {
+    CollectiveOptions {
+        inline_bytes,
+        ..options(chunk_bytes)
+    }
+}
+
+/// `options(chunk_bytes)` with ring allreduces run block by block.
+fn block_options(chunk_bytes: usize, block_bytes: usize) -> CollectiveOptions {
+    CollectiveOptions {
+        block_bytes,
+        ..options(chunk_bytes)
     }
 }
 
@@ -101,13 +122,16 @@ async fn check_allreduce(groups: Vec<RingGroup>, sizes: &[usize], seed: u64) -> 
 async fn allreduce_matches_direct_sum_for_every_world() -> Result<()> {
     // 16-element chunks, so chunk boundaries fall inside small buffers.
     let chunk = 16;
-    for world in 1..=8usize {
-        let mut sizes = vec![0, 1, world.saturating_sub(1), world + 1, 7, 13, 31, 257];
-        for boundary in [chunk, world * chunk, 3 * world * chunk] {
-            sizes.extend([boundary - 1, boundary, boundary + 1]);
+    // The chunked ring, then every size inline with the header round.
+    for inline_bytes in [0, usize::MAX] {
+        for world in 1..=8usize {
+            let mut sizes = vec![0, 1, world.saturating_sub(1), world + 1, 7, 13, 31, 257];
+            for boundary in [chunk, world * chunk, 3 * world * chunk] {
+                sizes.extend([boundary - 1, boundary, boundary + 1]);
+            }
+            let groups = RingGroup::in_memory(world, inline_options(chunk * 4, inline_bytes));
+            check_allreduce(groups, &sizes, 1000 * world as u64).await?;
         }
-        let groups = RingGroup::in_memory(world, options(chunk * 4));
-        check_allreduce(groups, &sizes, 1000 * world as u64).await?;
     }
     Ok(())
 }
@@ -190,14 +214,27 @@ async fn broadcast_copies_the_roots_buffer() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disagreeing_ranks_all_fail() -> Result<()> {
     type Case = fn(usize) -> (usize, bool);
-    // (length, broadcast instead of allreduce) per rank.
-    let cases: [(&str, Case); 2] = [
-        ("length", |rank| (if rank == 2 { 11 } else { 10 }, false)),
-        ("operation", |rank| (10, rank == 0)),
+    // (length, broadcast instead of allreduce) per rank, and the largest inline buffer:
+    // both through the ring, both inline, and rank 2 inline while the others use the ring
+    // (which reads and forwards its longer message, so no rank waits for bytes).
+    let cases: [(&str, Case, usize); 5] = [
+        ("length", |rank| (if rank == 2 { 11 } else { 10 }, false), 0),
+        ("operation", |rank| (10, rank == 0), 0),
+        (
+            "inline length",
+            |rank| (if rank == 2 { 11 } else { 10 }, false),
+            1024,
+        ),
+        ("inline operation", |rank| (10, rank == 0), 1024),
+        (
+            "path",
+            |rank| (if rank == 2 { 10 } else { 1000 }, false),
+            1024,
+        ),
     ];
-    for (name, case) in cases {
+    for (name, case, inline_bytes) in cases {
         let outputs = run_ranks(
-            RingGroup::in_memory(4, options(64)),
+            RingGroup::in_memory(4, inline_options(64, inline_bytes)),
             |mut group| async move {
                 let (len, broadcast) = case(group.rank());
                 let mut buffer = vec![1.0; len];
@@ -279,6 +316,16 @@ async fn tcp_ring(
     jobs: Vec<&'static str>,
     options: CollectiveOptions,
 ) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
+    let per_rank = vec![options; secrets.len()];
+    tcp_ring_with(secrets, jobs, per_rank).await
+}
+
+/// [`tcp_ring`] with each rank's own options.
+async fn tcp_ring_with(
+    secrets: Vec<RingSecret>,
+    jobs: Vec<&'static str>,
+    options: Vec<CollectiveOptions>,
+) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
     let world = secrets.len();
     let mut listeners = Vec::new();
     for _ in 0..world {
@@ -292,10 +339,10 @@ async fn tcp_ring(
         .into_iter()
         .zip(secrets)
         .zip(jobs)
+        .zip(options)
         .enumerate()
-        .map(|(rank, ((listener, secret), job))| {
+        .map(|(rank, (((listener, secret), job), options))| {
             let next = addrs[(rank + 1) % world];
-            let options = options.clone();
             tokio::spawn(async move {
                 RingGroup::connect(rank, world, listener, next, &secret, job, options).await
             })
@@ -327,6 +374,56 @@ async fn tcp_ring_allreduces_megabytes() -> Result<()> {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         // 1 Mi floats (4 MiB) and a size that is not a multiple of anything.
         check_allreduce(groups, &[1 << 20, 1_000_003, 0, 5], 42).await?;
+    }
+    Ok(())
+}
+
+/// Ranks whose options put the same allreduce on different paths (inline or ring) or cut
+/// it into different blocks: every rank fails with a mismatch, none hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
+    let world = 3;
+    // (case, rank 1's options, the others', length)
+    let cases = [
+        ("path", inline_options(64, 0), inline_options(64, 1024), 10),
+        ("block", block_options(64, 64), block_options(64, 128), 1000),
+    ];
+    for (name, odd, usual, len) in cases {
+        let per_rank = (0..world)
+            .map(|rank| {
+                if rank == 1 {
+                    odd.clone()
+                } else {
+                    usual.clone()
+                }
+            })
+            .collect();
+        let ring = tcp_ring_with(
+            vec![RingSecret::random(); world],
+            vec!["odd"; world],
+            per_rank,
+        )
+        .await?;
+        let groups = ring
+            .into_iter()
+            .map(|(_, group)| group)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let outputs = run_ranks(groups, move |mut group| async move {
+            let first = group.allreduce_sum(&mut vec![1.0; len]).await;
+            let after = group.barrier().await;
+            (first, after)
+        })
+        .await?;
+        for (rank, (first, after)) in outputs.into_iter().enumerate() {
+            assert!(
+                matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
+                "{name}: rank {rank}: {first:?}"
+            );
+            assert!(
+                matches!(after, Err(CollectiveError::Poisoned { .. })),
+                "{name}: rank {rank}: {after:?}"
+            );
+        }
     }
     Ok(())
 }
@@ -619,7 +716,9 @@ fn interesting_sizes(rng: &mut StdRng, world: usize, chunk: usize) -> Vec<usize>
 async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<()> {
     // Chunks of 1, 2 (10 bytes round down to whole floats) and 16 floats hit many chunk
     // boundaries with small buffers.
-    for chunk_bytes in [4, 10, 64] {
+    // Inline 0: the chunked ring for every size; 1 KiB: small sizes inline, the rest
+    // through the ring, on one group.
+    for (chunk_bytes, inline_bytes) in [(4, 0), (10, 0), (64, 0), (64, 1024)] {
         let chunk = (chunk_bytes / 4).max(1);
         for world in 1..=8usize {
             let seed = base_seed() ^ ((world as u64) << 32) ^ chunk_bytes as u64;
@@ -628,13 +727,45 @@ async fn random_allreduce_matches_f64_sum_for_every_world_and_chunk() -> Result<
                 .into_iter()
                 .map(|len| sum_bucket(&mut rng, world, len))
                 .collect();
-            let case = format!("seed {seed} chunk_bytes {chunk_bytes}");
+            let case = format!("seed {seed} chunk_bytes {chunk_bytes} inline_bytes {inline_bytes}");
             check_schedule(
                 &case,
-                RingGroup::in_memory(world, options(chunk_bytes)),
+                RingGroup::in_memory(world, inline_options(chunk_bytes, inline_bytes)),
                 schedule,
             )
             .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Ring allreduces cut into blocks: blocks of 1, 3, 7 and 100 values (fewer than the
+/// ranks, odd, larger than a chunk), buffers on both sides of block edges and shorter
+/// than the world, sums and weighted means, worlds of 2 to 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_allreduce_matches_f64_sum_for_worlds_2_to_5() -> Result<()> {
+    for block_bytes in [4, 12, 28, 400] {
+        let block = block_bytes / 4;
+        for world in 2..=5usize {
+            let seed = base_seed() ^ ((world as u64) << 40) ^ block_bytes as u64;
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut sizes = vec![0, 1, world - 1, world, world + 1, 2 * world + 1];
+            for edge in [block, 3 * block, world * block] {
+                sizes.extend([edge.saturating_sub(1), edge, edge + 1]);
+            }
+            sizes.push(rng.random_range(0..20 * block + 50));
+            let schedule = sizes
+                .into_iter()
+                .enumerate()
+                .map(|(i, len)| match i % 3 {
+                    2 => mean_bucket(&mut rng, world, len, false),
+                    _ => sum_bucket(&mut rng, world, len),
+                })
+                .collect();
+            let case = format!("seed {seed} block_bytes {block_bytes}");
+            // Chunks of 2 values, so a block of 3 or more spans several.
+            let groups = RingGroup::in_memory(world, block_options(8, block_bytes));
+            check_schedule(&case, groups, schedule).await?;
         }
     }
     Ok(())
@@ -662,8 +793,10 @@ async fn random_buckets_in_a_row_on_one_group() -> Result<()> {
             })
             .collect();
         let case = format!("seed {seed}");
-        // Chunks of 4 KiB, so the larger buckets span many of them.
-        check_schedule(&case, RingGroup::in_memory(world, options(4096)), schedule).await?;
+        // Chunks of 4 KiB, so the larger buckets span many of them; the smaller ones go
+        // inline with the header round, so the paths alternate on one group.
+        let options = inline_options(4096, runtime::DEFAULT_INLINE_BYTES);
+        check_schedule(&case, RingGroup::in_memory(world, options), schedule).await?;
     }
     Ok(())
 }
@@ -710,7 +843,10 @@ async fn random_buckets_over_tcp() -> Result<()> {
         let ring = tcp_ring(
             vec![RingSecret::random(); world],
             vec!["props"; world],
-            options(chunk_bytes),
+            CollectiveOptions {
+                block_bytes: runtime::DEFAULT_BLOCK_BYTES,
+                ..inline_options(chunk_bytes, runtime::DEFAULT_INLINE_BYTES)
+            },
         )
         .await?;
         let groups = ring

@@ -8,10 +8,13 @@
 //! and both ranks). Data after the handshake is **not encrypted or authenticated**, as
 //! with gloo and NCCL: the ring is meant for a trusted cluster network.
 //!
-//! Every operation starts with a header (operation, sequence number, length, root) that
-//! goes once around the ring, so every rank sees every other rank's header before any
-//! data moves: ranks that disagree on the operation or its size all fail with
-//! [`CollectiveError::Mismatch`] instead of hanging or corrupting the buffer. After an
+//! Every operation starts with a header (operation, sequence number, length, root, ring
+//! block size, and how many bytes of values follow it) that goes once around the ring, so every rank sees
+//! every other rank's header before any data moves through the chunked ring: ranks that
+//! disagree on the operation or its size all fail with [`CollectiveError::Mismatch`]
+//! instead of hanging or corrupting the buffer. A small allreduce carries its values
+//! inline in that round (see [`CollectiveOptions::inline_bytes`]) and sums only once
+//! every header has been compared. After an
 //! operation fails (a refused argument aside) the group is poisoned and every later
 //! operation fails at once.
 
@@ -34,11 +37,34 @@ use crate::secret::{Secret, SecretPurpose};
 /// Default size of the chunks a segment is cut into on the wire.
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 
+/// Default of [`CollectiveOptions::block_bytes`].
+pub const DEFAULT_BLOCK_BYTES: usize = 512 << 10;
+
+/// Default of [`CollectiveOptions::inline_bytes`].
+pub const DEFAULT_INLINE_BYTES: usize = 128 << 10;
+
+/// Most bytes of values any rank may send inline with its header; a header that announces
+/// more is refused (so a peer cannot make a rank allocate more than this for it).
+pub const MAX_INLINE_BYTES: usize = 1 << 20;
+
 /// Tunables of a [`RingGroup`].
 #[derive(Clone, Debug)]
 pub struct CollectiveOptions {
     /// Bytes per chunk on the wire (rounded down to whole `f32`s, at least one).
     pub chunk_bytes: usize,
+    /// A ring allreduce runs its reduce-scatter and allgather on blocks of this many
+    /// bytes (rounded down to whole `f32`s) one after the other, so each block's values
+    /// are still in cache when they are sent on; 0 runs the whole buffer as one block.
+    /// Carried in the header: ranks that differ fail with [`CollectiveError::Mismatch`].
+    pub block_bytes: usize,
+    /// An allreduce whose buffer, times the world size less one, is at most this many
+    /// bytes skips the chunked ring: every rank's values travel once around the ring with
+    /// its header and every rank sums them in rank order. That is one trip around the
+    /// ring instead of three (header round, reduce-scatter, allgather), for n - 1 times
+    /// the buffer on each link instead of 2 (n - 1) / n times. 0 turns it off; values
+    /// above [`MAX_INLINE_BYTES`] act as that. All ranks must use the same value (ranks
+    /// that do not fail with [`CollectiveError::Mismatch`] when their paths differ).
+    pub inline_bytes: usize,
     /// Longest one operation may take before it fails with a timeout.
     pub op_timeout: Duration,
     /// Longest [`RingGroup::connect`] may take, retries and handshakes included.
@@ -49,6 +75,8 @@ impl Default for CollectiveOptions {
     fn default() -> Self {
         Self {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            inline_bytes: DEFAULT_INLINE_BYTES,
+            block_bytes: DEFAULT_BLOCK_BYTES,
             op_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(60),
         }

@@ -4,11 +4,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::link::Link;
-use super::{CollectiveError, CollectiveOptions, Op, RingSecret};
+use super::{CollectiveError, CollectiveOptions, MAX_INLINE_BYTES, Op, RingSecret};
 
 /// This rank's member of a ring of `world` ranks; operations must be called in the same
 /// order with the same sizes on every rank.
@@ -22,8 +22,11 @@ pub struct RingGroup {
     seq: u64,
     poisoned: bool,
     send_bytes: Vec<u8>,
-    recv_bytes: Vec<u8>,
+    recv_values: Vec<f32>,
     weighted: Vec<f32>,
+    /// Each rank's message of the last header round, by rank: its header's bytes as
+    /// [`HEADER_WORDS`] words, then the values it carried inline (wire order).
+    messages: Vec<Vec<f32>>,
 }
 
 type Result<T> = std::result::Result<T, CollectiveError>;
@@ -80,8 +83,9 @@ impl RingGroup {
             seq: 0,
             poisoned: false,
             send_bytes: Vec::new(),
-            recv_bytes: Vec::new(),
+            recv_values: Vec::new(),
             weighted: Vec::new(),
+            messages: Vec::new(),
         }
     }
 
@@ -165,7 +169,7 @@ impl RingGroup {
     pub async fn barrier(&mut self) -> Result<()> {
         let header = self.begin(Op::Barrier, 0, 0)?;
         let limit = self.options.op_timeout;
-        let result = tokio::time::timeout(limit, self.exchange_headers(header)).await;
+        let result = tokio::time::timeout(limit, self.circulate(header, &[])).await;
         self.finish(result, "barrier")
     }
 
@@ -179,6 +183,8 @@ impl RingGroup {
             root: root as u32,
             seq: self.seq,
             len: len as u64,
+            inline: 0,
+            block: 0,
         })
     }
 
@@ -202,11 +208,26 @@ impl RingGroup {
         result
     }
 
-    async fn allreduce(&mut self, header: Header, buffer: &mut [f32]) -> Result<()> {
+    async fn allreduce(&mut self, mut header: Header, buffer: &mut [f32]) -> Result<()> {
         if self.world == 1 {
             return Ok(());
         }
-        self.exchange_headers(header).await?;
+        if self.inlined(buffer.len()) {
+            return self.allreduce_inline(header, buffer).await;
+        }
+        let block = self.block_elems();
+        header.block = block as u64;
+        self.circulate(header, &[]).await?;
+        // A block's reduce-scatter and allgather run back to back while its values are
+        // still in cache, instead of each pass streaming the whole buffer from memory.
+        for part in buffer.chunks_mut(block) {
+            self.ring_pass(part).await?;
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter then allgather of `buffer` around the ring.
+    async fn ring_pass(&mut self, buffer: &mut [f32]) -> Result<()> {
         let (n, r) = (self.world, self.rank);
         let len = buffer.len();
         // Reduce-scatter: after step s, segment r - s - 1 holds s + 2 ranks' values; at
@@ -226,9 +247,14 @@ impl RingGroup {
     }
 
     /// Sends `buffer[send]` to the next rank while receiving `buffer[recv]` from the
-    /// previous one, chunk by chunk. Sending and receiving are two futures polled
-    /// together, so the sender streams ahead (as far as the socket buffers allow) while
-    /// the receiver adds what arrived, instead of both waiting for each chunk's add.
+    /// previous one. Sending and receiving are two futures polled together, so the sender
+    /// streams ahead (as far as the socket buffers allow) while the receiver adds what
+    /// arrived, instead of both waiting for each other.
+    ///
+    /// The sender hands the kernel the whole segment at once (each `write` takes what the
+    /// socket buffer has room for). The receiver adds values as soon as they arrive, from
+    /// a scratch buffer of at most one chunk that stays in cache, with a loop the compiler
+    /// vectorises; a copy step reads straight into `buffer`.
     async fn step(
         &mut self,
         buffer: &mut [f32],
@@ -241,7 +267,7 @@ impl RingGroup {
             rank,
             link,
             send_bytes,
-            recv_bytes,
+            recv_values,
             ..
         } = self;
         let rank = *rank;
@@ -249,7 +275,13 @@ impl RingGroup {
         let (next, prev) = (*next, *prev);
         let (outgoing, incoming) = split_disjoint(rank, buffer, &send, &recv)?;
         let sending = async {
-            for part in outgoing.chunks(chunk) {
+            // Chunks only matter where values need encoding (big-endian machines).
+            let parts = if cfg!(target_endian = "little") {
+                outgoing.len().max(1)
+            } else {
+                chunk
+            };
+            for part in outgoing.chunks(parts) {
                 tx.write_all(wire_bytes(part, send_bytes))
                     .await
                     .map_err(|e| io_error(rank, next, "allreduce", e))?;
@@ -257,22 +289,11 @@ impl RingGroup {
             Ok::<_, CollectiveError>(())
         };
         let receiving = async {
-            for part in incoming.chunks_mut(chunk) {
-                match apply {
-                    Apply::Add => {
-                        recv_bytes.resize(part.len() * 4, 0);
-                        rx.read_exact(recv_bytes)
-                            .await
-                            .map_err(|e| io_error(rank, prev, "allreduce", e))?;
-                        let values = recv_bytes.chunks_exact(4).map(decode_one);
-                        part.iter_mut().zip(values).for_each(|(x, v)| *x += v);
-                    }
-                    Apply::Copy => read_values(rx, part, recv_bytes)
-                        .await
-                        .map_err(|e| io_error(rank, prev, "allreduce", e))?,
-                }
+            match apply {
+                Apply::Add => add_incoming(rx, incoming, chunk, recv_values).await,
+                Apply::Copy => read_values(rx, incoming, recv_values).await,
             }
-            Ok(())
+            .map_err(|e| io_error(rank, prev, "allreduce", e))
         };
         tokio::try_join!(sending, receiving)?;
         Ok(())
@@ -287,7 +308,7 @@ impl RingGroup {
         if self.world == 1 {
             return Ok(());
         }
-        self.exchange_headers(header).await?;
+        self.circulate(header, &[]).await?;
         let chunk = self.chunk_elems();
         let forward = (self.rank + 1) % self.world != root;
         let whole = 0..buffer.len();
@@ -297,11 +318,12 @@ impl RingGroup {
                 rank,
                 link,
                 send_bytes,
+                recv_values,
                 ..
             } = self;
             let link = link_of(*rank, link)?;
             if *rank != root {
-                read_values(&mut link.rx, &mut buffer[part.clone()], send_bytes)
+                read_values(&mut link.rx, &mut buffer[part.clone()], recv_values)
                     .await
                     .map_err(|e| io_error(*rank, link.prev, "broadcast", e))?;
             }
@@ -315,41 +337,104 @@ impl RingGroup {
         Ok(())
     }
 
-    /// Passes every rank's header once around the ring (which makes it a barrier too)
-    /// and fails on every rank if any two disagree.
-    async fn exchange_headers(&mut self, ours: Header) -> Result<()> {
-        if self.world == 1 {
+    /// Whether an allreduce of `len` values goes inline with the header round.
+    fn inlined(&self, len: usize) -> bool {
+        let limit = self.options.inline_bytes.min(MAX_INLINE_BYTES);
+        len.saturating_mul(4).saturating_mul(self.world - 1) <= limit
+            && len.saturating_mul(4) <= MAX_INLINE_BYTES
+    }
+
+    /// Allreduce of a small buffer: every rank's values go once around the ring with its
+    /// header, then every rank sums all of them in rank order (so all get the same bits).
+    async fn allreduce_inline(&mut self, mut header: Header, buffer: &mut [f32]) -> Result<()> {
+        header.inline = buffer.len() as u64 * 4;
+        self.circulate(header, buffer).await?;
+        let rank = self.rank;
+        let carried = self.messages.iter().map(|m| &m[HEADER_WORDS..]);
+        for (k, values) in carried.enumerate() {
+            if values.len() != buffer.len() {
+                // Equal headers announce equal lengths, and each message was read to its
+                // header's length; this guards that reasoning, not the peers.
+                return Err(CollectiveError::Mismatch {
+                    rank,
+                    detail: format!(
+                        "rank {k} carried {} values, this rank {}",
+                        values.len(),
+                        buffer.len()
+                    ),
+                });
+            }
+        }
+        let mut messages = self.messages.iter_mut().map(|m| &mut m[HEADER_WORDS..]);
+        if let Some(first) = messages.next() {
+            from_wire(first);
+            buffer.copy_from_slice(first);
+        }
+        for values in messages {
+            from_wire(values);
+            add(buffer, values);
+        }
+        Ok(())
+    }
+
+    /// Passes every rank's message (its header, then the `values` it carries inline,
+    /// none outside [`Self::allreduce_inline`]) once around the ring, which makes it a
+    /// barrier too, and fails on every rank if any two headers disagree. Afterwards
+    /// `self.messages[k]` holds rank k's message. Each message says how long it is, so
+    /// ranks that disagree still read and forward whole messages: every rank finishes
+    /// the round and fails, none waits for bytes that never come.
+    async fn circulate(&mut self, ours: Header, values: &[f32]) -> Result<()> {
+        let (n, rank) = (self.world, self.rank);
+        if n == 1 {
             return Ok(());
         }
-        let mut current = ours.encode();
-        let mut incoming = [0u8; Header::BYTES];
+        self.messages.resize_with(n, Vec::new);
+        let own = &mut self.messages[rank];
+        own.resize(HEADER_WORDS + values.len(), 0.0);
+        let (head, own_values) = own.split_at_mut(HEADER_WORDS);
+        bytemuck::cast_slice_mut(head).copy_from_slice(&ours.encode());
+        own_values.copy_from_slice(values);
+        to_wire(own_values);
         let mut first_mismatch = None;
-        for step in 0..self.world - 1 {
-            exchange(
-                self.rank,
-                &mut self.link,
-                &current,
-                &mut incoming,
-                "header exchange",
-            )
-            .await?;
-            let theirs = Header::decode(&incoming);
+        for step in 0..n - 1 {
+            let (send_from, recv_from) = ((rank + n - step) % n, (rank + 2 * n - step - 1) % n);
+            let mut incoming = std::mem::take(&mut self.messages[recv_from]);
+            let outgoing = &self.messages[send_from];
+            let link = link_of(rank, &mut self.link)?;
+            let (next, prev) = (link.next, link.prev);
+            let Link { tx, rx, .. } = link;
+            let result = tokio::try_join!(
+                async {
+                    tx.write_all(bytemuck::cast_slice(outgoing.as_slice()))
+                        .await
+                        .map_err(|e| io_error(rank, next, "header exchange", e))
+                },
+                read_message(rank, prev, rx, &mut incoming),
+            );
+            self.messages[recv_from] = incoming;
+            let ((), theirs) = result?;
             if theirs != ours && first_mismatch.is_none() {
-                let from = (self.rank + 2 * self.world - step - 1) % self.world;
-                first_mismatch = Some((from, theirs));
+                first_mismatch = Some((recv_from, theirs));
             }
-            current = incoming;
         }
         match first_mismatch {
             None => Ok(()),
             Some((from, theirs)) => Err(CollectiveError::Mismatch {
-                rank: self.rank,
+                rank,
                 detail: format!(
                     "rank {from} runs {}, this rank runs {}",
                     theirs.describe(),
                     ours.describe()
                 ),
             }),
+        }
+    }
+
+    /// Values per block of a ring allreduce (a whole buffer when blocks are off).
+    fn block_elems(&self) -> usize {
+        match self.options.block_bytes / 4 {
+            0 => usize::MAX,
+            block => block,
         }
     }
 
@@ -371,10 +456,18 @@ struct Header {
     root: u32,
     seq: u64,
     len: u64,
+    /// Bytes of values that follow the header on the wire.
+    inline: u64,
+    /// Values per block of a ring allreduce (0 for other operations).
+    block: u64,
 }
 
+/// A header's length in `f32` words (messages are stored as words, so the values after
+/// it can be viewed as `f32`s in place).
+const HEADER_WORDS: usize = Header::BYTES / 4;
+
 impl Header {
-    const BYTES: usize = 24;
+    const BYTES: usize = 40;
 
     fn encode(&self) -> [u8; Self::BYTES] {
         let mut bytes = [0u8; Self::BYTES];
@@ -382,6 +475,8 @@ impl Header {
         bytes[4..8].copy_from_slice(&self.root.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.len.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.inline.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.block.to_le_bytes());
         bytes
     }
 
@@ -394,6 +489,8 @@ impl Header {
             root: u32_at(4),
             seq: u64_at(8),
             len: u64_at(16),
+            inline: u64_at(24),
+            block: u64_at(32),
         }
     }
 
@@ -403,7 +500,12 @@ impl Header {
             Some(op) => format!("{op:?}"),
             None => format!("unknown operation {}", self.op),
         };
-        format!("{op} #{} of {} elements", self.seq, self.len)
+        let path = match (self.inline, self.block) {
+            (0, 0) => String::new(),
+            (0, block) => format!(" (ring, blocks of {block})"),
+            _ => " (inline)".to_string(),
+        };
+        format!("{op} #{} of {} elements{path}", self.seq, self.len)
     }
 }
 
@@ -464,25 +566,82 @@ fn wire_bytes<'a>(values: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
 
 /// Reads `values.len()` wire values into `values`: straight into their memory on a
 /// little-endian machine, through `scratch` elsewhere.
-async fn read_values<R: AsyncReadExt + Unpin>(
+async fn read_values<R: AsyncRead + Unpin>(
     rx: &mut R,
     values: &mut [f32],
-    scratch: &mut Vec<u8>,
-) -> std::io::Result<()> {
+    scratch: &mut Vec<f32>,
+) -> io::Result<()> {
     if cfg!(target_endian = "little") {
         rx.read_exact(bytemuck::cast_slice_mut(values)).await?;
     } else {
-        scratch.resize(values.len() * 4, 0);
-        rx.read_exact(scratch).await?;
-        for (x, bytes) in values.iter_mut().zip(scratch.chunks_exact(4)) {
-            *x = decode_one(bytes);
+        scratch.clear();
+        scratch.resize(values.len(), 0.0);
+        rx.read_exact(bytemuck::cast_slice_mut(scratch.as_mut_slice()))
+            .await?;
+        values.copy_from_slice(scratch);
+        from_wire(values);
+    }
+    Ok(())
+}
+
+/// Adds `values.len()` wire values from `rx` into `values` as they arrive, through
+/// `scratch` (grown to at most `chunk` values), so each value is added while the bytes
+/// the kernel just copied are still in cache.
+async fn add_incoming<R: AsyncRead + Unpin>(
+    rx: &mut R,
+    values: &mut [f32],
+    chunk: usize,
+    scratch: &mut Vec<f32>,
+) -> io::Result<()> {
+    let longest = chunk.min(values.len());
+    if scratch.len() < longest {
+        scratch.resize(longest, 0.0);
+    }
+    for part in values.chunks_mut(chunk) {
+        let wire = &mut scratch[..part.len()];
+        let want = part.len() * 4;
+        let (mut filled, mut added) = (0, 0);
+        while filled < want {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut *wire);
+            let n = rx.read(&mut bytes[filled..want]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            filled += n;
+            let whole = filled / 4;
+            from_wire(&mut wire[added..whole]);
+            add(&mut part[added..whole], &wire[added..whole]);
+            added = whole;
         }
     }
     Ok(())
 }
 
-fn decode_one(bytes: &[u8]) -> f32 {
-    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+/// `values += wire`, element by element (a loop the compiler vectorises).
+fn add(values: &mut [f32], wire: &[f32]) {
+    for (x, w) in values.iter_mut().zip(wire) {
+        *x += w;
+    }
+}
+
+/// Turns native values into their little-endian wire form (nothing to do on a
+/// little-endian machine).
+fn to_wire(values: &mut [f32]) {
+    if cfg!(target_endian = "big") {
+        for x in values {
+            *x = f32::from_bits(x.to_bits().to_le());
+        }
+    }
+}
+
+/// Turns values read as little-endian wire bytes into native ones (nothing to do on a
+/// little-endian machine).
+fn from_wire(values: &mut [f32]) {
+    if cfg!(target_endian = "big") {
+        for x in values {
+            *x = f32::from_bits(u32::from_le(x.to_bits()));
+        }
+    }
 }
 
 fn link_of(rank: usize, link: &mut Option<Link>) -> Result<&mut Link> {
@@ -493,30 +652,39 @@ fn link_of(rank: usize, link: &mut Option<Link>) -> Result<&mut Link> {
         })
 }
 
-/// Sends `send` to the next rank while filling `recv` from the previous one.
-async fn exchange(
+/// Reads one header-round message from the previous rank into `into` (header words,
+/// then its inline values) and returns its header. A header that announces more than
+/// [`MAX_INLINE_BYTES`], or bytes that are not whole values, is refused before anything
+/// is allocated for it.
+async fn read_message<R: AsyncRead + Unpin>(
     rank: usize,
-    link: &mut Option<Link>,
-    send: &[u8],
-    recv: &mut [u8],
-    what: &'static str,
-) -> Result<()> {
-    let Link { next, prev, tx, rx } = link_of(rank, link)?;
-    let (next, prev) = (*next, *prev);
-    tokio::try_join!(
-        async {
-            tx.write_all(send)
-                .await
-                .map_err(|e| io_error(rank, next, what, e))
-        },
-        async {
-            rx.read_exact(recv)
-                .await
-                .map(|_| ())
-                .map_err(|e| io_error(rank, prev, what, e))
-        },
-    )?;
-    Ok(())
+    prev: usize,
+    rx: &mut R,
+    into: &mut Vec<f32>,
+) -> Result<Header> {
+    let what = "header exchange";
+    let mut head = [0u8; Header::BYTES];
+    rx.read_exact(&mut head)
+        .await
+        .map_err(|e| io_error(rank, prev, what, e))?;
+    let header = Header::decode(&head);
+    let inline = usize::try_from(header.inline)
+        .ok()
+        .filter(|&n| n <= MAX_INLINE_BYTES && n % 4 == 0)
+        .ok_or_else(|| CollectiveError::Mismatch {
+            rank,
+            detail: format!(
+                "rank {prev} announced {} inline bytes (at most {MAX_INLINE_BYTES}, whole values)",
+                header.inline
+            ),
+        })?;
+    into.resize(HEADER_WORDS + inline / 4, 0.0);
+    let (words, values) = into.split_at_mut(HEADER_WORDS);
+    bytemuck::cast_slice_mut(words).copy_from_slice(&head);
+    rx.read_exact(bytemuck::cast_slice_mut(values))
+        .await
+        .map_err(|e| io_error(rank, prev, what, e))?;
+    Ok(header)
 }
 
 fn io_error(rank: usize, peer: usize, what: &'static str, source: io::Error) -> CollectiveError {
@@ -536,7 +704,72 @@ fn io_error(rank: usize, peer: usize, what: &'static str, source: io::Error) -> 
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::ReadBuf;
+
     use super::*;
+
+    /// Hands out its bytes 1 to 7 at a time, so values are split across reads.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = &mut *self;
+            let n = this
+                .step
+                .min(buf.remaining())
+                .min(this.bytes.len() - this.at);
+            buf.put_slice(&this.bytes[this.at..this.at + n]);
+            this.at += n;
+            this.step = this.step % 7 + 1;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn add_incoming_adds_values_split_across_reads() {
+        for len in [0usize, 1, 2, 5, 17, 100] {
+            for chunk in [1, 3, 64] {
+                let wire: Vec<u8> = (0..len)
+                    .flat_map(|i| (10.0 * i as f32).to_le_bytes())
+                    .collect();
+                let mut values: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                let mut scratch = vec![0.5; 2];
+                let mut rx = Trickle {
+                    bytes: wire.clone(),
+                    at: 0,
+                    step: 1,
+                };
+                add_incoming(&mut rx, &mut values, chunk, &mut scratch)
+                    .await
+                    .expect("whole stream");
+                let want: Vec<f32> = (0..len).map(|i| 11.0 * i as f32).collect();
+                assert_eq!(values, want, "len {len} chunk {chunk}");
+                if len > 0 {
+                    // One byte short: an error, not a hang or a partial value.
+                    let mut rx = Trickle {
+                        bytes: wire[..wire.len() - 1].to_vec(),
+                        at: 0,
+                        step: 3,
+                    };
+                    let err = add_incoming(&mut rx, &mut values, chunk, &mut scratch)
+                        .await
+                        .expect_err("truncated stream");
+                    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+                }
+            }
+        }
+    }
 
     #[test]
     fn segments_tile_the_buffer() {
@@ -561,12 +794,14 @@ mod tests {
             root: 3,
             seq: u64::MAX - 1,
             len: 1 << 40,
+            inline: 12,
+            block: 7,
         };
         assert_eq!(Header::decode(&header.encode()), header);
         assert_eq!(
             header.describe(),
             format!(
-                "broadcast from rank 3 #{} of {} elements",
+                "broadcast from rank 3 #{} of {} elements (inline)",
                 u64::MAX - 1,
                 1u64 << 40
             )
@@ -590,6 +825,10 @@ mod tests {
             );
         }
         assert!(split_disjoint(0, &mut buffer, &(0..4), &(3..6)).is_err());
+    }
+
+    fn decode_one(bytes: &[u8]) -> f32 {
+        f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
     }
 
     #[test]
