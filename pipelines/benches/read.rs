@@ -9,9 +9,10 @@
 //! `tools/pytools.sh`; without it that row says why it was skipped. The goals are
 //! >= 10x Python's samples/s and >= 0.9x `cat`'s MB/s. Timings are printed, never asserted.
 //!
-//! Below the table, variants of the imgrun reader (the tar read straight from the file,
-//! or through a 1 MiB buffer as it was before the reader read member data in place) show
-//! where the time goes. Options (after `--`): `--runs N` (default 3) and `--only-imgrun`,
+//! Below the table, variants of the imgrun reader show where the time goes: the public
+//! `ShardSamples` on the file as any `Read` (member data read into zeroed memory, which
+//! `SampleReader` skips for a local file), or through a 1 MiB buffer as it was before the
+//! reader read member data in place, and a lean tar walk that is not imgrun. Options (after `--`): `--runs N` (default 3) and `--only-imgrun`,
 //! for profiling:
 //!
 //!     perf record -g target/release/deps/read-<hash> --only-imgrun --runs 20
@@ -180,7 +181,7 @@ fn main() {
     println!("variants of the imgrun reader (where the time goes):");
     let variants: [(&str, Box<Reader>); 3] = [
         (
-            "  ShardSamples on the bare File",
+            "  ShardSamples, bare File, zeroed",
             Box::new(|| read_shard_samples(&shards, None)),
         ),
         (
@@ -299,9 +300,10 @@ fn read_with_imgrun(urls: &[String], options: SourceOptions) -> Timed {
     Ok((counts, start.elapsed()))
 }
 
-/// The tar parsed straight from the file, without `Sources` and its compression check;
-/// with `buffer`, through a `BufReader` of that size, which every byte then passes (one
-/// more copy: what the reader paid for its 1 MiB read buffer before).
+/// The tar parsed straight from the file, without `Sources` and its compression check,
+/// as a plain `Read` (member data read into zeroed memory); with `buffer`, through a
+/// `BufReader` of that size, which every byte then passes (one more copy: what the
+/// reader paid for its 1 MiB read buffer before).
 fn read_shard_samples(paths: &[PathBuf], buffer: Option<usize>) -> Timed {
     let start = Instant::now();
     let mut stats = ReadStats::default();
