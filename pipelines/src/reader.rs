@@ -225,15 +225,15 @@ impl<R: Read> ShardSamples<R> {
 }
 
 /// The samples of one shard's tar walk, under a policy and a member limit.
-struct Walk {
-    url: Arc<str>,
-    policy: ErrorPolicy,
-    max_member: u64,
+pub(crate) struct Walk {
+    pub url: Arc<str>,
+    pub policy: ErrorPolicy,
+    pub max_member: u64,
 }
 
 impl Walk {
     /// [`ShardSamples::for_each`] over `stream`.
-    fn samples<R: TarRead>(
+    pub fn samples<R: TarRead>(
         self,
         stream: R,
         stats: &mut ReadStats,
