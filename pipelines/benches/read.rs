@@ -9,10 +9,17 @@
 //! `tools/pytools.sh`; without it that row says why it was skipped. The goals are
 //! >= 10x Python's samples/s and >= 0.9x `cat`'s MB/s. Timings are printed, never asserted.
 //!
-//! Below the table, variants of the imgrun reader (the tar read straight from the file,
-//! or through a 1 MiB buffer as it was before the reader read member data in place) show
-//! where the time goes. Options (after `--`): `--runs N` (default 3) and `--only-imgrun`,
-//! for profiling:
+//! A run takes some 40 ms, so on a busy machine its wall time says more about the load
+//! than about the reader. imgrun and `cat` are also set side by side by the CPU time of
+//! all their runs (user and system, in 10 ms ticks: imgrun's own, `cat`'s as a waited-for
+//! child), which time spent waiting for a core does not inflate.
+//!
+//! Below the table, variants of the imgrun reader show where the time goes: the public
+//! `ShardSamples` on the file as any `Read` (member data read into zeroed memory, which
+//! `SampleReader` skips for a local file), or through a 1 MiB buffer as it was before the
+//! reader read member data in place, and a lean tar walk that is not imgrun.
+//!
+//! Options (after `--`): `--runs N` (default 10) and `--only-imgrun`, for profiling:
 //!
 //!     perf record -g target/release/deps/read-<hash> --only-imgrun --runs 20
 
@@ -34,8 +41,8 @@ const SAMPLES: u64 = 3_000;
 const PER_SHARD: u64 = 1_000;
 /// Payload sizes are uniform in this range: 110 KB on average, like ImageNet's JPEGs.
 const JPEG_BYTES: std::ops::RangeInclusive<usize> = 40_000..=180_000;
-/// Timed runs of each reader; the best is reported.
-const DEFAULT_RUNS: usize = 3;
+/// Timed runs of each reader; the best is reported (and the CPU time of all of them).
+const DEFAULT_RUNS: usize = 10;
 /// Bump when the generated data changes, so that old shards are not reused.
 const DATA_VERSION: &str = "read-v1";
 
@@ -90,19 +97,24 @@ fn main() {
     let mut imgrun_best: Option<(Counts, Duration)> = None;
     let mut cat_best: Option<Duration> = None;
     let mut cat_error = None;
+    let mut cpu = CpuTicks::default();
     for _ in 0..runs {
+        let before = cpu_ticks();
         let (counts, time) = read_with_imgrun(&urls, SourceOptions::default())
             .unwrap_or_else(|error| fail(&format!("imgrun failed: {error}")));
+        cpu.add(before, cpu_ticks());
         if imgrun_best.is_none_or(|(_, best)| time < best) {
             imgrun_best = Some((counts, time));
         }
         if only_imgrun {
             continue;
         }
+        let before = cpu_ticks();
         match read_with_cat(&shards) {
             Ok((_, time)) => cat_best = Some(cat_best.map_or(time, |best| best.min(time))),
             Err(error) => cat_error = Some(error),
         }
+        cpu.add(before, cpu_ticks());
     }
     // Invariant: `runs` is at least 1, so the loop ran imgrun at least once.
     let (counts, imgrun_time) = imgrun_best.expect("one imgrun run");
@@ -175,12 +187,20 @@ fn main() {
     ratio_line("imgrun / python samples/s", vs_python, Some(GOAL_VS_PYTHON));
     let vs_cat = cat.map(|c| c.seconds / imgrun.seconds);
     ratio_line("imgrun / cat MB/s", vs_cat, Some(GOAL_VS_CAT));
+    let by_cpu = (cpu.own > 0 && cpu.children > 0 && cat_error.is_none())
+        .then(|| cpu.children as f64 / cpu.own as f64);
+    ratio_line("imgrun / cat MB/s, by CPU time", by_cpu, Some(GOAL_VS_CAT));
+    println!(
+        "  (CPU time of all {runs} runs: imgrun {:.2} s, cat {:.2} s)",
+        cpu.own as f64 / TICKS_PER_SECOND,
+        cpu.children as f64 / TICKS_PER_SECOND
+    );
 
     println!();
     println!("variants of the imgrun reader (where the time goes):");
     let variants: [(&str, Box<Reader>); 3] = [
         (
-            "  ShardSamples on the bare File",
+            "  ShardSamples, bare File, zeroed",
             Box::new(|| read_shard_samples(&shards, None)),
         ),
         (
@@ -219,6 +239,38 @@ impl Rates {
             seconds,
         }
     }
+}
+
+/// Clock ticks a second in `/proc/self/stat` (`USER_HZ`, 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time summed over runs, in clock ticks: this process's own (imgrun's runs) and its
+/// waited-for children's (`cat`'s runs; the two take turns, so each delta is one side's).
+#[derive(Debug, Default)]
+struct CpuTicks {
+    own: u64,
+    children: u64,
+}
+
+impl CpuTicks {
+    fn add(&mut self, before: Option<(u64, u64)>, after: Option<(u64, u64)>) {
+        if let (Some(before), Some(after)) = (before, after) {
+            self.own += after.0.saturating_sub(before.0);
+            self.children += after.1.saturating_sub(before.1);
+        }
+    }
+}
+
+/// This process's CPU time and its waited-for children's (user + system), in clock ticks,
+/// from `/proc/self/stat`; `None` where it cannot be read.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at the state, field 3;
+    // utime, stime, cutime and cstime are fields 14 to 17.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some((field(14)? + field(15)?, field(16)? + field(17)?))
 }
 
 fn fail(message: &str) -> ! {
@@ -299,9 +351,10 @@ fn read_with_imgrun(urls: &[String], options: SourceOptions) -> Timed {
     Ok((counts, start.elapsed()))
 }
 
-/// The tar parsed straight from the file, without `Sources` and its compression check;
-/// with `buffer`, through a `BufReader` of that size, which every byte then passes (one
-/// more copy: what the reader paid for its 1 MiB read buffer before).
+/// The tar parsed straight from the file, without `Sources` and its compression check,
+/// as a plain `Read` (member data read into zeroed memory); with `buffer`, through a
+/// `BufReader` of that size, which every byte then passes (one more copy: what the
+/// reader paid for its 1 MiB read buffer before).
 fn read_shard_samples(paths: &[PathBuf], buffer: Option<usize>) -> Timed {
     let start = Instant::now();
     let mut stats = ReadStats::default();

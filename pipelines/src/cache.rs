@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::error::ShardError;
-use crate::source::ShardStream;
+use crate::source::{ShardStream, Stored};
 
 /// A partial file not written to for this long belongs to a fill that died: a live HTTP
 /// fill writes at least once per read timeout. Should a live fill's file be removed
@@ -150,7 +150,7 @@ impl ShardCache {
         self: &Arc<Self>,
         url: &str,
         open_source: impl FnOnce() -> Result<(ShardStream, Option<u64>), ShardError>,
-    ) -> Result<ShardStream, ShardError> {
+    ) -> Result<Stored, ShardError> {
         let name = entry_name(url);
         let entry = self.dir.join(&name);
         // Whether to try a fill on a miss: not when the folder cannot even be read.
@@ -163,7 +163,7 @@ impl ShardCache {
                 }
                 CacheStats::add(&self.stats.hits);
                 tracing::debug!(url, path = %entry.display(), "shard cache hit");
-                return Ok(Box::new(file));
+                return Ok(Stored::File(file));
             }
             // Not a file (a folder of that name, say): the rename will tell.
             Ok(_) => true,
@@ -177,12 +177,12 @@ impl ShardCache {
         let (source, declared) = open_source()?;
         if !usable {
             CacheStats::add(&self.stats.discarded);
-            return Ok(source);
+            return Ok(Stored::Stream(source));
         }
         if declared.is_some_and(|n| n > self.max_bytes) {
             tracing::debug!(url, declared, "shard larger than the cache, not kept");
             CacheStats::add(&self.stats.discarded);
-            return Ok(source);
+            return Ok(Stored::Stream(source));
         }
         let fill = FILLS.fetch_add(1, Ordering::Relaxed);
         let partial = self.dir.join(format!(
@@ -198,10 +198,10 @@ impl ShardCache {
                     "cannot write to the shard cache, reading uncached",
                 );
                 CacheStats::add(&self.stats.discarded);
-                return Ok(source);
+                return Ok(Stored::Stream(source));
             }
         };
-        Ok(Box::new(Fill {
+        Ok(Stored::Stream(Box::new(Fill {
             cache: Arc::clone(self),
             url: url.to_string(),
             source,
@@ -209,7 +209,7 @@ impl ShardCache {
             written: 0,
             partial: Some((partial, file)),
             entry,
-        }))
+        })))
     }
 
     /// Removes least recently used entries until the complete ones fit `max_bytes`,

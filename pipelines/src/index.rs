@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 use std::ops::ControlFlow;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{ErrorPolicy, ShardError};
 use crate::manifest::{Manifest, ManifestShard, shard_name};
-use crate::reader::{ReadStats, SampleReader, ShardSamples};
+use crate::members::TarRead;
+use crate::reader::{ReadStats, SampleReader, Walk};
 use crate::sample::decode_int_field;
 
 /// How [`index_shards`] reads.
@@ -145,7 +146,7 @@ fn index_one(
     url: &str,
     label_field: &str,
 ) -> Result<ManifestShard, IndexError> {
-    let stream = reader.sources().open(url)?;
+    let stream = reader.sources().open_tar(url)?;
     let mut bytes = 0;
     let counted = Counting {
         inner: stream,
@@ -156,32 +157,34 @@ fn index_one(
     let mut bad_label = None;
     let mut stats = ReadStats::default();
     // A break only comes with `bad_label` set, which is checked below.
-    let _flow = ShardSamples::new(url, counted)
-        .with_policy(ErrorPolicy::Fail)
-        .with_max_member(reader.max_member())
-        .for_each(&mut stats, &mut |sample| {
-            samples += 1;
-            let Some(label) = sample.field(label_field) else {
-                return ControlFlow::Continue(());
-            };
-            match decode_int_field(label)
-                .and_then(|class| u64::try_from(class).map_err(|_| format!("{class} is negative")))
-            {
-                Ok(class) => {
-                    *counts.entry(class).or_default() += 1;
-                    ControlFlow::Continue(())
-                }
-                Err(reason) => {
-                    bad_label = Some(IndexError::Label {
-                        url: url.to_string(),
-                        key: sample.key,
-                        field: label_field.to_string(),
-                        reason,
-                    });
-                    ControlFlow::Break(())
-                }
+    let walk = Walk {
+        url: Arc::from(url),
+        policy: ErrorPolicy::Fail,
+        max_member: reader.max_member(),
+    };
+    let _flow = walk.samples(counted, &mut stats, &mut |sample| {
+        samples += 1;
+        let Some(label) = sample.field(label_field) else {
+            return ControlFlow::Continue(());
+        };
+        match decode_int_field(label)
+            .and_then(|class| u64::try_from(class).map_err(|_| format!("{class} is negative")))
+        {
+            Ok(class) => {
+                *counts.entry(class).or_default() += 1;
+                ControlFlow::Continue(())
             }
-        })?;
+            Err(reason) => {
+                bad_label = Some(IndexError::Label {
+                    url: url.to_string(),
+                    key: sample.key,
+                    field: label_field.to_string(),
+                    reason,
+                });
+                ControlFlow::Break(())
+            }
+        }
+    })?;
     if let Some(error) = bad_label {
         return Err(error);
     }
@@ -207,6 +210,16 @@ impl<R: Read> Read for Counting<'_, R> {
         let n = self.inner.read(buf)?;
         *self.bytes += n as u64;
         Ok(n)
+    }
+}
+
+impl<R: TarRead> TarRead for Counting<'_, R> {
+    fn read_spare(&mut self, out: &mut Vec<u8>) -> Option<io::Result<usize>> {
+        let read = self.inner.read_spare(out)?;
+        if let Ok(n) = read {
+            *self.bytes += n as u64;
+        }
+        Some(read)
     }
 }
 
@@ -259,6 +272,30 @@ mod tests {
             assert_eq!(manifest.classes, ["0", "1", "2", "3"]);
             assert_eq!(done.load(Ordering::Relaxed), urls.len());
         }
+    }
+
+    #[test]
+    fn members_read_from_the_file_into_samples_are_counted_whole() {
+        // Larger than the tar walk's buffer, so most of each is read from the file
+        // straight into the sample.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("big.tar");
+        let mut tar = TarWriter::new(std::fs::File::create(&path).expect("create"));
+        for i in 0..3u8 {
+            let big = vec![i; 5 * crate::members::WALK_BUFFER + usize::from(i)];
+            let sample = crate::Sample::new(format!("k{i}")).with("bin", big);
+            tar.write(&sample.with("cls", b"1".to_vec()))
+                .expect("write");
+        }
+        tar.finish().expect("finish");
+        let url = path.display().to_string();
+        let manifest =
+            index_shards(&reader(), &[url], &IndexOptions::default(), &|_| {}).expect("index");
+        let length = std::fs::metadata(&path).expect("stat").len();
+        assert_eq!(
+            (manifest.shards[0].samples, manifest.shards[0].bytes),
+            (3, length)
+        );
     }
 
     /// A shard of samples with these `cls` bytes (`None`: no label).

@@ -2,10 +2,12 @@
 //!
 //! Headers are parsed in a small buffer of the walker's own; a member's data goes into
 //! the caller's `Vec` with one copy of the part already buffered and one read, straight
-//! from the stream, for the rest. (That read goes into zeroed memory: `read_to_end`
-//! would skip the zeroing but reads 8, 16, 32 KiB... in turn, and on the read
-//! benchmark the extra system calls cost more than the zeroing.) Padding and skipped
-//! members are passed over in the buffer, never read into a fresh one.
+//! from the stream, for the rest. A stream that reads into uninitialised memory
+//! ([`TarRead::read_spare`]: a local file) fills the `Vec`'s spare capacity as it is;
+//! any other stream reads into zeroed memory (`read_to_end` would skip the zeroing but
+//! reads 8, 16, 32 KiB... in turn, and on the read benchmark the extra system calls cost
+//! more than the zeroing, which itself costs about a tenth of the raw read). Padding and
+//! skipped members are passed over in the buffer, never read into a fresh one.
 //!
 //! The format rules are the `tar` crate's, which the reader used before: ustar, GNU and
 //! PAX headers; GNU long names (`L`) and PAX `path` and `size` records apply to the next
@@ -42,6 +44,30 @@ impl MemberHeader {
     }
 }
 
+/// The bytes a walk reads: any [`Read`], and for some streams a read that skips zeroing.
+pub(crate) trait TarRead: Read {
+    /// Reads once into the spare capacity of `out` (at most all of it) and appends what
+    /// was read, without initialising the memory first; `None` when this stream cannot,
+    /// and the walk reads into zeroed memory instead.
+    fn read_spare(&mut self, out: &mut Vec<u8>) -> Option<io::Result<usize>>;
+}
+
+/// Any reader, its member data read into zeroed memory.
+#[derive(Debug)]
+pub(crate) struct Plain<R>(pub R);
+
+impl<R: Read> Read for Plain<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<R: Read> TarRead for Plain<R> {
+    fn read_spare(&mut self, _out: &mut Vec<u8>) -> Option<io::Result<usize>> {
+        None
+    }
+}
+
 /// A tar walk over `stream`.
 #[derive(Debug)]
 pub(crate) struct Members<R> {
@@ -63,7 +89,7 @@ pub(crate) struct Members<R> {
     ended: bool,
 }
 
-impl<R: Read> Members<R> {
+impl<R: TarRead> Members<R> {
     /// A walk whose long-name and PAX records may be up to `max_extension` bytes.
     pub fn new(stream: R, max_extension: u64) -> Self {
         Self {
@@ -330,8 +356,33 @@ impl<R: Read> Members<R> {
 }
 
 /// Appends up to `n` bytes from `stream` to `out` in reads as large as the rest: fewer
-/// only at the end of the stream.
-fn read_into<R: Read>(stream: &mut R, out: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+/// only at the end of the stream. Into `out`'s spare capacity as it is when the stream
+/// can and that capacity is exactly `n` (never past the member's data, which the next
+/// header follows); into zeroed memory otherwise.
+fn read_into<R: TarRead>(stream: &mut R, out: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+    let start = out.len();
+    if out.capacity() - start == n {
+        loop {
+            let filled = out.len() - start;
+            if filled == n {
+                return Ok(n);
+            }
+            match stream.read_spare(out) {
+                Some(Ok(0)) => return Ok(filled),
+                Some(Ok(_)) => {}
+                Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Some(Err(e)) => return Err(e),
+                // Not a stream that reads into spare memory (or no longer one): the
+                // rest through zeroed memory.
+                None => return Ok(filled + read_zeroed(stream, out, n - filled)?),
+            }
+        }
+    }
+    read_zeroed(stream, out, n)
+}
+
+/// [`read_into`] through zeroed memory.
+fn read_zeroed<R: Read>(stream: &mut R, out: &mut Vec<u8>, n: usize) -> io::Result<usize> {
     let start = out.len();
     out.resize(start + n, 0);
     let mut filled = start;
@@ -523,10 +574,30 @@ mod tests {
         out
     }
 
-    /// A stream that hands out at most `chunk` bytes a read, to cut members anywhere.
+    /// A stream that hands out at most `chunk` bytes a read, to cut members anywhere;
+    /// with `spare`, member data comes through [`TarRead::read_spare`] as from a file.
     struct Trickle<'a> {
         bytes: &'a [u8],
         chunk: usize,
+        spare: bool,
+    }
+
+    impl<'a> Trickle<'a> {
+        fn new(bytes: &'a [u8], chunk: usize) -> Self {
+            Self {
+                bytes,
+                chunk,
+                spare: false,
+            }
+        }
+
+        fn spare(bytes: &'a [u8], chunk: usize) -> Self {
+            Self {
+                bytes,
+                chunk,
+                spare: true,
+            }
+        }
     }
 
     impl Read for Trickle<'_> {
@@ -538,11 +609,25 @@ mod tests {
         }
     }
 
+    impl TarRead for Trickle<'_> {
+        fn read_spare(&mut self, out: &mut Vec<u8>) -> Option<io::Result<usize>> {
+            if !self.spare {
+                return None;
+            }
+            let room = out.capacity() - out.len();
+            let n = room.min(self.chunk).min(self.bytes.len());
+            out.extend_from_slice(&self.bytes[..n]);
+            assert!(out.len() <= out.capacity(), "read past the spare capacity");
+            self.bytes = &self.bytes[n..];
+            Some(Ok(n))
+        }
+    }
+
     /// Every member as (name, header offset, data offset, data), or the first error with
     /// its offset.
     type Walked = Vec<(Vec<u8>, u64, u64, Vec<u8>)>;
 
-    fn walk<R: Read>(stream: R) -> Result<Walked, (u64, String)> {
+    fn walk<R: TarRead>(stream: R) -> Result<Walked, (u64, String)> {
         let mut members = Members::new(stream, 1 << 20);
         let mut seen = Vec::new();
         while let Some(member) = members.next().map_err(|(at, e)| (at, e.to_string()))? {
@@ -622,18 +707,18 @@ mod tests {
             WALK_BUFFER + 5,
             usize::MAX,
         ] {
-            let got = walk(Trickle {
-                bytes: &bytes,
-                chunk,
-            })
-            .unwrap_or_else(|e| panic!("chunk {chunk}: {e:?}"));
-            assert_eq!(got.len(), sizes.len(), "chunk {chunk}");
-            let mut at = 0u64;
-            for ((name, header_at, data_at, data), want) in got.iter().zip(&members) {
-                assert_eq!(name.as_slice(), want.1, "chunk {chunk}");
-                assert_eq!(data.as_slice(), want.2, "chunk {chunk}: {:?}", want.1);
-                assert_eq!((*header_at, *data_at), (at, at + 512), "chunk {chunk}");
-                at += 512 + (want.2.len() as u64).next_multiple_of(512);
+            for stream in [Trickle::new(&bytes, chunk), Trickle::spare(&bytes, chunk)] {
+                let spare = stream.spare;
+                let got = walk(stream).unwrap_or_else(|e| panic!("chunk {chunk}: {e:?}"));
+                assert_eq!(got.len(), sizes.len(), "chunk {chunk}, spare {spare}");
+                let mut at = 0u64;
+                for ((name, header_at, data_at, data), want) in got.iter().zip(&members) {
+                    let case = format!("chunk {chunk}, spare {spare}: {:?}", want.1);
+                    assert_eq!(name.as_slice(), want.1, "{case}");
+                    assert_eq!(data.as_slice(), want.2, "{case}");
+                    assert_eq!((*header_at, *data_at), (at, at + 512), "{case}");
+                    at += 512 + (want.2.len() as u64).next_multiple_of(512);
+                }
             }
         }
     }
@@ -676,7 +761,7 @@ mod tests {
         bytes.extend_from_slice(&sparse_bytes);
         bytes.extend_from_slice(&tar_of(&[(b'0', b"after.txt", b"z")]));
         let _ = end;
-        let got = walk(bytes.as_slice()).expect("valid");
+        let got = walk(Plain(bytes.as_slice())).expect("valid");
         let shape: Vec<(String, usize)> = got
             .iter()
             .map(|(name, _, _, data)| (String::from_utf8_lossy(name).into_owned(), data.len()))
@@ -749,12 +834,18 @@ mod tests {
         ];
         for (name, bytes, at, reason) in cases {
             for chunk in [usize::MAX, 1000] {
-                let error = walk(Trickle { bytes, chunk }).expect_err(name);
-                assert_eq!(error.0, *at, "{name}, chunk {chunk}: {error:?}");
-                assert!(
-                    error.1.contains(reason),
-                    "{name}: {error:?} lacks `{reason}`"
-                );
+                for stream in [Trickle::new(bytes, chunk), Trickle::spare(bytes, chunk)] {
+                    let spare = stream.spare;
+                    let error = walk(stream).expect_err(name);
+                    assert_eq!(
+                        error.0, *at,
+                        "{name}, chunk {chunk}, spare {spare}: {error:?}"
+                    );
+                    assert!(
+                        error.1.contains(reason),
+                        "{name}: {error:?} lacks `{reason}`"
+                    );
+                }
             }
         }
     }
@@ -792,11 +883,10 @@ mod tests {
                 }
             }
             for chunk in [usize::MAX, 777] {
-                if let Err((at, error)) = walk(Trickle {
-                    bytes: &bytes,
-                    chunk,
-                }) {
-                    assert!(at <= bytes.len() as u64, "round {round}: {error} at {at}");
+                for stream in [Trickle::new(&bytes, chunk), Trickle::spare(&bytes, chunk)] {
+                    if let Err((at, error)) = walk(stream) {
+                        assert!(at <= bytes.len() as u64, "round {round}: {error} at {at}");
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use crate::error::{ErrorPolicy, ShardError, escaped};
-use crate::members::Members;
+use crate::members::{Members, Plain, TarRead};
 use crate::sample::Sample;
 use crate::source::Sources;
 
@@ -114,21 +114,20 @@ impl SampleReader {
         stats: &mut ReadStats,
         visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ShardError> {
-        let stream = match self.sources.open(url) {
+        let stream = match self.sources.open_tar(url) {
             Ok(stream) => stream,
             Err(error) => return self.handle_shard_error(error, stats),
         };
-        let stream: crate::source::ShardStream = match received {
-            Some(counter) => Box::new(Counting {
-                inner: stream,
-                counter,
-            }),
-            None => stream,
+        let stream = Counting {
+            inner: stream,
+            counter: received,
         };
-        let shard = ShardSamples::new(url, stream)
-            .with_policy(self.policy)
-            .with_max_member(self.max_member);
-        match shard.for_each(stats, visit) {
+        let walk = Walk {
+            url: Arc::from(url),
+            policy: self.policy,
+            max_member: self.max_member,
+        };
+        match walk.samples(stream, stats, visit) {
             Ok(flow) => Ok(flow),
             Err(error) => self.handle_shard_error(error, stats),
         }
@@ -216,8 +215,32 @@ impl<R: Read> ShardSamples<R> {
         stats: &mut ReadStats,
         visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ShardError> {
+        let walk = Walk {
+            url: self.url,
+            policy: self.policy,
+            max_member: self.max_member,
+        };
+        walk.samples(Plain(self.stream), stats, visit)
+    }
+}
+
+/// The samples of one shard's tar walk, under a policy and a member limit.
+pub(crate) struct Walk {
+    pub url: Arc<str>,
+    pub policy: ErrorPolicy,
+    pub max_member: u64,
+}
+
+impl Walk {
+    /// [`ShardSamples::for_each`] over `stream`.
+    pub fn samples<R: TarRead>(
+        self,
+        stream: R,
+        stats: &mut ReadStats,
+        visit: &mut dyn FnMut(Sample) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ShardError> {
         let url = self.url;
-        let mut members = Members::new(self.stream, self.max_member);
+        let mut members = Members::new(stream, self.max_member);
         let mut grouper = Grouper::new(url.clone());
         stats.shards += 1;
         while let Some(member) = members
@@ -473,18 +496,35 @@ impl Grouper {
     }
 }
 
-/// A stream that adds the bytes read through it to a shared counter.
+/// A stream that adds the bytes read through it to a shared counter, when it has one.
 struct Counting {
-    inner: crate::source::ShardStream,
-    counter: Arc<AtomicU64>,
+    inner: crate::source::TarStream,
+    counter: Option<Arc<AtomicU64>>,
+}
+
+impl Counting {
+    fn count(&self, n: usize) {
+        if let Some(counter) = &self.counter {
+            counter.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl Read for Counting {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.counter
-            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        self.count(n);
         Ok(n)
+    }
+}
+
+impl TarRead for Counting {
+    fn read_spare(&mut self, out: &mut Vec<u8>) -> Option<io::Result<usize>> {
+        let read = self.inner.read_spare(out)?;
+        if let Ok(n) = read {
+            self.count(n);
+        }
+        Some(read)
     }
 }
 
@@ -510,7 +550,14 @@ mod tests {
     #[test]
     fn a_counted_read_says_how_many_bytes_came_from_the_source() {
         let dir = tempfile::tempdir().expect("tmp");
-        let bytes = tar_of(&[("a.cls", b"1"), ("a.txt", b"hello"), ("b.cls", b"2")]);
+        // A member larger than the walk's buffer, read from the file into spare memory.
+        let big = vec![8u8; 3 * crate::members::WALK_BUFFER + 5];
+        let bytes = tar_of(&[
+            ("a.cls", b"1"),
+            ("a.txt", b"hello"),
+            ("b.cls", b"2"),
+            ("b.jpg", &big),
+        ]);
         let path = dir.path().join("s.tar");
         std::fs::write(&path, &bytes).expect("write");
         let reader = SampleReader::new(crate::source::Sources::new(Default::default()));
@@ -547,6 +594,33 @@ mod tests {
                 ControlFlow::Continue(())
             });
         (result.map(|_| samples), stats)
+    }
+
+    /// [`read`] through [`SampleReader`] from a local file, which reads member data
+    /// into spare memory rather than zeroed memory: samples, or the error with the
+    /// file's name shown as `mem.tar`.
+    fn read_file(
+        bytes: &[u8],
+        policy: ErrorPolicy,
+        max_member: u64,
+    ) -> (Result<Vec<Sample>, String>, ReadStats) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("mem.tar");
+        std::fs::write(&path, bytes).expect("write");
+        let url = path.display().to_string();
+        let reader = SampleReader::new(crate::source::Sources::new(Default::default()))
+            .with_policy(policy)
+            .with_max_member(max_member);
+        let mut stats = ReadStats::default();
+        let mut samples = Vec::new();
+        let result = reader.read_shard(&url, &mut stats, &mut |s| {
+            samples.push(s);
+            ControlFlow::Continue(())
+        });
+        let result = result
+            .map(|_| samples)
+            .map_err(|e| e.to_string().replace(&url, "mem.tar"));
+        (result, stats)
     }
 
     /// Keys and field names of each sample, for compact comparisons.
@@ -731,6 +805,17 @@ mod tests {
         ];
         for case in cases {
             let (result, _) = read(case.bytes, ErrorPolicy::Fail);
+            // A local file gives the same error, at the same byte.
+            let (from_file, _) = read_file(case.bytes, ErrorPolicy::Fail, 1000);
+            assert_eq!(
+                from_file.map(|samples| shape(&samples)),
+                result
+                    .as_ref()
+                    .map(|samples| shape(samples))
+                    .map_err(|e| e.to_string()),
+                "{}: from a file",
+                case.name
+            );
             match (result, case.fail_error) {
                 (Ok(_), None) => {}
                 (Err(e), Some(want)) => {
@@ -750,6 +835,10 @@ mod tests {
                     "{}: samples kept under skip",
                     case.name
                 );
+                let (from_file, file_stats) = read_file(case.bytes, ErrorPolicy::Skip, 1000);
+                let from_file = from_file.map(|samples| shape(&samples));
+                assert_eq!(from_file, Ok(shape(&samples)), "{}: from a file", case.name);
+                assert_eq!(file_stats.skipped_samples, case.skipped_samples);
             }
             assert_eq!(
                 stats.skipped_samples, case.skipped_samples,
@@ -789,13 +878,31 @@ mod tests {
         let error = ShardSamples::new("mem.tar", bytes.as_slice())
             .for_each(&mut stats, &mut |_| ControlFlow::Continue(()))
             .expect_err("truncated");
+        let want = format!(
+            "mem.tar: not a valid tar stream at byte 41536: truncated: member `b.jpg` \
+             declares {} bytes but only 40000 follow",
+            big.len()
+        );
+        assert_eq!(error.to_string(), want);
+        // The same from a file, whose member data is read into spare memory.
+        let reader = |bytes: &[u8]| {
+            let (result, _) = read_file(bytes, ErrorPolicy::Fail, DEFAULT_MAX_MEMBER);
+            result.map(|samples| shape(&samples))
+        };
+        assert_eq!(reader(&bytes), Err(want));
+        // Cut in a later member, after a whole large one.
+        let mut bytes = tar_of(&[("a.jpg", &big), ("b.jpg", &big)]);
+        // `big` fills whole blocks: the second header follows it directly.
+        let second_data = 512 + big.len() + 512;
+        bytes.truncate(second_data + 7);
         assert_eq!(
-            error.to_string(),
-            format!(
-                "mem.tar: not a valid tar stream at byte 41536: truncated: member `b.jpg` \
-                 declares {} bytes but only 40000 follow",
+            reader(&bytes),
+            Err(format!(
+                "mem.tar: not a valid tar stream at byte {}: truncated: member `b.jpg` \
+                 declares {} bytes but only 7 follow",
+                second_data + 7,
                 big.len()
-            )
+            ))
         );
     }
 

@@ -10,6 +10,7 @@ use crate::brace::{BraceError, expand_spec};
 use crate::cache::{self, CacheOptions, CacheStats, ShardCache};
 use crate::error::ShardError;
 use crate::http::HttpSource;
+use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
 
 /// Default read buffer for shard streams (the Python library's `GOPEN_BUFFER`).
@@ -73,6 +74,83 @@ pub trait ShardSource: Send + Sync + fmt::Debug {
     fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
         Ok((self.open(url)?, None))
     }
+
+    /// Opens `url` as a local file, where this source reads local files: the reader then
+    /// reads member data from it straight into samples. `None` for any other source.
+    fn open_file(&self, _url: &str) -> Option<Result<std::fs::File, ShardError>> {
+        None
+    }
+}
+
+/// A shard's bytes as stored (maybe compressed), as a source opened them.
+pub(crate) enum Stored {
+    /// A local file: a path, a preloaded copy or a cache hit.
+    File(std::fs::File),
+    Stream(ShardStream),
+}
+
+impl Read for Stored {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::File(file) => file.read(buf),
+            Self::Stream(stream) => stream.read(buf),
+        }
+    }
+}
+
+/// A shard's tar bytes, decompressed: what the reader walks.
+pub(crate) enum TarStream {
+    /// An uncompressed local file: the bytes read to find its format (`head`, of which
+    /// `used` have been read), then the rest of the file. Member data is read from it
+    /// into a sample's memory as it is, without zeroing it first.
+    File {
+        head: Vec<u8>,
+        used: usize,
+        file: std::fs::File,
+    },
+    /// Any other stream: a decoder, or a remote or piped source.
+    Other(ShardStream),
+}
+
+impl fmt::Debug for TarStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File { file, .. } => f.debug_tuple("File").field(file).finish(),
+            Self::Other(_) => f.write_str("Other"),
+        }
+    }
+}
+
+impl Read for TarStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::File { head, used, .. } if *used < head.len() => {
+                let n = buf.len().min(head.len() - *used);
+                buf[..n].copy_from_slice(&head[*used..*used + n]);
+                *used += n;
+                Ok(n)
+            }
+            Self::File { file, .. } => file.read(buf),
+            Self::Other(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl TarRead for TarStream {
+    fn read_spare(&mut self, out: &mut Vec<u8>) -> Option<io::Result<usize>> {
+        match self {
+            Self::File { head, used, .. } if *used < head.len() => {
+                let n = (out.capacity() - out.len()).min(head.len() - *used);
+                out.extend_from_slice(&head[*used..*used + n]);
+                *used += n;
+                Some(Ok(n))
+            }
+            Self::File { file, .. } => Some(
+                rustix::io::read(&*file, rustix::buffer::spare_capacity(out)).map_err(Into::into),
+            ),
+            Self::Other(_) => None,
+        }
+    }
 }
 
 /// All sources, chosen by the form of the URL.
@@ -129,6 +207,11 @@ impl Sources {
     /// comes from its cached copy when there is one, and is copied into the cache as it
     /// is read otherwise.
     pub fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
+        Ok(Box::new(self.open_tar(url)?))
+    }
+
+    /// [`open`](Self::open), keeping a local file a file: what the reader walks.
+    pub(crate) fn open_tar(&self, url: &str) -> Result<TarStream, ShardError> {
         if let Some(dir) = &self.options.preloaded
             && let Some(copy) = crate::preload::preloaded_copy(dir, url)
         {
@@ -136,7 +219,7 @@ impl Sources {
                 url: format!("{url} (its preloaded copy {})", copy.display()),
                 error,
             })?;
-            return decompress(url, Box::new(file), self.options.read_buffer);
+            return decompress(url, Stored::File(file), self.options.read_buffer);
         }
         let source = self
             .sources
@@ -150,7 +233,10 @@ impl Sources {
             Some(cache) if cache::is_cacheable(url) => {
                 cache.open(url, || source.open_sized(url))?
             }
-            _ => source.open(url)?,
+            _ => match source.open_file(url) {
+                Some(file) => Stored::File(file?),
+                None => Stored::Stream(source.open(url)?),
+            },
         };
         decompress(url, raw, self.options.read_buffer)
     }
@@ -210,13 +296,21 @@ impl ShardSource for FileSource {
     }
 
     fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
-        let path = local_path(url).unwrap_or(std::path::Path::new(url));
-        let file = std::fs::File::open(path).map_err(|error| ShardError::Open {
-            url: url.to_string(),
-            error,
-        })?;
-        Ok(Box::new(file))
+        Ok(Box::new(open_local(url)?))
     }
+
+    fn open_file(&self, url: &str) -> Option<Result<std::fs::File, ShardError>> {
+        Some(open_local(url))
+    }
+}
+
+/// The local file a URL names, opened.
+fn open_local(url: &str) -> Result<std::fs::File, ShardError> {
+    let path = local_path(url).unwrap_or(std::path::Path::new(url));
+    std::fs::File::open(path).map_err(|error| ShardError::Open {
+        url: url.to_string(),
+        error,
+    })
 }
 
 /// `-`: the process's standard input.
@@ -235,25 +329,74 @@ impl ShardSource for StdinSource {
 
 /// Compression detected from the first bytes of a stream. A compressed stream's decoder
 /// reads through a buffer of `read_buffer` bytes; an uncompressed one is returned behind
-/// only the small buffer that looked at its start.
-fn decompress(url: &str, raw: ShardStream, read_buffer: usize) -> Result<ShardStream, ShardError> {
-    let mut stream = BufReader::with_capacity(PEEK_BUFFER, raw);
-    let head = stream
-        .fill_buf()
-        .map_err(|e| crate::reader::classify(url, 0, e))?;
-    let buffered = |stream| BufReader::with_capacity(read_buffer, stream);
-    let decoded: ShardStream = if head.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::bufread::MultiGzDecoder::new(buffered(stream)))
-    } else if head.starts_with(b"BZh") {
-        Box::new(bzip2::bufread::MultiBzDecoder::new(buffered(stream)))
-    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
-        Box::new(liblzma::bufread::XzDecoder::new_multi_decoder(buffered(
-            stream,
-        )))
-    } else {
-        Box::new(stream)
+/// only the small buffer that looked at its start (a local file: the bytes that were read
+/// from it to look).
+fn decompress(url: &str, raw: Stored, read_buffer: usize) -> Result<TarStream, ShardError> {
+    let stream = match raw {
+        Stored::File(mut file) => {
+            let mut head = vec![0; PEEK_BUFFER];
+            let n = loop {
+                match file.read(&mut head) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    result => break result.map_err(|e| crate::reader::classify(url, 0, e))?,
+                }
+            };
+            head.truncate(n);
+            let Some(compression) = Compression::of(&head) else {
+                return Ok(TarStream::File {
+                    head,
+                    used: 0,
+                    file,
+                });
+            };
+            let bytes = io::Cursor::new(head).chain(file);
+            compression.decoder(BufReader::with_capacity(read_buffer, bytes))
+        }
+        Stored::Stream(raw) => {
+            let mut stream = BufReader::with_capacity(PEEK_BUFFER, raw);
+            let head = stream
+                .fill_buf()
+                .map_err(|e| crate::reader::classify(url, 0, e))?;
+            match Compression::of(head) {
+                Some(compression) => {
+                    compression.decoder(BufReader::with_capacity(read_buffer, stream))
+                }
+                None => Box::new(stream),
+            }
+        }
     };
-    Ok(decoded)
+    Ok(TarStream::Other(stream))
+}
+
+/// The compressions a shard may come in, known by their first bytes.
+#[derive(Debug, Clone, Copy)]
+enum Compression {
+    Gzip,
+    Bzip2,
+    Xz,
+}
+
+impl Compression {
+    fn of(head: &[u8]) -> Option<Self> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Self::Gzip)
+        } else if head.starts_with(b"BZh") {
+            Some(Self::Bzip2)
+        } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+            Some(Self::Xz)
+        } else {
+            None
+        }
+    }
+
+    /// The decoder of `stream`, which is behind the read buffer.
+    fn decoder<R: BufRead + Send + 'static>(self, stream: R) -> ShardStream {
+        match self {
+            Self::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(stream)),
+            Self::Bzip2 => Box::new(bzip2::bufread::MultiBzDecoder::new(stream)),
+            Self::Xz => Box::new(liblzma::bufread::XzDecoder::new_multi_decoder(stream)),
+        }
+    }
 }
 
 /// A source's own failure carried through `io::Error` by a stream (a pipe command that
