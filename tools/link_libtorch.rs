@@ -7,7 +7,18 @@
 //! disappears from the binary).
 
 fn main() {
-    println!("cargo:rerun-if-changed=../tools/link_libtorch.rs");
+    // This file, by an absolute path: the root package names it `tools/...` and `actors`
+    // `../tools/...`, and a path that does not exist would rerun the script, and rebuild
+    // and relink everything above it, on every build.
+    let manifest =
+        std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let script = ["tools/link_libtorch.rs", "../tools/link_libtorch.rs"]
+        .iter()
+        .map(|relative| manifest.join(relative))
+        .find(|path| path.exists());
+    if let Some(script) = script {
+        println!("cargo:rerun-if-changed={}", script.display());
+    }
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         return;
