@@ -15,7 +15,9 @@
 #[path = "cluster/measure.rs"]
 mod measure;
 
-use std::hint::black_box;
+#[path = "common/memcpy.rs"]
+mod memcpy;
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,6 +35,8 @@ const BATCH: usize = 256;
 const SIDES: [usize; 2] = [224, 64];
 /// Concurrent streams of the rows.
 const STREAMS: [usize; 3] = [1, 2, 4];
+
+use memcpy::memcpy_bandwidth;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -107,22 +111,6 @@ fn frame_len(side: usize) -> usize {
 
 fn mb(bytes: usize) -> String {
     format!("{:.1}", bytes as f64 / 1e6)
-}
-
-/// Bytes per second that one thread copies between two buffers of `len` bytes.
-fn memcpy_bandwidth(len: usize, window: Duration) -> f64 {
-    let source = vec![7u8; len];
-    let mut target = vec![0u8; len];
-    // Once to fault the pages in.
-    target.copy_from_slice(&source);
-    let started = Instant::now();
-    let mut copies = 0u64;
-    while started.elapsed() < window {
-        target.copy_from_slice(black_box(&source));
-        black_box(&mut target);
-        copies += 1;
-    }
-    copies as f64 * len as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Frames per second received in total over `streams` concurrent streams.

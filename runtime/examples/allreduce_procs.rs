@@ -22,7 +22,9 @@
 //! kernel (into the socket, out of it) and reduced once, so the busbw columns are also
 //! shown as a share of it.
 
-use std::hint::black_box;
+#[path = "../benches/common/memcpy.rs"]
+mod memcpy;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
@@ -34,6 +36,8 @@ use runtime::{CollectiveOptions, RingGroup, RingSecret};
 use serde_json::{Value, json};
 
 const SECRET_ENV: &str = "IMGRUN_BENCH_SECRET";
+
+use memcpy::memcpy_bandwidth;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -172,22 +176,6 @@ fn driver(flags: &Flags) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Bytes per second that one thread copies between two buffers of `len` bytes.
-fn memcpy_bandwidth(len: usize, window: Duration) -> f64 {
-    let source = vec![7u8; len];
-    let mut target = vec![0u8; len];
-    // Once to fault the pages in.
-    target.copy_from_slice(&source);
-    let started = Instant::now();
-    let mut copies = 0u64;
-    while started.elapsed() < window {
-        target.copy_from_slice(black_box(&source));
-        black_box(&mut target);
-        copies += 1;
-    }
-    copies as f64 * len as f64 / started.elapsed().as_secs_f64()
 }
 
 fn python(flags: &Flags) -> PathBuf {

@@ -248,16 +248,7 @@ async fn disagreeing_ranks_all_fail() -> Result<()> {
             },
         )
         .await?;
-        for (rank, (first, after)) in outputs.into_iter().enumerate() {
-            assert!(
-                matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
-                "{name}: rank {rank}: {first:?}"
-            );
-            assert!(
-                matches!(after, Err(CollectiveError::Poisoned { .. })),
-                "{name}: rank {rank}: {after:?}"
-            );
-        }
+        assert_mismatch_then_poisoned(name, outputs);
     }
     Ok(())
 }
@@ -414,16 +405,7 @@ async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
             (first, after)
         })
         .await?;
-        for (rank, (first, after)) in outputs.into_iter().enumerate() {
-            assert!(
-                matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
-                "{name}: rank {rank}: {first:?}"
-            );
-            assert!(
-                matches!(after, Err(CollectiveError::Poisoned { .. })),
-                "{name}: rank {rank}: {after:?}"
-            );
-        }
+        assert_mismatch_then_poisoned(name, outputs);
     }
     Ok(())
 }
@@ -857,4 +839,21 @@ async fn random_buckets_over_tcp() -> Result<()> {
         check_schedule(&case, groups, schedule).await?;
     }
     Ok(())
+}
+
+type Outcome = std::result::Result<(), CollectiveError>;
+
+/// Every rank's first operation failed with `Mismatch` naming itself, and the next with
+/// `Poisoned`.
+fn assert_mismatch_then_poisoned(name: &str, outputs: Vec<(Outcome, Outcome)>) {
+    for (rank, (first, after)) in outputs.into_iter().enumerate() {
+        assert!(
+            matches!(first, Err(CollectiveError::Mismatch { rank: r, .. }) if r == rank),
+            "{name}: rank {rank}: {first:?}"
+        );
+        assert!(
+            matches!(after, Err(CollectiveError::Poisoned { .. })),
+            "{name}: rank {rank}: {after:?}"
+        );
+    }
 }
