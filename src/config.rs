@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actors::train::{AllreduceChoice, Loaders, LossScaling, ModelKind};
+use actors::train::{AllreduceChoice, Loaders, LossScaling, ModelKind, SyncChoice};
 use anyhow::Context;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -207,6 +207,10 @@ pub struct TrainConfig {
     pub loss_scale_init: f64,
     #[serde(deserialize_with = "choice")]
     pub allreduce: AllreduceChoice,
+    #[serde(deserialize_with = "choice")]
+    pub sync: SyncChoice,
+    #[serde(deserialize_with = "choice")]
+    pub topology: runtime::Topology,
     pub bucket_mb: f64,
     pub eval_every_epochs: u64,
     pub eval_every_steps: u64,

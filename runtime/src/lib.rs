@@ -45,7 +45,7 @@ pub use client::{
 pub use collective::{
     CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,
     DEFAULT_INLINE_BYTES, Link, MixError, Mixer, RingGroup, RingPurpose, RingSecret, Topology,
-    UnknownTopology,
+    UnknownTopology, node_of_each_rank,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};

@@ -12,6 +12,7 @@ use pipelines::{ClusterShape, Plan, render_plan};
 
 use crate::commands::train::data_spec;
 use crate::config::Loaded;
+use actors::train::SyncChoice;
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -180,16 +181,31 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let (data, _) = data_spec(&config.config)?;
     let node_ranks = args.node_ranks()?;
     anyhow::ensure!(!node_ranks.is_empty(), "--nodes must be at least 1");
-    let shape = ClusterShape::with_node_ranks(node_ranks, data.loader_workers);
+    let shape = ClusterShape::with_node_ranks(node_ranks.clone(), data.loader_workers);
+    let train = &config.config.train;
     let batch_size = config.config.train.batch_size;
     let plan = data
         .train_planner(shape, batch_size)
         .and_then(|planner| planner.plan(args.epoch))
         .with_context(|| format!("planning epoch {}", args.epoch))?;
     if args.json {
-        println!("{}", plan_json(&plan));
+        let mut json = plan_json(&plan);
+        json["sync"] = train.sync.name().into();
+        if train.sync == SyncChoice::Decentralized {
+            let nodes = runtime::node_of_each_rank(&node_ranks);
+            let period = train.topology.period(&nodes);
+            json["topology"] = train.topology.name().into();
+            json["mixing"] = (0..period)
+                .map(|step| train.topology.groups(&nodes, step))
+                .collect::<Vec<_>>()
+                .into();
+        }
+        println!("{json}");
     } else {
         print!("{}", render_plan(&plan));
+        for line in actors::job::sync_lines(train.sync, train.topology, &node_ranks) {
+            println!("{}", line.trim_start());
+        }
     }
     // The job's own check: what `imgrun train` would refuse, this refuses.
     match actors::job::trainable_steps(&plan) {

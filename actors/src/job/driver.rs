@@ -18,10 +18,10 @@ use super::world::{RankPlace, Trainers, check_plan, plan_world};
 use super::{HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary};
 use crate::train::phase::MONITOR_KIND;
 use crate::train::{
-    AllreduceChoice, ConnectRecord, ConnectReply, ConnectRequest, DeviceSpec, DigestReply,
-    DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord,
-    PreloadReply, PreloadRequest, ResumeFrom, TRAINER_KIND, TrainerInit, checkpoint, scaled_lr,
-    secret_hex,
+    AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, ConnectReply, ConnectRequest,
+    DeviceSpec, DigestReply, DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest,
+    Loaders, MetricsRecord, MixPeer, PreloadReply, PreloadRequest, ResumeFrom, SyncChoice,
+    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
 };
 
 pub use super::calls::RankCallError;
@@ -166,6 +166,21 @@ pub async fn run(
     }
     let secret = runtime::RingSecret::random();
     let job_id = format!("{}", run_dir.display());
+    let mix_peers: Vec<MixPeer> = if job.optim.sync == SyncChoice::Decentralized {
+        ranks
+            .iter()
+            .map(|rank| MixPeer {
+                ip: rank
+                    .place
+                    .ip
+                    .parse()
+                    .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
+                ports: listens[rank.rank as usize].mix_ports.clone(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let connects: Vec<ConnectReply> = call_all(
         &ranks,
         |rank| {
@@ -181,15 +196,22 @@ pub async fn run(
                 op_timeout_secs: settings.step_timeout_secs,
                 resume: resume.clone(),
                 nccl_id: listens[0].nccl_id.clone(),
+                mix_peers: mix_peers.clone(),
             }
         },
         long,
     )
     .await?;
-    output.info(format!(
-        "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
-        connects[0].buckets, connects[0].allreduce
-    ));
+    output.info(match job.optim.sync {
+        SyncChoice::Allreduce => format!(
+            "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
+            connects[0].buckets, connects[0].allreduce
+        ),
+        SyncChoice::Decentralized => format!(
+            "ring and mixing groups: {world} ranks connected; gradients averaged with {}",
+            connects[0].allreduce
+        ),
+    });
     metrics.write(&MetricsRecord::Connect(ConnectRecord {
         buckets: connects[0].buckets,
         allreduce: connects[0].allreduce.clone(),
@@ -248,6 +270,14 @@ pub async fn run(
         }
     })?;
 
+    if job.optim.sync == SyncChoice::Decentralized {
+        let averaged: Vec<AverageReply> = call_all(&ranks, |_| AverageRequest {}, long).await?;
+        let spread = averaged.iter().map(|a| a.distance).fold(0.0, f64::max);
+        output.info(format!(
+            "replicas: each replaced by the mean of all {world} (the farthest was {spread:.4} \
+             from it), the model the last evaluation and checkpoint hold"
+        ));
+    }
     let digests: Vec<DigestReply> = call_all(&ranks, |_| DigestRequest {}, long).await?;
     if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
         return Err(JobError::Refused(format!(
@@ -492,7 +522,7 @@ fn plan_lines(
     let names: Vec<String> = nodes.iter().map(|n| format!("node {n}")).collect();
     let shape =
         pipelines::ClusterShape::with_node_ranks(node_ranks.to_vec(), job.data.loader_workers);
-    vec![
+    let mut lines = vec![
         "plan:".to_string(),
         format!(
             "  world       {world} {device} trainer(s) on {}: {} ({})",
@@ -534,6 +564,34 @@ fn plan_lines(
             job.optim.batch_size, job.optim.lr
         ),
         format!("  epochs      {}", job.optim.epochs),
-        format!("  run         {}", run_dir.display()),
-    ]
+    ];
+    lines.extend(sync_lines(job.optim.sync, job.optim.topology, node_ranks));
+    lines.push(format!("  run         {}", run_dir.display()));
+    lines
+}
+
+/// How the replicas are kept together, as the plans print it: for a decentralized job,
+/// its topology's groups over one period of steps (at most 8 lines).
+pub fn sync_lines(
+    sync: SyncChoice,
+    topology: runtime::Topology,
+    node_ranks: &[u32],
+) -> Vec<String> {
+    if sync == SyncChoice::Allreduce {
+        return vec!["  sync        allreduce of gradients every step".to_string()];
+    }
+    let nodes = runtime::node_of_each_rank(node_ranks);
+    let steps = topology.describe(&nodes);
+    let mut lines = vec![format!(
+        "  sync        decentralized, {topology} topology; the groups repeat every {} step(s):",
+        steps.len()
+    )];
+    const SHOWN: usize = 8;
+    for step in steps.iter().take(SHOWN) {
+        lines.push(format!("                {step}"));
+    }
+    if steps.len() > SHOWN {
+        lines.push(format!("                ... {} more", steps.len() - SHOWN));
+    }
+    lines
 }

@@ -35,7 +35,7 @@ pub use coordinator::{
     FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, STOP_GRACE,
     StatusRequest, register,
 };
-pub use driver::{RankCallError, RankFailure, newest_run, run};
+pub use driver::{RankCallError, RankFailure, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;

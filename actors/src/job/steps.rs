@@ -17,7 +17,8 @@ use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary}
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
     JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
-    StepMetrics, StepRecord, StepTiming, StopRecord, TrainReply, TrainRequest, late_rank,
+    StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply, TrainRequest,
+    late_rank,
 };
 
 /// A checkpoint this job wrote or resumed from.
@@ -152,7 +153,15 @@ impl RunningJob<'_> {
         };
         let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
         let rank0 = &self.ranks[0];
-        let path = call_one(rank0, &request, timeout).await.map_err(|error| {
+        let saved = if self.job.optim.sync == SyncChoice::Decentralized {
+            // Every rank sends its replica to rank 0, which writes them all.
+            call_all(self.ranks, |_| request.clone(), timeout)
+                .await
+                .map(|mut paths| paths.swap_remove(0))
+        } else {
+            call_one(rank0, &request, timeout).await
+        };
+        let path = saved.map_err(|error| {
             let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
                 (Some(saved), run) => format!(
                     "; the newest checkpoint, {}, is intact and `latest` points at it: \
@@ -245,7 +254,12 @@ impl RunningJob<'_> {
         let loss = evals.iter().map(|e| e.loss_sum).sum::<f64>() / n;
         let top1 = evals.iter().map(|e| e.top1).sum::<u64>() as f64 / n;
         let top5 = evals.iter().map(|e| e.top5).sum::<u64>() as f64 / n;
+        let replica_spread = evals
+            .iter()
+            .filter_map(|e| e.replica_distance)
+            .reduce(f64::max);
         metrics.write(&MetricsRecord::Eval(EvalRecord {
+            replica_spread,
             epoch,
             step: global_step,
             loss,

@@ -4,6 +4,10 @@
 //! loader cursor). A save is written into a hidden partial folder and renamed into place,
 //! then the `latest` pointer is replaced the same way, so a crash at any moment leaves the
 //! previous checkpoint whole.
+//!
+//! A decentralized job's replicas differ: `model.ot` and `optimizer.ot` hold their mean
+//! (what export and an allreduce job read), and `replicas.ot` every rank's own
+//! parameters, buffers and momentum, named `rank<r>.<name>`, so the job resumes exactly.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +22,8 @@ use super::scaler::ScalerState;
 pub const MODEL_FILE: &str = "model.ot";
 pub const OPTIMIZER_FILE: &str = "optimizer.ot";
 pub const STATE_FILE: &str = "state.json";
+/// Every rank's own tensors, in the checkpoints of decentralized jobs.
+pub const REPLICAS_FILE: &str = "replicas.ot";
 /// The file in `checkpoints/` naming the newest complete checkpoint.
 pub const LATEST_FILE: &str = "latest";
 
@@ -86,19 +92,27 @@ pub type CheckpointError = FileError;
 /// A save that fails (a full disk, a folder that cannot be written) leaves the previous
 /// checkpoints and `latest` as they were and removes what it had written. Tensors are
 /// serialised in memory and written by Rust, so that a write error comes back as an
-/// error naming the file, never as an abort inside libtorch.
+/// error naming the file, never as an abort inside libtorch. `replicas` (every rank's
+/// own tensors, see [`replica_name`]) is written only when there are any.
 pub fn write(
     root: &Path,
     name: &str,
     model: &[(String, Tensor)],
     optimizer: &[(String, Tensor)],
+    replicas: &[(String, Tensor)],
     state: &CheckpointState,
 ) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(root).map_err(io(root))?;
     let partial = root.join(format!(".{name}.partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir(&partial).map_err(io(&partial))?;
-    let written = write_files(&partial, model, optimizer, state);
+    let written = write_files(&partial, model, optimizer, state).and_then(|()| {
+        if replicas.is_empty() {
+            return Ok(());
+        }
+        let path = partial.join(REPLICAS_FILE);
+        write_file(&path, &serialize(replicas, &path)?)
+    });
     if let Err(error) = written {
         let _ = std::fs::remove_dir_all(&partial);
         return Err(error);
@@ -224,6 +238,34 @@ pub fn read_tensors(
     Ok((model, optimizer))
 }
 
+/// The name of rank `rank`'s copy of tensor `name` in [`REPLICAS_FILE`].
+pub fn replica_name(rank: u32, name: &str) -> String {
+    format!("rank{rank}.{name}")
+}
+
+/// Rank `rank`'s own tensors from a decentralized job's checkpoint, by their names in
+/// the model and the optimiser (momentum ones start with `momentum.`); `None` when the
+/// checkpoint keeps no replicas (an allreduce job's).
+pub fn read_replica(
+    dir: &Path,
+    rank: u32,
+) -> Result<Option<Vec<(String, Tensor)>>, CheckpointError> {
+    let path = dir.join(REPLICAS_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let all = Tensor::load_multi(&path).map_err(|e| torch(&path, e))?;
+    let prefix = replica_name(rank, "");
+    let mine: Vec<(String, Tensor)> = all
+        .into_iter()
+        .filter_map(|(name, tensor)| Some((name.strip_prefix(&prefix)?.to_string(), tensor)))
+        .collect();
+    if mine.is_empty() {
+        return Err(bad(&path, format!("has no tensors of rank {rank}")));
+    }
+    Ok(Some(mine))
+}
+
 /// Reads a checkpoint's model tensors (parameters and buffers) alone.
 pub fn read_model(dir: &Path) -> Result<Vec<(String, Tensor)>, CheckpointError> {
     let path = dir.join(MODEL_FILE);
@@ -291,12 +333,12 @@ mod tests {
         let weight = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
         let model = vec![("w".to_string(), weight.shallow_clone())];
         let optimizer = vec![("momentum.w".to_string(), weight.shallow_clone() * 0.5)];
-        write(&root, "epoch-0001", &model, &optimizer, &state()).expect("write");
+        write(&root, "epoch-0001", &model, &optimizer, &[], &state()).expect("write");
         let newer = CheckpointState {
             epoch: 3,
             ..state()
         };
-        let path = write(&root, "epoch-0002", &model, &optimizer, &newer).expect("write");
+        let path = write(&root, "epoch-0002", &model, &optimizer, &[], &newer).expect("write");
         for given in [dir.path().to_path_buf(), root.clone(), path.clone()] {
             assert_eq!(resolve(&given).expect("resolve"), path, "{given:?}");
         }
@@ -342,6 +384,34 @@ mod tests {
             matches!(&err, CheckpointError::Io { error, .. } if error.raw_os_error() == Some(28)),
             "ENOSPC expected: {text}"
         );
+    }
+
+    #[test]
+    fn each_rank_reads_back_its_own_replica() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("checkpoints");
+        let tensor = |v: f32| Tensor::from_slice(&[v, v + 1.0]);
+        let model = vec![("w".to_string(), tensor(1.5))];
+        let mut replicas = Vec::new();
+        for rank in 0..3u32 {
+            let v = rank as f32;
+            replicas.push((replica_name(rank, "w"), tensor(v)));
+            replicas.push((replica_name(rank, "momentum.w"), tensor(10.0 + v)));
+        }
+        let path = write(&root, "epoch-0001", &model, &[], &replicas, &state()).expect("write");
+        for rank in 0..3u32 {
+            let mine = read_replica(&path, rank).expect("read").expect("replicas");
+            let names: Vec<&str> = mine.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["w", "momentum.w"], "rank {rank}");
+            let w: Vec<f32> = Vec::try_from(&mine[0].1).expect("values");
+            assert_eq!(w, [rank as f32, rank as f32 + 1.0], "rank {rank}");
+        }
+        let err = read_replica(&path, 3).expect_err("no rank 3");
+        assert!(err.to_string().contains("rank 3"), "{err}");
+        // A checkpoint without replicas (an allreduce job's) has none to read.
+        let plain = write(&root, "epoch-0002", &model, &[], &[], &state()).expect("write");
+        assert!(read_replica(&plain, 0).expect("read").is_none());
+        assert!(!plain.join(REPLICAS_FILE).exists());
     }
 
     #[test]

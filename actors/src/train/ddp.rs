@@ -38,6 +38,8 @@ pub enum SyncError {
     Tensor(#[from] tch::TchError),
     #[error(transparent)]
     Nccl(#[from] NcclError),
+    #[error(transparent)]
+    Mix(#[from] runtime::MixError),
 }
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
@@ -221,6 +223,31 @@ impl GradSync {
         Ok(())
     }
 
+    /// Replaces `values` with their mean over all ranks, through the ring on the host
+    /// (every rank gets the same bits).
+    pub fn mean_values(&mut self, values: &mut Vec<f32>) -> Result<(), SyncError> {
+        self.comm.send(Job::Mean {
+            buffer: std::mem::take(values),
+            weight: 1.0,
+        })?;
+        *values = self.comm.receive()?.buffer;
+        Ok(())
+    }
+
+    /// Replaces `values` with rank `root`'s, through the ring on the host.
+    pub fn broadcast_values(
+        &mut self,
+        values: &mut Vec<f32>,
+        root: usize,
+    ) -> Result<(), SyncError> {
+        self.comm.send(Job::Broadcast {
+            buffer: std::mem::take(values),
+            root,
+        })?;
+        *values = self.comm.receive()?.buffer;
+        Ok(())
+    }
+
     /// Sums `values` over all ranks, in place.
     pub fn sum(&mut self, values: &mut [f32]) -> Result<(), SyncError> {
         self.comm.send(Job::Sum {
@@ -347,7 +374,7 @@ fn flatten_grads(parameters: &[Tensor], range: Range<usize>) -> Result<Tensor, S
 }
 
 /// `tensors` as one flat float tensor on their device.
-fn flatten_values(tensors: &[Tensor]) -> Result<Tensor, SyncError> {
+pub(super) fn flatten_values(tensors: &[Tensor]) -> Result<Tensor, SyncError> {
     let parts = tensors
         .iter()
         .map(|t| t.f_detach()?.f_flatten(0, -1)?.f_to_kind(Kind::Float))
@@ -356,7 +383,7 @@ fn flatten_values(tensors: &[Tensor]) -> Result<Tensor, SyncError> {
 }
 
 /// Copies consecutive slices of `flat` back into `tensors`, in their own kinds.
-fn scatter_values(flat: &Tensor, tensors: &[Tensor]) -> Result<(), SyncError> {
+pub(super) fn scatter_values(flat: &Tensor, tensors: &[Tensor]) -> Result<(), SyncError> {
     let mut offset = 0i64;
     for tensor in tensors {
         let n = tensor.numel() as i64;
@@ -396,7 +423,7 @@ fn append_grad(buffer: &mut Vec<f32>, parameter: &Tensor, numel: usize) -> Resul
     }
 }
 
-fn append_values(buffer: &mut Vec<f32>, tensor: &Tensor) -> Result<(), SyncError> {
+pub(super) fn append_values(buffer: &mut Vec<f32>, tensor: &Tensor) -> Result<(), SyncError> {
     let flat = tensor
         .f_to_device(Device::Cpu)?
         .f_to_kind(Kind::Float)?

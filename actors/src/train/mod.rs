@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 mod ddp;
+mod decentral;
 mod file_error;
 mod loss;
 mod model;
@@ -27,8 +28,8 @@ pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{
-    DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest, PreloadReply,
-    PreloadRequest, TrainerMethod,
+    AverageReply, AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply,
+    LoadersRequest, PreloadReply, PreloadRequest, TrainerMethod,
 };
 pub use records::{
     ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, SamplesRecord,
@@ -38,11 +39,11 @@ pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
 pub use spec::{
     AllreduceChoice, DataSpec, DeviceSpec, JobSpec, Loaders, ModelSpec, OptimSpec, ScheduleSpec,
-    ShardSet, SourceSpec, TrainPlanner, TrainerInit,
+    ShardSet, SourceSpec, SyncChoice, TrainPlanner, TrainerInit,
 };
 pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, ResumeFrom,
-    SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register,
-    secret_hex,
+    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
+    ResumeFrom, SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest,
+    register, secret_hex,
 };

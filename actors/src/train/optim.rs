@@ -30,7 +30,7 @@ struct Slot {
 }
 
 /// The prefix of the names `Sgd::state` gives its momentum buffers.
-const MOMENTUM_PREFIX: &str = "momentum.";
+pub(super) const MOMENTUM_PREFIX: &str = "momentum.";
 
 impl Sgd {
     /// Weight decay applies only to parameters with 2 or more dimensions (not to biases and norm weights).
@@ -109,6 +109,23 @@ impl Sgd {
             .filter_map(|slot| {
                 let buffer = slot.momentum.as_ref()?;
                 Some((format!("{MOMENTUM_PREFIX}{}", slot.name), buffer.copy()))
+            })
+            .collect()
+    }
+
+    /// Every parameter's momentum buffer, named as in [`Sgd::state`]: zeros for those
+    /// that have none yet (the next step treats both alike), so that every rank's list
+    /// has the same tensors. Copies.
+    pub fn state_or_zeros(&self) -> Vec<(String, Tensor)> {
+        let _no_grad = tch::no_grad_guard();
+        self.slots
+            .iter()
+            .map(|slot| {
+                let buffer = match &slot.momentum {
+                    Some(buffer) => buffer.copy(),
+                    None => slot.parameter.zeros_like(),
+                };
+                (format!("{MOMENTUM_PREFIX}{}", slot.name), buffer)
             })
             .collect()
     }

@@ -104,8 +104,24 @@ impl TrainerMethod for DigestRequest {
     type Reply = DigestReply;
 }
 
+/// Ends a decentralized job: every rank's replica becomes the replicas' mean (an
+/// allreduce job's replicas are equal already, and stay as they are).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct AverageRequest {}
+
+/// How far the rank's replica was from the mean (Euclidean, over parameters and buffers).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct AverageReply {
+    pub distance: f64,
+}
+
+impl TrainerMethod for AverageRequest {
+    const NAME: &'static str = "average";
+    type Reply = AverageReply;
+}
+
 /// Every method's name, for an error about one that does not exist.
-pub const METHODS: [&str; 9] = [
+pub const METHODS: [&str; 10] = [
     super::phase::PhaseRequest::NAME,
     PreloadRequest::NAME,
     LoadersRequest::NAME,
@@ -115,4 +131,5 @@ pub const METHODS: [&str; 9] = [
     EvaluateRequest::NAME,
     SaveRequest::NAME,
     DigestRequest::NAME,
+    AverageRequest::NAME,
 ];

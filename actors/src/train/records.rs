@@ -135,6 +135,10 @@ pub struct EvalRecord {
     pub samples: u64,
     #[serde(default)]
     pub elapsed_s: f64,
+    /// A decentralized job's: the largest distance of a replica from the replicas' mean
+    /// (Euclidean, over parameters and buffers); the mean is what was evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_spread: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

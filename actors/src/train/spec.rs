@@ -185,6 +185,52 @@ pub struct OptimSpec {
     pub loss_scale_init: f64,
     /// How gradients are averaged.
     pub allreduce: AllreduceChoice,
+    /// How the replicas are kept together: gradient averaging, or neighbour averaging of
+    /// parameters (`train.sync`).
+    #[serde(default)]
+    pub sync: SyncChoice,
+    /// Who averages with whom each step under `sync = "decentralized"` (`train.topology`).
+    #[serde(default = "default_topology")]
+    pub topology: runtime::Topology,
+}
+
+fn default_topology() -> runtime::Topology {
+    runtime::Topology::OnePeerExponential
+}
+
+/// How the replicas are kept together (`train.sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncChoice {
+    /// Every step, gradients are averaged over all ranks (`train.allreduce` says how);
+    /// the replicas stay bit-identical.
+    #[default]
+    Allreduce,
+    /// Every step, each rank takes its own optimiser step and averages its parameters and
+    /// BatchNorm buffers with the step's group of `train.topology`, overlapped with the
+    /// step's forward and backward; the replicas differ, their mean is the model.
+    Decentralized,
+}
+
+impl SyncChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Allreduce => "allreduce",
+            Self::Decentralized => "decentralized",
+        }
+    }
+}
+
+impl std::str::FromStr for SyncChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "allreduce" => Ok(Self::Allreduce),
+            "decentralized" => Ok(Self::Decentralized),
+            other => Err(format!("`{other}`: expected allreduce or decentralized")),
+        }
+    }
 }
 
 /// Where a trainer's loader workers run (`data.loaders`).

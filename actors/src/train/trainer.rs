@@ -6,6 +6,8 @@
 //! `listen` (bind the ring port) → `connect` (join the ring, restore a checkpoint, take
 //! rank 0's weights) → `train` (the next `max_steps` steps of an epoch; every rank gets
 //! the same count, so the ranks stay in step) → `evaluate` → `save` (rank 0) → `digest`.
+//! A decentralized job (`train.sync`) also binds and connects its mixing groups' ports,
+//! saves on every rank (rank 0 writes), and ends with `average`.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -25,6 +27,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{self, CheckpointState};
 use super::ddp::{GradSync, SyncError};
+use super::decentral::{self, MixSync};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
 use super::nccl;
@@ -32,12 +35,14 @@ use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
-    DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest, METHODS,
-    PreloadReply, PreloadRequest, TrainerMethod,
+    AverageReply, AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply,
+    LoadersRequest, METHODS, PreloadReply, PreloadRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::spec::{AllreduceChoice, DeviceSpec, ScheduleSpec, TrainPlanner, TrainerInit};
+use super::spec::{
+    AllreduceChoice, DeviceSpec, ScheduleSpec, SyncChoice, TrainPlanner, TrainerInit,
+};
 use super::weights;
 
 /// Said of a trainer failure that follows from another rank's (its ring peer went away or
@@ -71,6 +76,18 @@ pub struct ListenReply {
     /// Rank 0's NCCL unique id (hex) for CUDA trainers that may use NCCL.
     #[serde(default)]
     pub nccl_id: Option<String>,
+    /// A decentralized job's mixing ports: one per group of the rank's schedule
+    /// (`runtime::Mixer::groups_of`), in that order.
+    #[serde(default)]
+    pub mix_ports: Vec<u16>,
+}
+
+/// Where a rank of a decentralized job listens for its mixing groups.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MixPeer {
+    pub ip: IpAddr,
+    /// [`ListenReply::mix_ports`] of the rank.
+    pub ports: Vec<u16>,
 }
 
 /// `connect`'s request.
@@ -85,6 +102,9 @@ pub struct ConnectRequest {
     /// Rank 0's NCCL unique id, passed on to every rank.
     #[serde(default)]
     pub nccl_id: Option<String>,
+    /// Every rank's mixing ports, by rank (decentralized jobs).
+    #[serde(default)]
+    pub mix_peers: Vec<MixPeer>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -188,6 +208,10 @@ pub struct EvalReply {
     pub top1: u64,
     pub top5: u64,
     pub seconds: f64,
+    /// A decentralized job's: how far this rank's replica is from the replicas' mean
+    /// (the Euclidean distance over parameters and buffers), which is what was evaluated.
+    #[serde(default)]
+    pub replica_distance: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -230,6 +254,10 @@ struct Trainer {
     shape: ClusterShape,
     steps_per_epoch: u64,
     listener: Option<std::net::TcpListener>,
+    /// A decentralized job's mixing ports, one per group of this rank's schedule.
+    mix_listeners: Vec<std::net::TcpListener>,
+    /// A decentralized job's neighbour averaging.
+    mix: Option<MixSync>,
     /// Why rank 0 made no NCCL id, for the reply that explains the fallback.
     nccl_problem: Option<String>,
     sync: Option<GradSync>,
@@ -339,6 +367,8 @@ impl Trainer {
             shape,
             steps_per_epoch,
             listener: None,
+            mix_listeners: Vec::new(),
+            mix: None,
             nccl_problem: None,
             sync: None,
             running: None,
@@ -389,6 +419,27 @@ impl Trainer {
             .map_err(|e| MethodError::new(e.to_string()))?
             .port();
         self.listener = Some(listener);
+        self.mix_listeners.clear();
+        let mut mix_ports = Vec::new();
+        if self.decentralized() {
+            let groups = runtime::Mixer::groups_of(
+                self.init.job.optim.topology,
+                &self.rank_nodes(),
+                self.init.rank,
+            );
+            for group in groups {
+                let listener = std::net::TcpListener::bind((self.data_ip, 0))
+                    .and_then(|l| Ok((l.local_addr()?.port(), l)))
+                    .map_err(|e| {
+                        MethodError::new(format!(
+                            "binding the mixing port of the group {group:?} on {}: {e}",
+                            self.data_ip
+                        ))
+                    })?;
+                mix_ports.push(listener.0);
+                self.mix_listeners.push(listener.1);
+            }
+        }
         let nccl_id = if self.init.rank == 0 && self.may_use_nccl() {
             match nccl::library().and_then(|lib| lib.unique_id()) {
                 Ok(id) => Some(id.to_hex()),
@@ -402,6 +453,7 @@ impl Trainer {
         };
         Ok(ListenReply {
             nccl_id,
+            mix_ports,
             port,
             steps_per_epoch: self.steps_per_epoch,
             total_steps: self.schedule.total_steps,
@@ -437,8 +489,12 @@ impl Trainer {
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
             .map_err(|e| MethodError::fatal(format!("rank {rank} joining the ring: {e}")))?;
         let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
+        if self.decentralized() {
+            self.connect_mixer(&request)?;
+        }
+        let mut own_replica = false;
         if let Some(resume) = &request.resume {
-            self.restore(resume)?;
+            own_replica = self.restore(resume)?;
         } else if let (0, Some(path)) = (rank, &self.init.job.model.init) {
             // Rank 0's weights are everyone's: the broadcast below hands them out.
             weights::load_init(&self.model, path)
@@ -450,11 +506,90 @@ impl Trainer {
             .chain(&self.buffers)
             .map(Tensor::shallow_clone)
             .collect();
-        sync.broadcast(&everything, 0)
-            .map_err(|e| MethodError::fatal(format!("rank {rank}: broadcasting weights: {e}")))?;
+        // A decentralized job resumes with every rank's own replica (the same choice on
+        // every rank: they read one checkpoint).
+        if !own_replica {
+            sync.broadcast(&everything, 0).map_err(|e| {
+                MethodError::fatal(format!("rank {rank}: broadcasting weights: {e}"))
+            })?;
+        }
         let buckets = sync.buckets();
         self.sync = Some(sync);
+        let allreduce = if self.decentralized() {
+            let topology = self.init.job.optim.topology;
+            format!(
+                "none: decentralized, parameters averaged over the {topology} topology \
+                 (the ring carries broadcasts and sums: {allreduce})"
+            )
+        } else {
+            allreduce
+        };
         Ok(ConnectReply { buckets, allreduce })
+    }
+
+    fn decentralized(&self) -> bool {
+        self.init.job.optim.sync == SyncChoice::Decentralized
+    }
+
+    /// The node of every rank, as the topology reads the world.
+    fn rank_nodes(&self) -> Vec<u32> {
+        runtime::node_of_each_rank(&self.init.node_ranks)
+    }
+
+    /// Connects the mixing groups of this rank's schedule to the peers' ports.
+    fn connect_mixer(&mut self, request: &ConnectRequest) -> Result<(), MethodError> {
+        let rank = self.init.rank;
+        let world = self.init.world as usize;
+        if request.mix_peers.len() != world {
+            return Err(MethodError::fatal(format!(
+                "rank {rank}: {} mixing addresses for {world} ranks",
+                request.mix_peers.len()
+            )));
+        }
+        let topology = self.init.job.optim.topology;
+        let nodes = self.rank_nodes();
+        let peers = request.mix_peers.clone();
+        let listeners = std::mem::take(&mut self.mix_listeners);
+        let secret = parse_secret(&request.secret)?;
+        let job = request.job.clone();
+        let options = CollectiveOptions {
+            op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
+            ..CollectiveOptions::default()
+        };
+        let connect = move || async move {
+            let listeners = listeners
+                .into_iter()
+                .map(|listener| {
+                    listener
+                        .set_nonblocking(true)
+                        .and_then(|()| tokio::net::TcpListener::from_std(listener))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| runtime::MixError::Connect {
+                    rank,
+                    group: Vec::new(),
+                    source: CollectiveError::InvalidArgument {
+                        rank: rank as usize,
+                        what: format!("a mixing group's listening socket: {e}"),
+                    },
+                })?;
+            let address = |group: &[u32], peer: u32| {
+                let index = runtime::Mixer::groups_of(topology, &nodes, peer)
+                    .iter()
+                    .position(|g| g == group)?;
+                let at = peers.get(peer as usize)?;
+                Some(SocketAddr::new(at.ip, *at.ports.get(index)?))
+            };
+            runtime::Mixer::connect(
+                rank, topology, &nodes, listeners, address, &secret, &job, options,
+            )
+            .await
+        };
+        let mix = MixSync::start(connect).map_err(|e| {
+            MethodError::fatal(format!("rank {rank} joining its mixing groups: {e}"))
+        })?;
+        self.mix = Some(mix);
+        Ok(())
     }
 
     /// Whether this job's gradients may go through NCCL on this rank.
@@ -476,7 +611,9 @@ impl Trainer {
         negotiate::start_nccl(sync, &rank, id)
     }
 
-    fn restore(&mut self, resume: &ResumeFrom) -> Result<(), MethodError> {
+    /// Restores the checkpoint; true when this rank took its own replica from it (a
+    /// decentralized job's checkpoint, resumed by a decentralized job).
+    fn restore(&mut self, resume: &ResumeFrom) -> Result<bool, MethodError> {
         let state = &resume.state;
         let layout = |node_ranks: &[u32]| ClusterShape::with_node_ranks(node_ranks.to_vec(), 1);
         if state.world != self.init.world
@@ -510,7 +647,27 @@ impl Trainer {
             .iter()
             .find(|c| c.rank == self.init.rank)
             .cloned();
-        Ok(())
+        if !self.decentralized() {
+            return Ok(false);
+        }
+        let Some(mine) = checkpoint::read_replica(&resume.dir, self.init.rank)
+            .map_err(|e| MethodError::fatal(e.to_string()))?
+        else {
+            return Ok(false);
+        };
+        let (momentum, model): (Vec<_>, Vec<_>) = mine
+            .into_iter()
+            .partition(|(name, _)| name.starts_with(super::optim::MOMENTUM_PREFIX));
+        let replicas = resume.dir.join(checkpoint::REPLICAS_FILE);
+        let mut targets = self.model.parameters();
+        targets.extend(self.model.buffers());
+        let mine: Vec<(String, Tensor)> = model;
+        checkpoint::restore(&replicas, &mine, &targets)
+            .map_err(|e| MethodError::fatal(e.to_string()))?;
+        self.sgd
+            .load_state(&momentum)
+            .map_err(|e| MethodError::fatal(format!("{}: {e}", replicas.display())))?;
+        Ok(true)
     }
 
     /// Copies this node's shards into `data.preload_dir` for at most the request's
@@ -737,29 +894,12 @@ impl Trainer {
     /// One optimiser step on `batch` (empty when this rank is out of data), with its
     /// compute and allreduce times; the caller adds the rest of the timing.
     fn step(&mut self, batch: &pipelines::Batch) -> Result<StepRecord, MethodError> {
+        if self.decentralized() {
+            return self.step_decentralized(batch);
+        }
         let computing = Instant::now();
         let n = batch.len();
-        self.sgd.zero_grad();
-        let mut extra = [0.0f32; 2];
-        if n > 0 {
-            let (images, labels) = self.tensors(batch)?;
-            let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, true));
-            let loss = cross_entropy_smoothed(
-                &logits.to_kind(Kind::Float),
-                &labels,
-                self.init.job.optim.label_smoothing,
-            );
-            let scaled = if self.scaler.enabled() {
-                &loss * self.scaler.scale()
-            } else {
-                loss.shallow_clone()
-            };
-            scaled
-                .f_backward()
-                .map_err(|e| fatal("backward")(e.to_string()))?;
-            extra[0] = loss.double_value(&[]) as f32;
-            extra[1] = topk_correct(&logits, &labels, 1) as f32 / n as f32;
-        }
+        let mut extra = self.forward_backward(batch)?;
         let compute_s = computing.elapsed().as_secs_f64();
         phase::enter(Phase::Averaging);
         let sync = self
@@ -814,6 +954,161 @@ impl Trainer {
         })
     }
 
+    /// Zeroes the gradients, then (on a batch with samples) runs forward and backward of
+    /// the (scaled) loss; returns the batch's mean loss and top-1 accuracy.
+    fn forward_backward(&mut self, batch: &pipelines::Batch) -> Result<[f32; 2], MethodError> {
+        let n = batch.len();
+        self.sgd.zero_grad();
+        if n == 0 {
+            return Ok([0.0; 2]);
+        }
+        let (images, labels) = self.tensors(batch)?;
+        let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, true));
+        let loss = cross_entropy_smoothed(
+            &logits.to_kind(Kind::Float),
+            &labels,
+            self.init.job.optim.label_smoothing,
+        );
+        let scaled = if self.scaler.enabled() {
+            &loss * self.scaler.scale()
+        } else {
+            loss.shallow_clone()
+        };
+        scaled
+            .f_backward()
+            .map_err(|e| fatal("backward")(e.to_string()))?;
+        Ok([
+            loss.double_value(&[]) as f32,
+            topk_correct(&logits, &labels, 1) as f32 / n as f32,
+        ])
+    }
+
+    /// One step of a decentralized job: this rank's state goes to its group of the step
+    /// for mixing while the rank computes its gradients and steps on them; then the
+    /// mixed state replaces the one sent, keeping the local update (see
+    /// [`decentral`]). Only the step's loss, accuracy, samples and whether every
+    /// rank's gradients are finite are summed over all ranks.
+    fn step_decentralized(&mut self, batch: &pipelines::Batch) -> Result<StepRecord, MethodError> {
+        let rank = self.init.rank;
+        let state = self.state_tensors();
+        let mut values = Vec::new();
+        decentral::read_state(&state, &mut values)
+            .map_err(|e| MethodError::fatal(format!("rank {rank}: reading the state: {e}")))?;
+        let mix = self
+            .mix
+            .as_mut()
+            .ok_or_else(|| MethodError::new("train before connect"))?;
+        mix.begin(self.global_step, values)
+            .map_err(|e| ring_failure(rank, "mixing parameters", &e))?;
+        let computing = Instant::now();
+        let n = batch.len();
+        let [loss, accuracy] = self.forward_backward(batch)?;
+        let unscale = 1.0 / self.scaler.scale();
+        let mut finite = true;
+        if n > 0 {
+            let _no_grad = tch::no_grad_guard();
+            for parameter in &self.params {
+                let mut grad = parameter.grad();
+                if !grad.defined() {
+                    continue;
+                }
+                if unscale != 1.0 {
+                    let _ = grad
+                        .f_mul_scalar_(unscale)
+                        .map_err(|e| fatal("unscaling")(e.to_string()))?;
+                }
+                finite &= grad.isfinite().all().int64_value(&[]) != 0;
+            }
+        }
+        let compute_s = computing.elapsed().as_secs_f64();
+        phase::enter(Phase::Averaging);
+        let waiting = Instant::now();
+        let weight = n as f32;
+        let mut sums = [loss * weight, accuracy * weight, weight, f32::from(!finite)];
+        self.sync
+            .as_mut()
+            .ok_or_else(|| MethodError::new("train before connect"))?
+            .sum(&mut sums)
+            .map_err(|e| ring_failure(rank, "summing the step's figures", &e))?;
+        let samples = sums[2];
+        let lr = self.schedule.lr_at(self.global_step);
+        let loss_scale = self.scaler.scale();
+        // Every rank sums the same flags, so all take the same verdict.
+        let verdict = self.scaler.update(sums[3] == 0.0);
+        match verdict {
+            StepVerdict::Diverged => {
+                return Err(MethodError::fatal(format!(
+                    "step {}: {} rank(s) computed gradients that are not finite (the loss \
+                     diverged; try a lower train.lr or a longer warm-up)",
+                    self.global_step + 1,
+                    sums[3]
+                )));
+            }
+            StepVerdict::Skip => {}
+            StepVerdict::Apply if n > 0 => self.sgd.step(lr),
+            StepVerdict::Apply => {}
+        }
+        if let Some(mix) = self.mix.as_mut() {
+            mix.finish(&state)
+                .map_err(|e| ring_failure(rank, "mixing parameters", &e))?;
+        }
+        self.global_step += 1;
+        let mean = |sum: f32| if samples > 0.0 { sum / samples } else { 0.0 };
+        Ok(StepRecord {
+            step: self.global_step,
+            loss: mean(sums[0]),
+            accuracy: mean(sums[1]),
+            lr,
+            samples: samples as u64,
+            loss_scale: self.scaler.enabled().then_some(loss_scale),
+            skipped: verdict == StepVerdict::Skip,
+            timing: StepTiming {
+                compute_s,
+                allreduce_s: waiting.elapsed().as_secs_f64(),
+                ..StepTiming::default()
+            },
+            sample_ids: Vec::new(),
+        })
+    }
+
+    /// The replica's parameters and buffers, in order (what mixing averages).
+    fn state_tensors(&self) -> Vec<Tensor> {
+        self.params
+            .iter()
+            .chain(&self.buffers)
+            .map(Tensor::shallow_clone)
+            .collect()
+    }
+
+    /// Replaces this rank's state (parameters and buffers) with the mean over all ranks;
+    /// returns the state it had and its distance from the mean.
+    fn take_mean_state(&mut self) -> Result<(Vec<f32>, f64), MethodError> {
+        let rank = self.init.rank;
+        let state = self.state_tensors();
+        let mut own = Vec::new();
+        decentral::read_state(&state, &mut own)
+            .map_err(|e| MethodError::fatal(format!("rank {rank}: reading the state: {e}")))?;
+        let mut mean = own.clone();
+        self.sync
+            .as_mut()
+            .ok_or_else(|| MethodError::new("averaging before connect"))?
+            .mean_values(&mut mean)
+            .map_err(|e| ring_failure(rank, "averaging the replicas", &e))?;
+        let distance = decentral::distance(&own, &mean);
+        decentral::write_state(&state, &mean)
+            .map_err(|e| MethodError::fatal(format!("rank {rank}: writing the mean: {e}")))?;
+        Ok((own, distance))
+    }
+
+    /// Ends a decentralized job: every replica becomes the replicas' mean.
+    fn average(&mut self) -> Result<AverageReply, MethodError> {
+        if !self.decentralized() {
+            return Ok(AverageReply { distance: 0.0 });
+        }
+        let (_, distance) = self.take_mean_state()?;
+        Ok(AverageReply { distance })
+    }
+
     fn amp(&self) -> bool {
         self.init.job.optim.amp && self.device != Device::Cpu
     }
@@ -850,7 +1145,27 @@ impl Trainer {
         Ok((images.contiguous(), labels))
     }
 
+    /// Evaluates on this rank's share of the validation set; a decentralized job
+    /// evaluates the replicas' mean, then takes its own replica back.
     fn evaluate(&mut self) -> Result<EvalReply, MethodError> {
+        // The same answer on every rank, so either all average or none.
+        if !self.decentralized() || self.init.job.data.val.is_empty() {
+            return self.evaluate_model();
+        }
+        let (own, distance) = self.take_mean_state()?;
+        let evaluated = self.evaluate_model();
+        decentral::write_state(&self.state_tensors(), &own).map_err(|e| {
+            MethodError::fatal(format!(
+                "rank {}: taking back its replica: {e}",
+                self.init.rank
+            ))
+        })?;
+        let mut reply = evaluated?;
+        reply.replica_distance = Some(distance);
+        Ok(reply)
+    }
+
+    fn evaluate_model(&mut self) -> Result<EvalReply, MethodError> {
         let started = Instant::now();
         let mut reply = EvalReply {
             samples: 0,
@@ -858,6 +1173,7 @@ impl Trainer {
             top1: 0,
             top5: 0,
             seconds: 0.0,
+            replica_distance: None,
         };
         let data = &self.init.job.data;
         if data.val.is_empty() {
@@ -896,6 +1212,9 @@ impl Trainer {
     }
 
     fn save(&mut self, request: SaveRequest) -> Result<PathBuf, MethodError> {
+        if self.decentralized() {
+            return self.save_replicas(request);
+        }
         let mut model = self.model.parameters();
         model.extend(self.model.buffers());
         let state = CheckpointState {
@@ -907,6 +1226,62 @@ impl Trainer {
             &request.name,
             &model,
             &self.sgd.state(),
+            &[],
+            &state,
+        )
+        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
+    }
+
+    /// A decentralized job's save, on every rank: the replicas' mean of the model and the
+    /// momentum, and every rank's own, go to rank 0 over the ring (one broadcast per
+    /// rank), which writes them all into one checkpoint (see [`checkpoint`]).
+    fn save_replicas(&mut self, request: SaveRequest) -> Result<PathBuf, MethodError> {
+        let (rank, world) = (self.init.rank, self.init.world);
+        let mut named = self.model.parameters();
+        named.extend(self.model.buffers());
+        let model_tensors = named.len();
+        named.extend(self.sgd.state_or_zeros());
+        let tensors: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut own = Vec::new();
+        decentral::read_state(&tensors, &mut own)
+            .map_err(|e| MethodError::new(format!("rank {rank}: reading the replica: {e}")))?;
+        let sync = self
+            .sync
+            .as_mut()
+            .ok_or_else(|| MethodError::new("save before connect"))?;
+        let mut mean = own.clone();
+        sync.mean_values(&mut mean)
+            .map_err(|e| ring_failure(rank, "averaging the replicas", &e))?;
+        let mut replicas = Vec::new();
+        for root in 0..world {
+            let mut values = if root == rank {
+                own.clone()
+            } else {
+                vec![0.0; own.len()]
+            };
+            sync.broadcast_values(&mut values, root as usize)
+                .map_err(|e| ring_failure(rank, "gathering the replicas", &e))?;
+            if rank == 0 {
+                replicas.extend(named_values(&named, &values, |name| {
+                    checkpoint::replica_name(root, name)
+                })?);
+            }
+        }
+        if rank != 0 {
+            return Ok(request.root.join(&request.name));
+        }
+        let mut mean = named_values(&named, &mean, str::to_string)?;
+        let momentum = mean.split_off(model_tensors);
+        let state = CheckpointState {
+            loss_scale: self.scaler.state(),
+            ..request.state
+        };
+        checkpoint::write(
+            &request.root,
+            &request.name,
+            &mean,
+            &momentum,
+            &replicas,
             &state,
         )
         .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
@@ -963,12 +1338,37 @@ impl Trainer {
             EvaluateRequest::NAME => answer(payload, |_: EvaluateRequest| self.evaluate()),
             SaveRequest::NAME => answer(payload, |request| self.save(request)),
             DigestRequest::NAME => answer(payload, |_: DigestRequest| self.digest()),
+            AverageRequest::NAME => answer(payload, |_: AverageRequest| self.average()),
             other => Err(MethodError::new(format!(
                 "trainers have no method `{other}` ({})",
                 METHODS.join(", ")
             ))),
         }
     }
+}
+
+/// `values` cut into host tensors shaped, kinded and named like `like`'s (each name
+/// through `name`).
+fn named_values(
+    like: &[(String, Tensor)],
+    values: &[f32],
+    name: impl Fn(&str) -> String,
+) -> Result<Vec<(String, Tensor)>, MethodError> {
+    let mut offset = 0;
+    let mut out = Vec::with_capacity(like.len());
+    for (n, tensor) in like {
+        let count = tensor.numel();
+        let part = values.get(offset..offset + count).ok_or_else(|| {
+            MethodError::new(format!("{} values are too few for `{n}`", values.len()))
+        })?;
+        let value = Tensor::f_from_slice(part)
+            .and_then(|t| t.f_view(tensor.size().as_slice()))
+            .and_then(|t| t.f_to_kind(tensor.kind()))
+            .map_err(|e| MethodError::new(format!("`{n}`: {e}")))?;
+        out.push((name(n), value));
+        offset += count;
+    }
+    Ok(out)
 }
 
 /// Reads the request of method `M`, runs it, and encodes its reply.
@@ -986,9 +1386,16 @@ fn answer<M: TrainerMethod>(
 ///
 /// [caused elsewhere]: MethodError::caused_elsewhere
 pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
+    let collective = match error {
+        SyncError::Collective(error) => Some(error),
+        SyncError::Mix(
+            runtime::MixError::Group { source, .. } | runtime::MixError::Connect { source, .. },
+        ) => Some(source),
+        _ => None,
+    };
     let peer = matches!(
-        error,
-        SyncError::Collective(
+        collective,
+        Some(
             CollectiveError::PeerClosed { .. }
                 | CollectiveError::Io { .. }
                 | CollectiveError::Timeout { .. }

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub use link::Link;
 pub use mix::{MixError, Mixer};
 pub use ring::RingGroup;
-pub use topology::{Topology, UnknownTopology};
+pub use topology::{Topology, UnknownTopology, node_of_each_rank};
 
 use crate::secret::{Secret, SecretPurpose};
 

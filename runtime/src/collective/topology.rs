@@ -126,6 +126,16 @@ impl fmt::Display for Topology {
     }
 }
 
+/// The node of every rank of a world laid out as `node_ranks` (ranks on each node, ranks
+/// numbered node by node): the `nodes` a [`Topology`] reads.
+pub fn node_of_each_rank(node_ranks: &[u32]) -> Vec<u32> {
+    node_ranks
+        .iter()
+        .enumerate()
+        .flat_map(|(node, &count)| std::iter::repeat_n(node as u32, count as usize))
+        .collect()
+}
+
 /// A name that is no topology.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(

@@ -74,6 +74,8 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
             loss_scaling,
             loss_scale_init: train.loss_scale_init,
             allreduce,
+            sync: train.sync,
+            topology: train.topology,
         },
     })
 }
