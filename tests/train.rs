@@ -520,6 +520,86 @@ fn the_size_schedule_holds_from_epoch_0_and_a_phase_switches_shards_across_a_res
     cluster.assert_settled();
 }
 
+/// Decentralized training (`train.sync`): four CPU trainers on two nodes each take their
+/// own steps and average their parameters with one peer per step. The plan prints the
+/// schedule, the job learns, every evaluation records how far the replicas are from
+/// their mean (which is what it evaluates), checkpoints keep every rank's replica, the
+/// job ends with one model, and a job resumed from the checkpoint after epoch 2 takes
+/// the whole run's steps to the bit and ends with its model.
+#[test]
+fn a_decentralized_job_mixes_with_its_neighbours_and_resumes_exactly() {
+    const EPOCHS: u64 = 3;
+    let cluster = TrainCluster::start();
+    let sets = [
+        "train.sync=\"decentralized\"",
+        "train.topology=\"one-peer-exponential\"",
+        "train.cpu_trainers=4",
+        "train.checkpoint_every_epochs=1",
+    ];
+    let whole = cluster
+        .job("decent", EPOCHS, &sets, false)
+        .finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+    let printed = &whole.stdout;
+    for line in [
+        "2 node(s) x 2 rank(s)",
+        "sync        decentralized, one-peer-exponential topology; the groups repeat every 2 step(s):",
+        "step 0: {0,1} {2,3}",
+        "step 1: {0,2} {1,3}",
+        "replicas: each replaced by the mean of all 4",
+        "replicas: identical on all 4 ranks",
+    ] {
+        assert!(printed.contains(line), "no `{line}` in:\n{printed}");
+    }
+    let run = cluster.runs.join("decent");
+    let records = metrics(&run);
+    let whole_steps = steps(&records);
+    let losses: Vec<f64> = whole_steps.values().copied().collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (first, last) = (mean(&losses[..3]), mean(&losses[losses.len() - 3..]));
+    assert!(last < first, "the loss did not decrease: {losses:?}");
+    let evals: Vec<&Value> = records.iter().filter(|r| r["kind"] == "eval").collect();
+    assert_eq!(evals.len() as u64, EPOCHS, "one evaluation per epoch");
+    for eval in &evals {
+        let spread = eval["replica_spread"].as_f64().unwrap_or(-1.0);
+        assert!(
+            spread > 0.0,
+            "the replicas differ before an evaluation: {eval}"
+        );
+    }
+    let checkpoint = run.join("checkpoints").join("epoch-0002");
+    for file in ["model.ot", "optimizer.ot", "replicas.ot", "state.json"] {
+        let size = std::fs::metadata(checkpoint.join(file)).map_or(0, |m| m.len());
+        assert!(size > 0, "{} has no {file}", checkpoint.display());
+    }
+
+    // Resumed after epoch 2 (index 1): every rank takes its own replica back.
+    let resume = ["--resume".to_string(), checkpoint.display().to_string()];
+    let resumed = cluster
+        .job_with("decent", EPOCHS, &sets, false, &resume)
+        .finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    let after = steps(&metrics(&run));
+    assert_eq!(
+        after.len(),
+        whole_steps.len(),
+        "each step once after the resume"
+    );
+    for (step, loss) in &after {
+        assert_eq!(
+            Some(loss),
+            whole_steps.get(step),
+            "step {step} after the resume"
+        );
+    }
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        replica_digest(&whole.stdout),
+        "the resumed job ends with the whole run's model"
+    );
+    cluster.assert_settled();
+}
+
 /// Split mode over an uneven number of shards (five shards of unequal size for two ranks):
 /// every rank plans the same steps, the rank out of data joins with empty batches, and
 /// user hooks change the plan: the shipped scripts reproduce the built-in behaviour bit
