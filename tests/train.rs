@@ -158,6 +158,18 @@ fn plan_and_train_agree_on_every_epochs_steps() {
                 "train.cpu_trainers=3",
             ],
         ),
+        // Decentralized on an odd world (a rank rests each step of the ring topology),
+        // with ranks out of data that only mix.
+        (
+            "split-join-uneven-decentralized",
+            &[
+                "data.mode=\"split\"",
+                "data.policy=\"join\"",
+                "train.cpu_trainers=3",
+                "train.sync=\"decentralized\"",
+                "train.topology=\"ring\"",
+            ],
+        ),
     ];
     const EPOCHS: u64 = 2;
     for (name, sets) in cases {

@@ -44,7 +44,6 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
     let train = generate(&args.out.join("train"), "demo-train", args.per_class, 1)?;
     let val = generate(&args.out.join("val"), "demo-val", args.val_per_class, 2)?;
 
-    println!("\n== 2/2 training the small CNN on an embedded cluster with two CPU trainers");
     let name = format!(
         "demo-{}",
         std::time::SystemTime::now()
@@ -70,6 +69,12 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
         }),
         &overrides,
     )?;
+    let trainers = match config.config.train.cpu_trainers {
+        0 => "one CPU trainer".to_string(),
+        2 => "two CPU trainers".to_string(),
+        n => format!("{n} CPU trainers"),
+    };
+    println!("\n== 2/2 training the small CNN on an embedded cluster with {trainers}");
     if let Some(line) = config.describe_sources() {
         println!("   {line}");
     }

@@ -162,7 +162,8 @@ pub struct StepTiming {
     pub data_wait_s: f64,
     /// Forward and backward.
     pub compute_s: f64,
-    /// Waiting for the gradient average.
+    /// Waiting for the gradient average (in a decentralized job: for the step's sums
+    /// and the rest of the neighbours' mixing, which began before the forward pass).
     pub allreduce_s: f64,
 }
 
