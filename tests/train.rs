@@ -399,6 +399,18 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
         seen[0]["phase"]["phase"].is_string(),
         "rank 0 answers: {seen:?}"
     );
+    // Each rank with its epoch's data wait so far and its node's last heartbeat.
+    let rank1 = &seen[1];
+    assert!(
+        rank1["phase"]["data_wait_s"].as_f64() > Some(0.0),
+        "rank 1's data wait: {rank1}"
+    );
+    for rank in &seen {
+        assert!(
+            rank["heartbeat_ms_ago"].as_u64().is_some(),
+            "no heartbeat: {rank}"
+        );
+    }
     let out = job.finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
     assert!(

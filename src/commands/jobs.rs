@@ -102,19 +102,24 @@ fn print_ranks(ranks: &[RankView]) {
         return;
     }
     println!(
-        "\n{:>5} {:>5} {:<28} {:>9} {:>6} {:>8}",
-        "RANK", "NODE", "PHASE", "FOR", "EPOCH", "STEP"
+        "\n{:>5} {:>5} {:<28} {:>9} {:>6} {:>8} {:>10} {:>10}",
+        "RANK", "NODE", "PHASE", "FOR", "EPOCH", "STEP", "DATA WAIT", "HEARTBEAT"
     );
     for view in ranks {
+        let heartbeat = view.heartbeat_ms_ago.map_or("-".to_string(), |ms| {
+            format!("{:.1}s ago", ms as f64 / 1000.0)
+        });
         match (&view.phase, &view.problem) {
             (Some(phase), _) => println!(
-                "{:>5} {:>5} {:<28} {:>8.1}s {:>6} {:>8}",
+                "{:>5} {:>5} {:<28} {:>8.1}s {:>6} {:>8} {:>9.1}s {:>10}",
                 view.rank,
                 view.node,
                 phase.describe(),
                 phase.seconds,
                 phase.epoch.map_or("-".to_string(), |e| e.to_string()),
-                phase.step
+                phase.step,
+                phase.data_wait_s,
+                heartbeat
             ),
             (None, problem) => println!(
                 "{:>5} {:>5} {}",

@@ -140,7 +140,7 @@ pub async fn run(
         |n| n.to_string_lossy().into_owned(),
     );
     let ranks = spawn_trainers(client, trainers, &job, &job_name, &places, &node_ranks).await?;
-    stop.set_ranks(&ranks);
+    stop.set_ranks(&ranks, client);
     let long = Duration::from_secs(settings.step_timeout_secs.max(10));
     if let Some(dir) = &job.data.sources.preload_dir {
         preload(&ranks, dir, output, long).await?;

@@ -23,10 +23,28 @@ pub struct RankView {
     /// Why there is no phase: its monitor did not answer (a process stopped, hung or
     /// gone), or there is none.
     pub problem: Option<String>,
+    /// How long ago the head last heard its node's heartbeat, when the head answered.
+    #[serde(default)]
+    pub heartbeat_ms_ago: Option<u64>,
 }
 
-/// Every rank's phase, asked of all monitors at once.
-pub(crate) async fn rank_views(ranks: &[Rank]) -> Vec<RankView> {
+/// Every rank's phase, asked of all monitors at once, and its node's last heartbeat from
+/// `client`'s head.
+pub(crate) async fn rank_views(
+    ranks: &[Rank],
+    client: Option<&runtime::ClusterClient>,
+) -> Vec<RankView> {
+    let heartbeats: std::collections::HashMap<u64, u64> = match client {
+        Some(client) => match tokio::time::timeout(MONITOR_TIMEOUT, client.status()).await {
+            Ok(Ok(status)) => status
+                .nodes
+                .iter()
+                .map(|node| (node.id.0, node.last_heartbeat_ms_ago))
+                .collect(),
+            _ => Default::default(),
+        },
+        None => Default::default(),
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for rank in ranks {
         let rank = rank.clone();
@@ -56,6 +74,7 @@ pub(crate) async fn rank_views(ranks: &[Rank]) -> Vec<RankView> {
                 node: rank.place.node.0,
                 phase,
                 problem,
+                heartbeat_ms_ago: None,
             }
         });
     }
@@ -64,6 +83,9 @@ pub(crate) async fn rank_views(ranks: &[Rank]) -> Vec<RankView> {
         views.push(view);
     }
     views.sort_by_key(|v| v.rank);
+    for view in &mut views {
+        view.heartbeat_ms_ago = heartbeats.get(&view.node).copied();
+    }
     views
 }
 
@@ -154,8 +176,10 @@ mod tests {
                     url: "http://host/train-000123.tar".to_string(),
                     bytes: 0,
                 }],
+                data_wait_s: 0.0,
             }),
             problem: phase.is_none().then(|| "no answer within 2 s".to_string()),
+            heartbeat_ms_ago: None,
         }
     }
 

@@ -45,8 +45,8 @@ pub struct Progress {
 pub struct StopControl {
     requested: tokio::sync::watch::Receiver<Option<&'static str>>,
     progress: Arc<Mutex<Progress>>,
-    /// The job's ranks, once spawned, for the hang doctor.
-    ranks: Arc<Mutex<Vec<Rank>>>,
+    /// The job's ranks, once spawned, and the cluster they run on, for the hang doctor.
+    ranks: Arc<Mutex<(Vec<Rank>, Option<runtime::ClusterClient>)>>,
 }
 
 impl std::fmt::Debug for StopControl {
@@ -86,14 +86,16 @@ impl StopControl {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_ranks(&self, ranks: &[Rank]) {
-        *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) = ranks.to_vec();
+    pub(crate) fn set_ranks(&self, ranks: &[Rank], client: &runtime::ClusterClient) {
+        *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) =
+            (ranks.to_vec(), Some(client.clone()));
     }
 
-    /// Every rank's phase now, from its monitor (none before the ranks are up).
+    /// Every rank's phase now, from its monitor, with its node's last heartbeat (none
+    /// before the ranks are up).
     pub async fn rank_views(&self) -> Vec<RankView> {
-        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        rank_views(&ranks).await
+        let (ranks, client) = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        rank_views(&ranks, client.as_ref()).await
     }
 
     fn requested(&self) -> Option<&'static str> {
@@ -395,7 +397,7 @@ pub(super) async fn train_loop(
                     tokio::select! {
                         replies = &mut call => break replies?,
                         () = tokio::time::sleep(tick), if watching => {
-                            let views = rank_views(ranks).await;
+                            let views = rank_views(ranks, None).await;
                             for line in hold_ups(&views, train.straggler_secs, &mut named) {
                                 output.warn(line);
                             }

@@ -68,6 +68,9 @@ pub struct RankPhase {
     /// The shards its loader workers read now, with the bytes received from each.
     #[serde(default)]
     pub reading: Vec<ShardRead>,
+    /// Seconds it has waited for its loader's batches in this epoch, now included.
+    #[serde(default)]
+    pub data_wait_s: f64,
 }
 
 /// A shard a loader worker reads now.
@@ -108,6 +111,20 @@ struct Board {
     bucket: Option<(usize, usize)>,
     /// The loader of the epoch in progress.
     reading: Option<std::sync::Arc<pipelines::ReadingNow>>,
+    /// Seconds waited for data in `epoch` before the current phase.
+    waited: f64,
+}
+
+impl Board {
+    /// Seconds waited for data in the epoch, the current phase included.
+    fn data_wait(&self) -> f64 {
+        let now = if self.phase == Phase::WaitingForData {
+            self.since.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        self.waited + now
+    }
 }
 
 /// The board of this process: one trainer per worker process (each rank has a process
@@ -128,6 +145,7 @@ pub(crate) fn start(rank: u32) {
         step: 0,
         bucket: None,
         reading: None,
+        waited: 0.0,
     });
 }
 
@@ -143,6 +161,7 @@ pub(crate) fn enter(phase: Phase) {
     if let Some(board) = board().as_mut()
         && board.phase != phase
     {
+        board.waited = board.data_wait();
         board.phase = phase;
         board.since = Instant::now();
         board.bucket = None;
@@ -160,6 +179,12 @@ pub(crate) fn averaging(bucket: usize, buckets: usize) {
 /// The trainer works on global step `step` of `epoch`.
 pub(crate) fn at(epoch: u64, step: u64) {
     if let Some(board) = board().as_mut() {
+        if board.epoch != Some(epoch) {
+            board.waited = 0.0;
+            if board.phase == Phase::WaitingForData {
+                board.since = Instant::now();
+            }
+        }
         board.epoch = Some(epoch);
         board.step = step;
     }
@@ -174,6 +199,7 @@ pub fn now() -> Option<RankPhase> {
         epoch: board.epoch,
         step: board.step,
         bucket: board.bucket,
+        data_wait_s: board.data_wait(),
         reading: board
             .reading
             .as_ref()
@@ -240,8 +266,23 @@ mod tests {
         assert_eq!(waiting.phase, Phase::WaitingForData);
         assert_eq!((waiting.epoch, waiting.step), (Some(1), 12));
         assert!(waiting.seconds >= 0.02, "{waiting:?}");
+        assert!(waiting.data_wait_s >= 0.02, "{waiting:?}");
         enter(Phase::Computing);
-        assert!(now().expect("running").seconds < waiting.seconds);
+        let computing = now().expect("running");
+        assert!(computing.seconds < waiting.seconds);
+        // The wait is kept after it ends, and summed over the epoch's waits.
+        assert!(
+            computing.data_wait_s >= waiting.data_wait_s,
+            "{computing:?}"
+        );
+        enter(Phase::WaitingForData);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let again = now().expect("running").data_wait_s;
+        assert!(again >= computing.data_wait_s + 0.01, "{again}");
+        // A new epoch starts its count afresh.
+        enter(Phase::Computing);
+        at(2, 13);
+        assert_eq!(now().expect("running").data_wait_s, 0.0);
         averaging(2, 5);
         assert_eq!(
             now().expect("running").describe(),
