@@ -1059,9 +1059,20 @@ enum Victim {
     Worker,
 }
 
+/// A decentralized job loses a trainer the same way: the survivor's mixing or its sums
+/// end at once, and the error leads with the lost rank.
+#[test]
+fn a_decentralized_job_whose_trainer_process_is_killed_fails_naming_the_rank_and_node() {
+    a_job_with_fails_when_its_node_loses(Victim::Worker, &["train.sync=\"decentralized\""]);
+}
+
 fn a_job_fails_when_its_node_loses(victim: Victim) {
+    a_job_with_fails_when_its_node_loses(victim, &[]);
+}
+
+fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
     let cluster = TrainCluster::start();
-    let mut job = cluster.job("doomed", 200, &[], false);
+    let mut job = cluster.job("doomed", 200, sets, false);
     cluster.wait_for_steps(&mut job, "doomed", 2);
     let daemon = cluster.node.daemon_pids();
     assert_eq!(daemon.len(), 1, "one daemon on the node");
