@@ -16,13 +16,12 @@
 
 use std::future::Future;
 use std::ops::Range;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use runtime::{CollectiveError, RingGroup};
 use tch::{Device, Kind, Tensor};
 
+use super::comm::CommThread;
 use super::nccl::{Communicator, NcclError};
 
 /// Why a synchronisation failed.
@@ -478,9 +477,7 @@ struct Done {
 
 /// The communication thread: owns the ring and runs jobs in the order sent.
 struct Comm {
-    jobs: Option<mpsc::Sender<Job>>,
-    done: mpsc::Receiver<Result<Done, CollectiveError>>,
-    thread: Option<JoinHandle<()>>,
+    thread: CommThread<Job, Result<Done, CollectiveError>>,
     rank: usize,
     world: usize,
 }
@@ -500,69 +497,25 @@ impl Comm {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<RingGroup, CollectiveError>>,
     {
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done) = mpsc::channel();
-        let (ready_tx, ready) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("ddp-comm".into())
-            .spawn(move || {
-                let tokio = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(tokio) => tokio,
-                    Err(error) => {
-                        let _ = ready_tx.send(Err(SyncError::Thread(error)));
-                        return;
-                    }
-                };
-                let mut group = match tokio.block_on(connect()) {
-                    Ok(group) => group,
-                    Err(error) => {
-                        let _ = ready_tx.send(Err(error.into()));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok((group.rank(), group.world())));
-                while let Ok(job) = job_rx.recv() {
-                    let result = tokio.block_on(run(&mut group, job));
-                    if done_tx.send(result).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(SyncError::Thread)?;
-        let (rank, world) = ready.recv().map_err(|_| SyncError::ThreadGone)??;
+        let (thread, (rank, world)) = CommThread::start(
+            "ddp-comm",
+            connect,
+            |group: &RingGroup| (group.rank(), group.world()),
+            async |group: &mut RingGroup, job| run(group, job).await,
+        )?;
         Ok(Self {
-            jobs: Some(jobs),
-            done,
-            thread: Some(thread),
+            thread,
             rank,
             world,
         })
     }
 
     fn send(&self, job: Job) -> Result<(), SyncError> {
-        self.jobs
-            .as_ref()
-            .ok_or(SyncError::ThreadGone)?
-            .send(job)
-            .map_err(|_| SyncError::ThreadGone)
+        self.thread.send(job)
     }
 
     fn receive(&self) -> Result<Done, SyncError> {
-        Ok(self.done.recv().map_err(|_| SyncError::ThreadGone)??)
-    }
-}
-
-impl Drop for Comm {
-    fn drop(&mut self) {
-        // Closing the job channel ends the thread's loop once its current job ends
-        // (which a dead peer ends with the ring's timeout at worst).
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        Ok(self.thread.receive()??)
     }
 }
 

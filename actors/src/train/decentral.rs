@@ -15,24 +15,21 @@
 //! of the local updates only, exactly as the topology's doubly stochastic mixing says.
 //! Momentum stays local to each rank.
 //!
-//! The mixing thread owns a [`Mixer`] on a single-threaded tokio runtime of its own, like
-//! the gradient ring's thread, so the two never wait for each other.
+//! The mixing thread ([`CommThread`]) owns a [`Mixer`], as the gradient ring's thread owns
+//! the ring, so the two never wait for each other.
 
 use std::future::Future;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 use runtime::{MixError, Mixer};
 use tch::{Device, Tensor};
 
+use super::comm::CommThread;
 use super::ddp::{SyncError, append_values, flatten_values, scatter_values};
 
 /// One rank's side of the neighbour averaging: a thread that mixes one state at a time.
 #[derive(Debug)]
 pub struct MixSync {
-    jobs: Option<mpsc::Sender<(u64, Vec<f32>)>>,
-    done: mpsc::Receiver<Result<Vec<f32>, MixError>>,
-    thread: Option<JoinHandle<()>>,
+    thread: CommThread<(u64, Vec<f32>), Result<Vec<f32>, MixError>>,
     /// The state sent for mixing, kept to take the local update's difference.
     sent: Option<Vec<f32>>,
 }
@@ -45,55 +42,21 @@ impl MixSync {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Mixer, MixError>>,
     {
-        let (jobs, job_rx) = mpsc::channel::<(u64, Vec<f32>)>();
-        let (done_tx, done) = mpsc::channel();
-        let (ready_tx, ready) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("mix-comm".into())
-            .spawn(move || {
-                let tokio = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(tokio) => tokio,
-                    Err(error) => {
-                        let _ = ready_tx.send(Err(SyncError::Thread(error)));
-                        return;
-                    }
-                };
-                let mut mixer = match tokio.block_on(connect()) {
-                    Ok(mixer) => mixer,
-                    Err(error) => {
-                        let _ = ready_tx.send(Err(error.into()));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                while let Ok((step, mut buffer)) = job_rx.recv() {
-                    let result = tokio.block_on(mixer.mix(step, &mut buffer)).map(|_| buffer);
-                    if done_tx.send(result).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(SyncError::Thread)?;
-        ready.recv().map_err(|_| SyncError::ThreadGone)??;
-        Ok(Self {
-            jobs: Some(jobs),
-            done,
-            thread: Some(thread),
-            sent: None,
-        })
+        let (thread, ()) = CommThread::start(
+            "mix-comm",
+            connect,
+            |_: &Mixer| (),
+            async |mixer: &mut Mixer, (step, mut buffer): (u64, Vec<f32>)| {
+                mixer.mix(step, &mut buffer).await.map(|_| buffer)
+            },
+        )?;
+        Ok(Self { thread, sent: None })
     }
 
     /// Starts averaging `state` (this rank's before step `step`) with the step's group;
     /// [`MixSync::finish`] applies the result.
     pub fn begin(&mut self, step: u64, state: Vec<f32>) -> Result<(), SyncError> {
-        self.jobs
-            .as_ref()
-            .ok_or(SyncError::ThreadGone)?
-            .send((step, state.clone()))
-            .map_err(|_| SyncError::ThreadGone)?;
+        self.thread.send((step, state.clone()))?;
         self.sent = Some(state);
         Ok(())
     }
@@ -102,23 +65,12 @@ impl MixSync {
     /// `tensors` (which held that state, and have since taken the local step) by the
     /// mean's difference from it.
     pub fn finish(&mut self, tensors: &[Tensor]) -> Result<(), SyncError> {
-        let mixed = self.done.recv().map_err(|_| SyncError::ThreadGone)??;
+        let mixed = self.thread.receive()??;
         let sent = self.sent.take().ok_or(SyncError::ThreadGone)?;
         let mut now = Vec::with_capacity(sent.len());
         read_state(tensors, &mut now)?;
         add_difference(&mut now, &mixed, &sent);
         write_state(tensors, &now)
-    }
-}
-
-impl Drop for MixSync {
-    fn drop(&mut self) {
-        // The thread ends once its current mix ends (a dead peer ends it with the ring's
-        // operation timeout at worst).
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! actor that runs one rank of a job.
 
 pub mod checkpoint;
+mod comm;
 mod ddp;
 mod decentral;
 mod file_error;

@@ -992,9 +992,7 @@ impl Trainer {
     fn step_decentralized(&mut self, batch: &pipelines::Batch) -> Result<StepRecord, MethodError> {
         let rank = self.init.rank;
         let state = self.state_tensors();
-        let mut values = Vec::new();
-        decentral::read_state(&state, &mut values)
-            .map_err(|e| MethodError::fatal(format!("rank {rank}: reading the state: {e}")))?;
+        let values = host_values(rank, &state)?;
         let mix = self
             .mix
             .as_mut()
@@ -1086,9 +1084,7 @@ impl Trainer {
     fn take_mean_state(&mut self) -> Result<(Vec<f32>, f64), MethodError> {
         let rank = self.init.rank;
         let state = self.state_tensors();
-        let mut own = Vec::new();
-        decentral::read_state(&state, &mut own)
-            .map_err(|e| MethodError::fatal(format!("rank {rank}: reading the state: {e}")))?;
+        let own = host_values(rank, &state)?;
         let mut mean = own.clone();
         self.sync
             .as_mut()
@@ -1243,9 +1239,7 @@ impl Trainer {
         let model_tensors = named.len();
         named.extend(self.sgd.state_or_zeros());
         let tensors: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
-        let mut own = Vec::new();
-        decentral::read_state(&tensors, &mut own)
-            .map_err(|e| MethodError::new(format!("rank {rank}: reading the replica: {e}")))?;
+        let own = host_values(rank, &tensors)?;
         let sync = self
             .sync
             .as_mut()
@@ -1346,6 +1340,14 @@ impl Trainer {
             ))),
         }
     }
+}
+
+/// The values of `tensors` as host floats, in order.
+fn host_values(rank: u32, tensors: &[Tensor]) -> Result<Vec<f32>, MethodError> {
+    let mut values = Vec::new();
+    decentral::read_state(tensors, &mut values)
+        .map_err(|e| MethodError::fatal(format!("rank {rank}: reading its state: {e}")))?;
+    Ok(values)
 }
 
 /// `values` cut into host tensors shaped, kinded and named like `like`'s (each name
