@@ -528,19 +528,7 @@ fn the_size_schedule_holds_from_epoch_0_and_a_phase_switches_shards_across_a_res
     assert!(resumed.status.success(), "{}", resumed.describe());
     let records = metrics(&run);
     expect(&records, 2, 24, &full_folder);
-    let after = steps(&records);
-    assert_eq!(
-        after.len(),
-        whole_steps.len(),
-        "each step once after the resume"
-    );
-    for (step, loss) in &after {
-        assert_eq!(
-            Some(loss),
-            whole_steps.get(step),
-            "step {step} after the resume"
-        );
-    }
+    assert_resumed_steps_match(&steps(&records), &whole_steps);
     cluster.assert_settled();
 }
 
@@ -603,19 +591,7 @@ fn a_decentralized_job_mixes_with_its_neighbours_and_resumes_exactly() {
         .job_with("decent", EPOCHS, &sets, false, &resume)
         .finish(JOB_LIMIT);
     assert!(resumed.status.success(), "{}", resumed.describe());
-    let after = steps(&metrics(&run));
-    assert_eq!(
-        after.len(),
-        whole_steps.len(),
-        "each step once after the resume"
-    );
-    for (step, loss) in &after {
-        assert_eq!(
-            Some(loss),
-            whole_steps.get(step),
-            "step {step} after the resume"
-        );
-    }
+    assert_resumed_steps_match(&steps(&metrics(&run)), &whole_steps);
     assert_eq!(
         replica_digest(&resumed.stdout),
         replica_digest(&whole.stdout),
@@ -1498,6 +1474,14 @@ fn steps_in_epoch(records: &[Value], epoch: u64) -> u64 {
 }
 
 /// Global step → loss of the step records.
+/// A resumed run's steps (each step's loss, by step) are the whole run's, each once.
+fn assert_resumed_steps_match(after: &BTreeMap<u64, f64>, whole: &BTreeMap<u64, f64>) {
+    assert_eq!(after.len(), whole.len(), "each step once after the resume");
+    for (step, loss) in after {
+        assert_eq!(Some(loss), whole.get(step), "step {step} after the resume");
+    }
+}
+
 fn steps(records: &[Value]) -> BTreeMap<u64, f64> {
     records
         .iter()
