@@ -208,7 +208,7 @@ pub async fn run(
             connects[0].buckets, connects[0].allreduce
         ),
         SyncChoice::Decentralized => format!(
-            "ring and mixing groups: {world} ranks connected; gradients averaged with {}",
+            "ring and mixing groups: {world} ranks connected; gradient average: {}",
             connects[0].allreduce
         ),
     });

@@ -519,8 +519,8 @@ impl Trainer {
         let allreduce = if self.decentralized() {
             let topology = self.init.job.optim.topology;
             format!(
-                "none: decentralized, parameters averaged over the {topology} topology \
-                 (the ring carries broadcasts and sums: {allreduce})"
+                "none (decentralized: parameters mixed over the {topology} topology; \
+                 broadcasts and sums through {allreduce})"
             )
         } else {
             allreduce
