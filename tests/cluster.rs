@@ -9,11 +9,11 @@
 mod common;
 
 use std::net::UdpSocket;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    DEAD_AFTER_MS, Machine, describe, is_running, node_states, nodes, pid_of, wait_alive, wait_for,
+    DEAD_AFTER_MS, Machine, Netns, describe, is_running, node_states, nodes, pid_of, wait_alive,
+    wait_for,
 };
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
@@ -480,79 +480,4 @@ fn block_within<T>(
     tokio
         .block_on(async { tokio::time::timeout(limit, future).await })
         .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
-}
-
-/// A pair of network namespaces with a veth link, removed on drop.
-struct Netns {
-    names: [String; 2],
-    addresses: [String; 2],
-}
-
-impl Netns {
-    /// The pair, or why it cannot be made here.
-    fn create() -> Result<Netns, String> {
-        let tag = std::process::id();
-        let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
-        let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
-        let net = Netns { names, addresses };
-        let [a, b] = &net.names;
-        let (va, vb) = (format!("imga{tag}"), format!("imgb{tag}"));
-        let steps: Vec<Vec<String>> = vec![
-            vec!["netns".into(), "add".into(), a.clone()],
-            vec!["netns".into(), "add".into(), b.clone()],
-            vec![
-                "link".into(),
-                "add".into(),
-                va.clone(),
-                "netns".into(),
-                a.clone(),
-                "type".into(),
-                "veth".into(),
-                "peer".into(),
-                "name".into(),
-                vb.clone(),
-                "netns".into(),
-                b.clone(),
-            ],
-        ];
-        let inside = |ns: &str, args: &[&str]| -> Vec<String> {
-            let mut v: Vec<String> = vec!["-n".into(), ns.into()];
-            v.extend(args.iter().map(|s| s.to_string()));
-            v
-        };
-        let mut all = steps;
-        for (ns, dev, ip) in [(a, &va, &net.addresses[0]), (b, &vb, &net.addresses[1])] {
-            all.push(inside(
-                ns,
-                &["addr", "add", &format!("{ip}/24"), "dev", dev],
-            ));
-            all.push(inside(ns, &["link", "set", dev, "up"]));
-            all.push(inside(ns, &["link", "set", "lo", "up"]));
-        }
-        for step in all {
-            // A failed step drops `net`, which removes what the earlier steps made.
-            let run = Command::new("ip").args(&step).stdin(Stdio::null()).output();
-            let failed = match run {
-                Err(error) => format!("cannot run `ip`: {error}"),
-                Ok(out) if out.status.success() => continue,
-                Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            };
-            return Err(format!(
-                "cannot create network namespaces here (needs root and `ip`): `ip {}`: {failed}",
-                step.join(" ")
-            ));
-        }
-        Ok(net)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = Command::new("ip")
-                .args(["netns", "del", name])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
 }

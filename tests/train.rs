@@ -18,7 +18,7 @@ use common::train::{
     checkpoint_dir, last_step_value, metrics, printed_resume_command, read_json, replica_digest,
     synth_shards, total_steps, workers_of,
 };
-use common::{Machine, describe, is_running, node_states, pid_of, wait_for};
+use common::{Machine, Netns, describe, is_running, node_states, pid_of, wait_alive, wait_for};
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
 
@@ -1121,6 +1121,77 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
         });
     }
     cluster.assert_settled();
+}
+
+/// A network partition mid-job: the veth link between the head's and the node's network
+/// namespaces is cut (no packet refused, none answered). The job fails within seconds,
+/// naming the cut-off rank and its node, instead of hanging in the ring; the node, cut
+/// off for the dead window, fences its trainer by itself (kills it, its process ends);
+/// once the link is back, the node joins again. Needs root and `ip`.
+#[test]
+fn a_partition_mid_job_fails_it_naming_the_cut_off_node_which_fences_its_trainer() {
+    let net = match Netns::create() {
+        Ok(net) => net,
+        Err(missing) => return common::skip::skip_or_fail(&missing),
+    };
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut head = Machine::new(root.path(), "head");
+    head.netns = Some(net.names[0].clone());
+    let mut node = Machine::new(root.path(), "node");
+    node.netns = Some(net.names[1].clone());
+    let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
+    let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "0"]);
+    assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    let status = wait_alive(&head, 2, Duration::from_secs(10));
+    let node_id = common::nodes(&status)
+        .iter()
+        .find(|n| {
+            n["address"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&net.addresses[1]))
+        })
+        .and_then(|n| n["id"].as_u64())
+        .expect("the node's id");
+    let data = Dataset::synth(root.path());
+    let runs = root.path().join("runs");
+    let mut job = Job::start(&head, &data.args(&runs, "cut", 200), root.path());
+    common::train::wait_for_steps(&mut job, &runs.join("cut"), 2);
+    let daemon = node.daemon_pids();
+    assert_eq!(daemon.len(), 1, "one daemon on the node");
+    let trainers = workers_of(daemon[0]);
+    assert_eq!(trainers.len(), 1, "one trainer on the node: {trainers:?}");
+
+    net.cut();
+    let cut_at = Instant::now();
+    let out = job.finish(Duration::from_secs(60));
+    eprintln!(
+        "link cut: `imgrun train` exited after {:?}",
+        cut_at.elapsed()
+    );
+    assert!(!out.status.success(), "{}", out.describe());
+    let lost = format!("rank 1 (node {node_id})");
+    assert!(
+        out.stderr.contains(&lost),
+        "the cut-off rank and its node (`{lost}`) are not named:\n{}",
+        out.describe()
+    );
+    // Cut off for the dead window, the node kills its trainer without being told.
+    wait_for(
+        Duration::from_secs(20),
+        "the cut-off node's trainer gone",
+        || trainers.iter().all(|&pid| !is_running(pid)).then_some(()),
+    );
+    eprintln!("trainer fenced {:?} after the cut", cut_at.elapsed());
+    net.restore();
+    wait_alive(&head, 2, Duration::from_secs(20));
+    head.run_ok(&["stop", "--all"]);
+    let pids: Vec<u32> = [&head, &node]
+        .iter()
+        .flat_map(|m| m.daemon_pids())
+        .collect();
+    wait_for(Duration::from_secs(10), "daemons gone", || {
+        pids.iter().all(|&p| !is_running(p)).then_some(())
+    });
 }
 
 /// SIGSTOP the node's daemon alone: its worker runs on, unsupervised.

@@ -257,3 +257,112 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A pair of network namespaces with a veth link, removed on drop.
+pub struct Netns {
+    pub names: [String; 2],
+    pub addresses: [String; 2],
+    /// The veth ends, in the namespaces of `names`.
+    devices: [String; 2],
+}
+
+impl Netns {
+    /// The pair, or why it cannot be made here.
+    pub fn create() -> Result<Netns, String> {
+        let tag = std::process::id();
+        let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
+        let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
+        let devices = [format!("imga{tag}"), format!("imgb{tag}")];
+        let net = Netns {
+            names,
+            addresses,
+            devices,
+        };
+        let [a, b] = &net.names;
+        let [va, vb] = &net.devices;
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), a.clone()],
+            vec!["netns".into(), "add".into(), b.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                va.clone(),
+                "netns".into(),
+                a.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                vb.clone(),
+                "netns".into(),
+                b.clone(),
+            ],
+        ];
+        let inside = |ns: &str, args: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = vec!["-n".into(), ns.into()];
+            v.extend(args.iter().map(|s| s.to_string()));
+            v
+        };
+        let mut all = steps;
+        for (ns, dev, ip) in [(a, va, &net.addresses[0]), (b, vb, &net.addresses[1])] {
+            all.push(inside(
+                ns,
+                &["addr", "add", &format!("{ip}/24"), "dev", dev],
+            ));
+            all.push(inside(ns, &["link", "set", dev, "up"]));
+            all.push(inside(ns, &["link", "set", "lo", "up"]));
+        }
+        for step in all {
+            // A failed step drops `net`, which removes what the earlier steps made.
+            let run = Command::new("ip").args(&step).stdin(Stdio::null()).output();
+            let failed = match run {
+                Err(error) => format!("cannot run `ip`: {error}"),
+                Ok(out) if out.status.success() => continue,
+                Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            };
+            return Err(format!(
+                "cannot create network namespaces here (needs root and `ip`): `ip {}`: {failed}",
+                step.join(" ")
+            ));
+        }
+        Ok(net)
+    }
+}
+
+impl Netns {
+    /// Cuts the link (both ends down): a partition, with no packet refused.
+    pub fn cut(&self) {
+        self.set_link("down");
+    }
+
+    /// Brings the link back up.
+    pub fn restore(&self) {
+        self.set_link("up");
+    }
+
+    fn set_link(&self, state: &str) {
+        for (ns, dev) in self.names.iter().zip(&self.devices) {
+            let out = Command::new("ip")
+                .args(["-n", ns, "link", "set", dev, state])
+                .stdin(Stdio::null())
+                .output()
+                .expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip -n {ns} link set {dev} {state}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip")
+                .args(["netns", "del", name])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
