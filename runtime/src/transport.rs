@@ -458,24 +458,41 @@ async fn serve_connection<H: Handler>(
     };
     debug!(peer = %address, ?identity, "connection accepted");
     let peer = Peer { address, identity };
-    let ended = loop {
-        tokio::select! {
-            stream = connection.accept_bi() => match stream {
-                Ok((send, recv)) => {
-                    let stream =
-                        serve_stream(peer.clone(), send, recv, handler.clone(), options.clone());
-                    tokio::spawn(stream.in_current_span());
-                }
-                Err(error) => break error,
-            },
-            datagram = connection.read_datagram() => match datagram {
-                Ok(bytes) => answer_datagram(&connection, &peer, &*handler, &bytes, &options),
-                Err(error) => break error,
-            },
+    // Datagrams on a task of their own, which ends with the connection: waking it polls
+    // nothing of the streams.
+    let datagrams = serve_datagrams(
+        connection.clone(),
+        peer.clone(),
+        handler.clone(),
+        options.clone(),
+    );
+    tokio::spawn(datagrams.in_current_span());
+    loop {
+        match connection.accept_bi().await {
+            Ok((send, recv)) => {
+                let stream =
+                    serve_stream(peer.clone(), send, recv, handler.clone(), options.clone());
+                tokio::spawn(stream.in_current_span());
+            }
+            Err(error) => {
+                debug!(peer = %address, %error, "connection ended");
+                handler.disconnected(&peer);
+                return;
+            }
         }
-    };
-    debug!(peer = %address, error = %ended, "connection ended");
-    handler.disconnected(&peer);
+    }
+}
+
+/// Answers the connection's datagrams, one after the other, until it ends.
+async fn serve_datagrams<H: Handler>(
+    connection: quinn::Connection,
+    peer: Peer,
+    handler: Arc<H>,
+    options: TransportOptions,
+) {
+    while let Ok(bytes) = connection.read_datagram().await {
+        answer_datagram(&connection, &peer, &*handler, &bytes, &options);
+    }
 }
 
 /// Decodes one datagram and sends the handler's answer, if any, as a datagram. A bad
