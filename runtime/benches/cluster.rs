@@ -16,8 +16,9 @@
 //! 4. `heartbeats`: the head's CPU while N nodes heartbeat every 500 ms (default 100 and
 //!    1,000; `--nodes N[,M...]`, e.g. `--nodes 3000,5000,10000` to find where a 2-core
 //!    machine gives up). The nodes are light fakes that speak the join and heartbeat
-//!    protocol over the real transport, in a child process (this binary re-executed with
-//!    `fake-nodes`), so this process's CPU time is the head's alone;
+//!    protocol over the real transport (each beat a QUIC datagram, answered by one), in
+//!    a child process (this binary re-executed with `fake-nodes`), so this process's CPU
+//!    time is the head's alone;
 //! 5. `remote`: remote actor calls through the cluster API (`ClusterClient::spawn`, then
 //!    `ActorRef::call` from 1, 8 and 64 tasks) to an actor on a joined node, in the node
 //!    daemon and in a worker process (this binary re-executed with `remote-worker`).

@@ -140,6 +140,7 @@ pub(crate) fn is_control(message: &Message) -> bool {
             | Message::Hello { .. }
             | Message::Heartbeat { .. }
             | Message::HeartbeatAck { .. }
+            | Message::HeartbeatRefused { .. }
             | Message::Leave { .. }
             | Message::StatusRequest
             | Message::StatusReply { .. }
@@ -321,6 +322,7 @@ pub(crate) fn message_name(message: &Message) -> &'static str {
         Message::Hello { .. } => "hello",
         Message::Heartbeat { .. } => "heartbeat",
         Message::HeartbeatAck { .. } => "heartbeat ack",
+        Message::HeartbeatRefused { .. } => "heartbeat refused",
         Message::Leave { .. } => "leave",
         Message::StatusRequest => "status request",
         Message::StatusReply { .. } => "status reply",

@@ -1,24 +1,31 @@
 //! Requests and responses over QUIC: one UDP port per daemon, one bidirectional stream
-//! per request.
+//! per request, and unreliable datagrams for what may be lost (heartbeats).
 //!
-//! A stream carries exactly one request frame and one response frame. The server tells
-//! its [`Handler`] who the peer is ([`PeerIdentity`]): the common name of a verified
-//! cluster certificate, or nobody (only the head lets such clients in, so that nodes can
-//! join). A bad frame closes its stream, a failed handshake its connection; neither stops
-//! the server.
+//! A stream carries exactly one request frame and one response frame. A datagram carries
+//! one frame, answered (or not) by a datagram: no stream, no task, no retransmission, so
+//! the sender matches answers to what it sent and treats silence as a loss. The server
+//! tells its [`Handler`] who the peer is ([`PeerIdentity`]): the common name of a
+//! verified cluster certificate, or nobody (only the head lets such clients in, so that
+//! nodes can join). A bad frame closes its stream, a bad datagram is dropped, a failed
+//! handshake closes its connection; none stops the server.
 
 use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use quinn::{ConnectionError, Endpoint, Incoming, RecvStream, SendStream, VarInt};
+use quinn::{
+    ConnectionError, Endpoint, Incoming, RecvStream, SendDatagramError, SendStream, VarInt,
+};
 use rustls::pki_types::CertificateDer;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::tls::{ClientTls, SERVER_NAME, ServerTls, certificate_name};
-use crate::wire::{DEFAULT_MAX_FRAME, Message, WireError, read_frame, write_frame};
+use crate::wire::{
+    DEFAULT_MAX_FRAME, Message, WireError, decode_with_limit, encode, read_frame, write_frame,
+};
 
 /// Stream and connection error codes this layer sends.
 const CODE_OK: u32 = 0;
@@ -42,6 +49,10 @@ pub struct TransportOptions {
     pub request_timeout: Duration,
     /// Streams a peer may have open at once on one connection.
     pub max_streams: u32,
+    /// Whether connections take datagrams. Without them, a peer's
+    /// [`Connection::send_datagram`] fails with [`TransportError::NoDatagram`] and it
+    /// sends on a stream instead.
+    pub datagrams: bool,
 }
 
 impl Default for TransportOptions {
@@ -52,6 +63,7 @@ impl Default for TransportOptions {
             idle_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             max_streams: 256,
+            datagrams: true,
         }
     }
 }
@@ -86,6 +98,15 @@ impl Peer {
 /// Message>`. Requests run concurrently, one task per stream.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: Peer, request: Message) -> impl Future<Output = Message> + Send;
+
+    /// Answers a datagram with one (`None`: no answer). Called on the connection's own
+    /// task, one datagram after the other, so it must not block. By default every
+    /// datagram is dropped.
+    fn datagram(&self, peer: &Peer, message: Message) -> Option<Message> {
+        debug!(peer = %peer.address, "dropped a datagram: this server takes none");
+        let _ = message;
+        None
+    }
 
     /// The connection of `peer` ended (closed by either side, or silent past the idle
     /// timeout); requests still running on it carry on. Nothing by default.
@@ -137,6 +158,20 @@ pub enum TransportError {
     NoResponse { peer: SocketAddr },
     #[error("bad frame from {peer}: {source}")]
     Wire { peer: SocketAddr, source: WireError },
+    #[error("{peer} takes no datagram of {size} bytes ({})", datagram_limit(*.max))]
+    NoDatagram {
+        peer: SocketAddr,
+        size: usize,
+        /// The largest datagram the connection takes now; `None`: none at all.
+        max: Option<usize>,
+    },
+}
+
+fn datagram_limit(max: Option<usize>) -> String {
+    match max {
+        Some(max) => format!("at most {max} bytes"),
+        None => "no datagrams on this connection".to_owned(),
+    }
 }
 
 /// A daemon's endpoint: accepts connections, and can open its own from the same port.
@@ -157,6 +192,8 @@ pub struct Connection {
     inner: quinn::Connection,
     peer: SocketAddr,
     max_frame: usize,
+    /// Whether this side sends datagrams ([`TransportOptions::datagrams`]).
+    datagrams: bool,
     /// The socket of a [`Client`] connection, kept as long as the connection.
     _endpoint: Endpoint,
 }
@@ -281,6 +318,40 @@ impl Connection {
             })?
     }
 
+    /// Sends `message` as one datagram: unreliable (it may be lost, or arrive after a
+    /// later one) and unanswered unless the peer's [`Handler::datagram`] answers, which
+    /// [`Connection::read_datagram`] then reads. Fails with
+    /// [`TransportError::NoDatagram`] when the peer takes no datagrams or not one this
+    /// large: send it with [`Connection::request`] instead.
+    pub fn send_datagram(&self, message: &Message) -> Result<(), TransportError> {
+        let frame = encode(message).map_err(|source| TransportError::Wire {
+            peer: self.peer,
+            source,
+        })?;
+        self.send_datagram_encoded(frame)
+    }
+
+    /// Sends bytes already framed by [`crate::wire::encode`] as one datagram, as
+    /// [`Connection::send_datagram`] does. The peer validates them as any frame.
+    pub fn send_datagram_encoded(&self, frame: impl Into<Bytes>) -> Result<(), TransportError> {
+        send_datagram(&self.inner, self.peer, self.datagrams, frame.into())
+    }
+
+    /// The next datagram from the peer that is a valid frame; others are dropped with a
+    /// debug log. Fails only when the connection ends. Each datagram goes to one reader.
+    pub async fn read_datagram(&self) -> Result<Message, TransportError> {
+        loop {
+            let bytes = self
+                .inner
+                .read_datagram()
+                .await
+                .map_err(|error| lost(self.peer, error))?;
+            if let Some(message) = decode_datagram(self.peer, &bytes, self.max_frame) {
+                return Ok(message);
+            }
+        }
+    }
+
     /// Whether the connection has ended (closed by either side, or lost): requests on it
     /// fail at once, so a cache should connect again.
     pub fn is_closed(&self) -> bool {
@@ -334,6 +405,7 @@ async fn connect_from(
         inner,
         peer,
         max_frame: options.max_frame,
+        datagrams: options.datagrams,
         _endpoint: endpoint,
     })
 }
@@ -352,6 +424,10 @@ fn transport_config(
         .max_idle_timeout(Some(idle))
         .max_concurrent_bidi_streams(VarInt::from_u32(options.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0));
+    if !options.datagrams {
+        // The peer learns from the transport parameters that this side takes none.
+        config.datagram_receive_buffer_size(None);
+    }
     Ok(Arc::new(config))
 }
 
@@ -382,6 +458,15 @@ async fn serve_connection<H: Handler>(
     };
     debug!(peer = %address, ?identity, "connection accepted");
     let peer = Peer { address, identity };
+    // Datagrams on a task of their own, which ends with the connection: waking it polls
+    // nothing of the streams.
+    let datagrams = serve_datagrams(
+        connection.clone(),
+        peer.clone(),
+        handler.clone(),
+        options.clone(),
+    );
+    tokio::spawn(datagrams.in_current_span());
     loop {
         match connection.accept_bi().await {
             Ok((send, recv)) => {
@@ -394,6 +479,87 @@ async fn serve_connection<H: Handler>(
                 handler.disconnected(&peer);
                 return;
             }
+        }
+    }
+}
+
+/// Answers the connection's datagrams, one after the other, until it ends.
+async fn serve_datagrams<H: Handler>(
+    connection: quinn::Connection,
+    peer: Peer,
+    handler: Arc<H>,
+    options: TransportOptions,
+) {
+    while let Ok(bytes) = connection.read_datagram().await {
+        answer_datagram(&connection, &peer, &*handler, &bytes, &options);
+    }
+}
+
+/// Decodes one datagram and sends the handler's answer, if any, as a datagram. A bad
+/// datagram, or an answer that cannot be sent, is dropped with a debug log.
+fn answer_datagram<H: Handler>(
+    connection: &quinn::Connection,
+    peer: &Peer,
+    handler: &H,
+    bytes: &[u8],
+    options: &TransportOptions,
+) {
+    let Some(message) = decode_datagram(peer.address, bytes, options.max_frame) else {
+        return;
+    };
+    let Some(answer) = handler.datagram(peer, message) else {
+        return;
+    };
+    let sent = encode(&answer)
+        .map_err(|source| TransportError::Wire {
+            peer: peer.address,
+            source,
+        })
+        .and_then(|frame| send_datagram(connection, peer.address, options.datagrams, frame.into()));
+    if let Err(error) = sent {
+        debug!(peer = %peer.address, %error, "datagram answer not sent");
+    }
+}
+
+/// A datagram's frame, or `None` (logged at debug level) if it is not a valid one.
+fn decode_datagram(peer: SocketAddr, bytes: &[u8], max_frame: usize) -> Option<Message> {
+    match decode_with_limit(bytes, max_frame) {
+        Ok(message) => Some(message),
+        Err(error) => {
+            debug!(%peer, len = bytes.len(), %error, "dropped a bad datagram");
+            None
+        }
+    }
+}
+
+/// Queues one datagram on `connection`, if this side sends datagrams and the peer takes
+/// one this large.
+fn send_datagram(
+    connection: &quinn::Connection,
+    peer: SocketAddr,
+    enabled: bool,
+    frame: Bytes,
+) -> Result<(), TransportError> {
+    let size = frame.len();
+    let max = connection.max_datagram_size().filter(|_| enabled);
+    if max.is_none_or(|max| size > max) {
+        return Err(TransportError::NoDatagram { peer, size, max });
+    }
+    match connection.send_datagram(frame) {
+        Ok(()) => Ok(()),
+        Err(SendDatagramError::ConnectionLost(error)) => Err(lost(peer, error)),
+        // The limit moved (a smaller path MTU) or the peer disabled datagrams.
+        Err(SendDatagramError::TooLarge) => Err(TransportError::NoDatagram {
+            peer,
+            size,
+            max: connection.max_datagram_size(),
+        }),
+        Err(SendDatagramError::UnsupportedByPeer | SendDatagramError::Disabled) => {
+            Err(TransportError::NoDatagram {
+                peer,
+                size,
+                max: None,
+            })
         }
     }
 }

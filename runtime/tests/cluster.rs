@@ -1,7 +1,8 @@
 //! The head and node daemons and the cluster client, in process, over real QUIC on
 //! loopback: joins and their refusals, failure detection of a node dropped without a word
-//! (as SIGKILL leaves it), rejoins, a restarted head, stopping the cluster, and what a
-//! client sees from the head's machine and from a node's.
+//! (as SIGKILL leaves it), rejoins, a restarted head, heartbeats as datagrams and on
+//! streams, stopping the cluster, and what a client sees from the head's machine and from
+//! a node's.
 //!
 //! Membership is fast (heartbeats every 50 ms, dead after 500 ms). Nothing sleeps to wait:
 //! tests wait for the head's events, the daemons' `stopped()`, or requests, each under
@@ -9,8 +10,9 @@
 
 mod common;
 
+use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -416,6 +418,101 @@ async fn nodes_come_back_to_a_restarted_head() {
     let mut expected = vec![one.address(), two.address(), &head_address];
     expected.sort_unstable();
     assert_eq!(addresses, expected);
+}
+
+/// Log lines written to a shared buffer.
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Heartbeats keep a node's session for many dead windows, every one acknowledged in
+/// time (the node never thinks the head lost), and a head restarted under it refuses the
+/// session and sees the node join again: as datagrams, and on streams to a head that
+/// takes no datagrams.
+#[tokio::test]
+async fn heartbeats_keep_the_session_and_a_refusal_rejoins_with_or_without_datagrams() {
+    // The test's runtime runs every task on this thread: the daemons' warnings land here.
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || LogWriter(writer.clone()))
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let warnings = || String::from_utf8_lossy(&logs.lock().expect("log lock")).into_owned();
+    for datagrams in [true, false] {
+        let case = if datagrams { "datagrams" } else { "streams" };
+        let transport = TransportOptions {
+            datagrams,
+            ..TransportOptions::default()
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = HeadConfig {
+            transport: transport.clone(),
+            ..head_config(&dir, 0)
+        };
+        let head = within(case, Head::start(config))
+            .await
+            .expect("head starts");
+        let cluster = Cluster { dir, head };
+        let node = cluster.join("one", 1).await;
+        let (id, session) = (node.node_id(), node.session());
+        let mut events = cluster.head.subscribe();
+        let before = warnings().len();
+        // Time has to pass here: nothing may happen in it.
+        tokio::time::sleep(Duration::from_millis(4 * DEAD_AFTER_MS)).await;
+        // Suspicion (half the window) is left out: a loaded machine may stall this
+        // thread that long.
+        let meanwhile = warnings().split_off(before);
+        assert!(
+            !meanwhile.contains("runtime::node"),
+            "{case}: the node warned\n{meanwhile}"
+        );
+        while let Ok(event) = events.try_recv() {
+            assert!(
+                !matches!(
+                    event,
+                    ClusterEvent::NodeLost { node, .. } if node == id
+                ),
+                "{case}: {event:?}"
+            );
+        }
+        assert_eq!(
+            cluster.head.live_node(id).map(|(s, _)| s),
+            Some(session),
+            "{case}"
+        );
+        assert_eq!(node.session(), session, "{case}");
+
+        let Cluster { dir, head } = cluster;
+        let port = head.local_addr().port();
+        within("stop", head.stop()).await;
+        within("stopped", head.stopped()).await;
+        drop(head);
+        let config = HeadConfig {
+            transport,
+            ..head_config(&dir, port)
+        };
+        let head = within("restart", Head::start(config))
+            .await
+            .expect("head restarts on its port");
+        wait_status(&head, case, |status| alive(status) == 2).await;
+        let rejoined = head.live_node(id).map(|(s, _)| s);
+        assert!(
+            rejoined.is_some_and(|new| new != session),
+            "{case}: the node is back in a new session ({rejoined:?})"
+        );
+    }
 }
 
 #[tokio::test]

@@ -4,8 +4,11 @@
 //! Each fake node does what `runtime/src/node/join.rs` and `heartbeat.rs` do, over the
 //! real transport: it joins with the token on a connection without certificate, then
 //! heartbeats on a mutual-TLS connection with the certificate the head handed out, every
-//! interval the head asked for; on a refusal it joins again on that connection (no
-//! token), on a lost connection it reconnects after a backoff (50 ms doubling to 2 s).
+//! interval the head asked for, as datagrams answered by datagrams (on a stream if the
+//! head takes no datagrams); a beat unanswered within its interval is missed, and the
+//! head lost only once nothing was acknowledged for the dead window. On a refusal it
+//! joins again on that connection (no token), on a lost connection it reconnects after a
+//! backoff (50 ms doubling to 2 s).
 //! It binds no port of its own and serves nothing: the nodes share a few UDP sockets
 //! (`Server` endpoints that accept nothing, `Server::connect` from them), which the head
 //! cannot tell from one socket per node.
@@ -13,9 +16,9 @@
 //! The parent talks over stdin and stdout, one line each way:
 //! - the child prints `ready joined=N failed=F seconds=S` once every node joined (or
 //!   gave up), `failed REASON` if it cannot start at all;
-//! - to `report` on stdin it answers `counts acked=.. refused=.. lost=.. rejoined=..
-//!   rtt_p50_us=.. rtt_p99_us=.. rtt_max_us=..`, the round trips being those of the
-//!   heartbeats acknowledged since the previous report;
+//! - to `report` on stdin it answers `counts acked=.. missed=.. refused=.. lost=..
+//!   rejoined=.. rtt_p50_us=.. rtt_p99_us=.. rtt_max_us=..`, the round trips being those
+//!   of the heartbeats acknowledged within their interval since the previous report;
 //! - at the end of stdin it exits (also when the parent dies).
 
 use std::io::BufRead;
@@ -29,6 +32,7 @@ use anyhow::{Context, Result, bail, ensure};
 use runtime::wire::{GpuWire, Message, NodeDescription, ResourcesWire};
 use runtime::{
     CaCertificate, CaHash, Client, ClientTls, Connection, NodeCredentials, Server, ServerTls,
+    TransportError,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -122,6 +126,8 @@ fn serve(args: &[String]) -> Result<()> {
 #[derive(Default)]
 struct Counters {
     acked: AtomicU64,
+    /// Beats not answered within their interval.
+    missed: AtomicU64,
     refused: AtomicU64,
     lost: AtomicU64,
     rejoined: AtomicU64,
@@ -146,9 +152,10 @@ impl Counters {
             round_trips[rank.clamp(1, round_trips.len()) - 1]
         };
         format!(
-            "counts acked={} refused={} lost={} rejoined={} rtt_p50_us={} rtt_p99_us={} \
-             rtt_max_us={}",
+            "counts acked={} missed={} refused={} lost={} rejoined={} rtt_p50_us={} \
+             rtt_p99_us={} rtt_max_us={}",
             self.acked.load(Ordering::Relaxed),
+            self.missed.load(Ordering::Relaxed),
             self.refused.load(Ordering::Relaxed),
             self.lost.load(Ordering::Relaxed),
             self.rejoined.load(Ordering::Relaxed),
@@ -158,8 +165,12 @@ impl Counters {
         )
     }
 
-    fn acked(&self, round_trip: Duration) {
+    /// A beat acknowledged; its round trip if it was the beat just sent (not a late one).
+    fn acked(&self, round_trip: Option<Duration>) {
         self.acked.fetch_add(1, Ordering::Relaxed);
+        let Some(round_trip) = round_trip else {
+            return;
+        };
         let micros = u32::try_from(round_trip.as_micros()).unwrap_or(u32::MAX);
         self.round_trips
             .lock()
@@ -285,11 +296,24 @@ struct FakeNode {
     counters: Arc<Counters>,
 }
 
+/// What became of one beat.
+enum Beat {
+    /// Acknowledged: the beat just sent, with its round trip.
+    Acked(Duration),
+    /// Not acknowledged in time, but earlier beats of the session were (late; counted).
+    LateAcked,
+    Refused,
+    Missed,
+    Lost,
+}
+
 impl FakeNode {
     /// Heartbeats forever, as `runtime/src/node/heartbeat.rs` does.
     async fn heartbeats(mut self, connection: Connection) {
         let mut connection = Some(connection);
         let mut seq = 0u64;
+        let mut first_seq = 1u64;
+        let mut last_ack = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         loop {
             let started = Instant::now();
@@ -314,33 +338,91 @@ impl FakeNode {
                 session: self.session.session,
                 seq,
             };
-            let timeout = self.session.dead_after.max(self.session.heartbeat);
-            match current.request(&beat, timeout).await {
-                Ok(Message::HeartbeatAck { .. }) => {
-                    self.counters.acked(started.elapsed());
+            let deadline = started + self.session.heartbeat;
+            let outcome = match current.send_datagram(&beat) {
+                Ok(()) => answer(&current, seq, first_seq, started, deadline, &self.counters).await,
+                Err(TransportError::NoDatagram { .. }) => {
+                    let timeout = self.session.dead_after.max(self.session.heartbeat);
+                    match current.request(&beat, timeout).await {
+                        Ok(Message::HeartbeatAck { .. }) => Beat::Acked(started.elapsed()),
+                        Ok(_) => Beat::Refused,
+                        Err(_) => Beat::Lost,
+                    }
+                }
+                Err(_) => Beat::Lost,
+            };
+            match outcome {
+                Beat::Acked(_) | Beat::LateAcked => {
+                    if let Beat::Acked(round_trip) = outcome {
+                        self.counters.acked(Some(round_trip));
+                    }
+                    last_ack = Instant::now();
                     backoff = FIRST_BACKOFF;
-                    tokio::time::sleep_until((started + self.session.heartbeat).into()).await;
+                    tokio::time::sleep_until(deadline.into()).await;
                     continue;
                 }
-                Ok(_) => {
+                Beat::Missed if last_ack.elapsed() < self.session.dead_after => {
+                    self.counters.missed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Beat::Refused => {
                     self.counters.refused.fetch_add(1, Ordering::Relaxed);
                     match join(&current, &self.config, self.index, "").await {
                         Ok(joined) => {
                             self.counters.rejoined.fetch_add(1, Ordering::Relaxed);
                             self.session = joined.session;
+                            first_seq = seq + 1;
+                            last_ack = Instant::now();
                             backoff = FIRST_BACKOFF;
                             continue;
                         }
                         Err(_) => connection = None,
                     }
                 }
-                Err(_) => {
+                Beat::Missed | Beat::Lost => {
                     self.counters.lost.fetch_add(1, Ordering::Relaxed);
                     connection = None;
                 }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// Reads the head's datagrams until one answers the beat `seq` (sent at `sent`) or
+/// refuses the session, or until `deadline`, as the node daemon does: a late
+/// acknowledgement of an earlier beat of the session counts if the beat's own does not
+/// come in time.
+async fn answer(
+    connection: &Connection,
+    seq: u64,
+    first_seq: u64,
+    sent: Instant,
+    deadline: Instant,
+    counters: &Counters,
+) -> Beat {
+    let mut late_acks = false;
+    loop {
+        let message = tokio::select! {
+            message = connection.read_datagram() => message,
+            () = tokio::time::sleep_until(deadline.into()) => {
+                return if late_acks { Beat::LateAcked } else { Beat::Missed };
+            }
+        };
+        match message {
+            Ok(Message::HeartbeatAck { seq: acked }) if acked == seq => {
+                return Beat::Acked(sent.elapsed());
+            }
+            Ok(Message::HeartbeatAck { seq: acked }) if acked >= first_seq => {
+                counters.acked(None);
+                late_acks = true;
+            }
+            Ok(Message::HeartbeatRefused { seq: refused, .. }) if refused >= first_seq => {
+                return Beat::Refused;
+            }
+            Ok(_) => {}
+            Err(_) => return Beat::Lost,
         }
     }
 }

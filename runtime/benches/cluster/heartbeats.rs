@@ -45,6 +45,7 @@ struct Row {
     rtt_p50: Duration,
     rtt_p99: Duration,
     rtt_max: Duration,
+    missed: u64,
     refused: u64,
     lost: u64,
     /// Suspect and dead events at the head in the window, and over the whole run.
@@ -66,7 +67,7 @@ pub async fn run(options: &Options) -> Result<()> {
         "4. heartbeats: the head's CPU with N nodes heartbeating every 500 ms (default \
          membership: suspect after 1.5 s, dead after 3 s). Fake nodes speak the join and \
          heartbeat protocol over their own mutual-TLS connections ({SOCKETS} shared UDP \
-         sockets), in a child process; measured over {:.0} s after every node joined and {:.0} s \
+         sockets), each beat a datagram answered by one, in a child process; measured over {:.0} s after every node joined and {:.0} s \
          of warm-up",
         window.as_secs_f64(),
         warm_up.as_secs_f64()
@@ -120,13 +121,15 @@ pub async fn run(options: &Options) -> Result<()> {
             "{} nodes: joins took {:.2} s of wall time and {:.2} s of head CPU ({per_join:.2} \
              ms per join: two handshakes and a certificate); in the window max rtt {:.1} \
              ms and {} UDP datagrams dropped for a full receive buffer (machine-wide); over \
-             the whole run {} heartbeats refused, {} lost, {} suspect and {} dead events",
+             the whole run {} heartbeats missed (no answer within the interval), {} refused, \
+             {} lost, {} suspect and {} dead events",
             row.nodes,
             row.join_time.as_secs_f64(),
             row.join_head_cpu.as_secs_f64(),
             millis(row.rtt_max),
             row.udp_drops
                 .map_or("an unknown number of".to_owned(), |drops| drops.to_string()),
+            row.missed,
             row.refused,
             row.lost,
             row.all_events.0,
@@ -288,6 +291,7 @@ async fn measure(
         rtt_p50: micros("rtt_p50_us")?,
         rtt_p99: micros("rtt_p99_us")?,
         rtt_max: micros("rtt_max_us")?,
+        missed: number(&after, "missed")?,
         refused: number(&after, "refused")?,
         lost: number(&after, "lost")?,
         window_events: (events1.0 - events0.0, events1.1 - events0.1),

@@ -12,6 +12,11 @@
 //! state folder holds): a node's certificate lives on a worker, which should not be able
 //! to take the whole cluster down. Every refusal is a [`Message::Refused`]; refusals of
 //! peers without a certificate are logged as warnings with their address.
+//!
+//! Heartbeats also come as datagrams (see `node/heartbeat.rs`); each is answered by a
+//! datagram under the same rules, [`Message::HeartbeatAck`] or
+//! [`Message::HeartbeatRefused`] with its `seq`, and logged at debug level only. Any
+//! other datagram is dropped.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,6 +40,9 @@ const MAX_HOSTNAME: usize = 255;
 const MAX_ADDRESS: usize = 300;
 const MAX_VERSION: usize = 64;
 const MAX_GPU_TEXT: usize = 256;
+/// The longest reason a refused heartbeat datagram carries, so that it fits in any
+/// datagram QUIC takes (at least 1,200 bytes per packet).
+const MAX_DATAGRAM_REASON: usize = 256;
 
 /// Who the peer is, as far as the head's rules go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +81,25 @@ impl Handler for Requests {
         handle(self.0.clone(), peer, request)
     }
 
+    fn datagram(&self, peer: &Peer, message: Message) -> Option<Message> {
+        let Message::Heartbeat {
+            node_id,
+            session,
+            seq,
+        } = message
+        else {
+            debug!(peer = %peer.address, message = message_name(&message), "dropped a datagram that is not a heartbeat");
+            return None;
+        };
+        Some(match heartbeat(&self.0, peer, node_id, session) {
+            Ok(()) => Message::HeartbeatAck { seq },
+            Err(reason) => Message::HeartbeatRefused {
+                seq,
+                reason: shortened(reason, MAX_DATAGRAM_REASON),
+            },
+        })
+    }
+
     fn disconnected(&self, peer: &Peer) {
         if peer.name().is_none() {
             return;
@@ -99,21 +126,10 @@ pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) ->
             node_id,
             session,
             seq,
-        } => {
-            let Role::Node(key) = role else {
-                return refused("only nodes send heartbeats");
-            };
-            match shared
-                .members
-                .heartbeat(key, NodeId(node_id), SessionId(session))
-            {
-                Ok(()) => Message::HeartbeatAck { seq },
-                Err(reason) => {
-                    debug!(peer = %peer.address, node = node_id, %reason, "heartbeat refused");
-                    refused(format!("unknown session: join again ({reason})"))
-                }
-            }
-        }
+        } => match heartbeat(&shared, &peer, node_id, session) {
+            Ok(()) => Message::HeartbeatAck { seq },
+            Err(reason) => refused(reason),
+        },
         Message::Leave { node_id, session } => {
             let Role::Node(key) = role else {
                 return refused("only nodes leave");
@@ -154,6 +170,37 @@ pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) ->
             },
         },
     }
+}
+
+/// Whether the head keeps the session a heartbeat names, on a stream or in a datagram;
+/// if not, why.
+fn heartbeat(shared: &Shared, peer: &Peer, node_id: u64, session: u64) -> Result<(), String> {
+    if shared.is_stopping() {
+        return Err("the head is stopping".to_owned());
+    }
+    let Role::Node(key) = Role::of(peer) else {
+        debug!(peer = %peer.address, name = peer.name(), "refused a heartbeat from a peer that is no node");
+        return Err("only nodes send heartbeats".to_owned());
+    };
+    shared
+        .members
+        .heartbeat(key, NodeId(node_id), SessionId(session))
+        .map_err(|reason| {
+            debug!(peer = %peer.address, node = node_id, %reason, "heartbeat refused");
+            format!("unknown session: join again ({reason})")
+        })
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn shortened(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let end = (0..=max)
+            .rev()
+            .find(|&at| text.is_char_boundary(at))
+            .unwrap_or(0);
+        text.truncate(end);
+    }
+    text
 }
 
 /// Admits a node: with the token on a connection without certificate (a new key), or with
@@ -327,6 +374,21 @@ mod tests {
                 (Err(reason), Some(word)) => assert!(reason.contains(word), "{reason}"),
                 (got, want) => panic!("{got:?}, wanted {want:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn refusal_reasons_are_cut_at_character_boundaries() {
+        let cases = [
+            ("short", 10, "short"),
+            ("exactly", 7, "exactly"),
+            ("too long", 3, "too"),
+            ("é→✓", 4, "é"),
+            ("é→✓", 5, "é→"),
+            ("", 0, ""),
+        ];
+        for (text, max, want) in cases {
+            assert_eq!(shortened(text.to_owned(), max), want, "{text:?} to {max}");
         }
     }
 

@@ -4,6 +4,17 @@
 //! exponential backoff. A lost connection alone does not rejoin: the session may still be
 //! on, and a rejoin would end it and release what the node holds.
 //!
+//! Heartbeats go as QUIC datagrams (no stream, no task at the head, nothing resent), and
+//! the head answers each with a datagram that names its `seq`: acknowledged (it keeps
+//! the session) or refused with a reason (join again). A beat unanswered within its
+//! interval is only missed, as its datagram or the answer may have been lost: the next
+//! one goes out on time, and an acknowledgement of any beat of the session counts,
+//! however late. The head is lost when the connection ends, or once no heartbeat was
+//! acknowledged for the dead window; never sooner. Answers to beats sent before the
+//! current session began (before the last rejoin) are stale and ignored, so an old
+//! refusal cannot end a new session. A head that takes no datagrams gets each heartbeat
+//! on a stream of its own instead, answered or lost within the dead window.
+//!
 //! Fencing: a session the head refused, or one not acknowledged for the dead window, is
 //! over at the head, which has failed its actors (or is gone). The node then kills every
 //! actor it hosts and waits for their worker processes to exit before it joins again, so
@@ -15,10 +26,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::Shared;
 use super::join::accepted;
+use super::{Session, Shared};
 use crate::daemon::message_name;
-use crate::transport::TransportError;
+use crate::transport::{Connection, TransportError};
 use crate::wire::Message;
 
 /// The first pause after a failure; it doubles up to [`MAX_BACKOFF`].
@@ -33,17 +44,50 @@ const FENCE_LIMIT: Duration = Duration::from_secs(10);
 const REPORT_LIMIT: Duration = Duration::from_secs(10);
 
 /// What became of one heartbeat.
+#[derive(Debug)]
 enum Beat {
-    Acked,
+    /// The head acknowledged a beat of the current session; its answer came `at`.
+    Acked { at: Instant },
     /// The head refused the session: join again.
     Refused(String),
+    /// No answer within the interval: a datagram may have been lost, or the head.
+    Missed,
     /// No answer: the connection or the head is gone.
     Lost(TransportError),
+}
+
+/// What a message from the head says about the beats of the current session, the first
+/// of which was `first_seq`.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// The head keeps the session: it acknowledged the beat `seq`.
+    Acked { seq: u64 },
+    /// The head ended the session.
+    Refused(String),
+    /// An answer to a beat of an earlier session: it says nothing about this one.
+    Stale,
+    /// No answer to a heartbeat at all (named).
+    Unexpected(&'static str),
+}
+
+impl Answer {
+    fn of(message: Message, first_seq: u64) -> Answer {
+        match message {
+            Message::HeartbeatAck { seq } if seq >= first_seq => Answer::Acked { seq },
+            Message::HeartbeatRefused { seq, reason } if seq >= first_seq => {
+                Answer::Refused(reason)
+            }
+            Message::HeartbeatAck { .. } | Message::HeartbeatRefused { .. } => Answer::Stale,
+            other => Answer::Unexpected(message_name(&other)),
+        }
+    }
 }
 
 /// Sends heartbeats until the task is aborted.
 pub(super) async fn run(shared: Arc<Shared>) {
     let mut seq = 0u64;
+    // The first beat of the current session: answers to earlier ones are stale.
+    let mut first_seq = 1u64;
     let mut backoff = FIRST_BACKOFF;
     let mut lost = false;
     // When the head last acknowledged this node's session (or it joined).
@@ -54,14 +98,22 @@ pub(super) async fn run(shared: Arc<Shared>) {
         let session = shared.session();
         let started = Instant::now();
         seq += 1;
-        let outcome = beat(&shared, seq).await;
+        let interval = Duration::from_millis(session.heartbeat_ms);
+        let window = Duration::from_millis(session.dead_after_ms);
+        let outcome = match beat(&shared, seq, first_seq, started + interval).await {
+            Beat::Missed if last_ack.elapsed() >= window => Beat::Lost(TransportError::Timeout {
+                peer: shared.head,
+                after: window,
+            }),
+            outcome => outcome,
+        };
         let pause = match outcome {
-            Beat::Acked => {
+            Beat::Acked { at } => {
                 if lost {
                     info!(node = %session.node_id, "reached the head again");
                     lost = false;
                 }
-                last_ack = Instant::now();
+                last_ack = at;
                 if fenced {
                     // The head kept the session after all (it was itself stopped for as
                     // long); it learns of the killed actors from the node's reports.
@@ -70,8 +122,12 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     fenced = false;
                 }
                 backoff = FIRST_BACKOFF;
-                let interval = Duration::from_millis(session.heartbeat_ms);
                 tokio::time::sleep_until(started + interval).await;
+                continue;
+            }
+            Beat::Missed => {
+                // The interval is over: the next beat goes out now.
+                debug!(node = %session.node_id, seq, "heartbeat not acknowledged within its interval");
                 continue;
             }
             Beat::Refused(reason) => {
@@ -89,6 +145,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 }
                 match rejoin(&shared).await {
                     Ok(()) => {
+                        first_seq = seq + 1;
                         shared.actors.unfence();
                         fenced = false;
                         last_ack = Instant::now();
@@ -110,7 +167,6 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     debug!(%error, "head still unreachable");
                 }
                 shared.forget_connection();
-                let window = Duration::from_millis(session.dead_after_ms);
                 if !fenced && last_ack.elapsed() >= window {
                     fence(&shared, "cut off from the head for the dead window").await;
                     fenced = true;
@@ -148,9 +204,9 @@ async fn fence(shared: &Shared, why: &'static str) {
     }
 }
 
-/// One heartbeat, waiting at most the dead window for its answer (past it, the session
-/// is over anyway).
-async fn beat(shared: &Shared, seq: u64) -> Beat {
+/// One heartbeat: a datagram, and its answer awaited until `deadline` (the next beat's
+/// time); or, to a head that takes no datagrams, a request on a stream.
+async fn beat(shared: &Shared, seq: u64, first_seq: u64, deadline: Instant) -> Beat {
     let session = shared.session();
     let connection = match shared.connection(RECONNECT_TIMEOUT).await {
         Ok(connection) => connection,
@@ -161,10 +217,56 @@ async fn beat(shared: &Shared, seq: u64) -> Beat {
         session: session.session.0,
         seq,
     };
+    match connection.send_datagram(&heartbeat) {
+        Ok(()) => answer(&connection, seq, first_seq, deadline).await,
+        Err(error @ TransportError::NoDatagram { .. }) => {
+            debug!(%error, "heartbeat on a stream");
+            beat_on_stream(&connection, &heartbeat, session).await
+        }
+        Err(error) => Beat::Lost(error),
+    }
+}
+
+/// Reads the head's datagrams until one answers the beat `seq` or refuses the session,
+/// or until `deadline`. An acknowledgement of an earlier beat of the session (a late
+/// one) counts as such if the beat's own does not come in time.
+async fn answer(connection: &Connection, seq: u64, first_seq: u64, deadline: Instant) -> Beat {
+    let mut late_ack = None;
+    loop {
+        let message = tokio::select! {
+            message = connection.read_datagram() => message,
+            () = tokio::time::sleep_until(deadline) => {
+                return late_ack.map_or(Beat::Missed, |at| Beat::Acked { at });
+            }
+        };
+        match message.map(|message| Answer::of(message, first_seq)) {
+            Ok(Answer::Acked { seq: acked }) if acked == seq => {
+                return Beat::Acked { at: Instant::now() };
+            }
+            Ok(Answer::Acked { .. }) => late_ack = Some(Instant::now()),
+            Ok(Answer::Refused(reason)) => return Beat::Refused(reason),
+            Ok(Answer::Stale) => debug!(
+                seq,
+                first_seq, "ignored an answer to a heartbeat of an earlier session"
+            ),
+            Ok(Answer::Unexpected(name)) => debug!(
+                message = name,
+                "ignored a datagram that answers no heartbeat"
+            ),
+            Err(error) => return Beat::Lost(error),
+        }
+    }
+}
+
+/// One heartbeat on a stream of its own, waiting at most the dead window for its answer
+/// (past it, the session is over anyway).
+async fn beat_on_stream(connection: &Connection, heartbeat: &Message, session: Session) -> Beat {
     let timeout = Duration::from_millis(session.dead_after_ms.max(session.heartbeat_ms));
-    match connection.request(&heartbeat, timeout).await {
-        Ok(Message::HeartbeatAck { .. }) => Beat::Acked,
-        Ok(Message::Refused { reason }) => Beat::Refused(reason),
+    match connection.request(heartbeat, timeout).await {
+        Ok(Message::HeartbeatAck { .. }) => Beat::Acked { at: Instant::now() },
+        Ok(Message::Refused { reason } | Message::HeartbeatRefused { reason, .. }) => {
+            Beat::Refused(reason)
+        }
         Ok(other) => Beat::Refused(format!("unexpected {}", message_name(&other))),
         Err(error) => Beat::Lost(error),
     }
@@ -198,4 +300,46 @@ async fn rejoin(shared: &Shared) -> Result<(), String> {
     );
     shared.set_session(joined.session);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_against_the_first_beat_of_the_session() {
+        let refused = |seq| Message::HeartbeatRefused {
+            seq,
+            reason: "unknown session".into(),
+        };
+        // (message, first beat of the session, what it means)
+        let cases = [
+            (
+                Message::HeartbeatAck { seq: 7 },
+                1,
+                Answer::Acked { seq: 7 },
+            ),
+            (
+                Message::HeartbeatAck { seq: 7 },
+                7,
+                Answer::Acked { seq: 7 },
+            ),
+            (Message::HeartbeatAck { seq: 6 }, 7, Answer::Stale),
+            (refused(7), 7, Answer::Refused("unknown session".into())),
+            (refused(9), 7, Answer::Refused("unknown session".into())),
+            (refused(6), 7, Answer::Stale),
+            (Message::Ack, 1, Answer::Unexpected("ack")),
+            (
+                Message::Refused {
+                    reason: "no".into(),
+                },
+                1,
+                Answer::Unexpected("refused"),
+            ),
+        ];
+        for (message, first_seq, want) in cases {
+            let case = format!("{message:?} from {first_seq}");
+            assert_eq!(Answer::of(message, first_seq), want, "{case}");
+        }
+    }
 }

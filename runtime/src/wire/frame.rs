@@ -239,6 +239,10 @@ mod tests {
                 seq: 99,
             },
             Message::HeartbeatAck { seq: 99 },
+            Message::HeartbeatRefused {
+                seq: 99,
+                reason: "unknown session: join again".into(),
+            },
             Message::Leave {
                 node_id: 7,
                 session: 3,

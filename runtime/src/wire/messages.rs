@@ -10,9 +10,10 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 7;
+pub const WIRE_VERSION: u16 = 8;
 
-/// One request or response. A stream carries one request frame and one response frame.
+/// One request or response. A stream carries one request frame and one response frame;
+/// a datagram carries one frame (heartbeats and their answers).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[rkyv(derive(Debug))]
 pub enum Message {
@@ -65,10 +66,19 @@ pub enum Message {
         /// Increases by one per heartbeat of this node.
         seq: u64,
     },
-    /// The head received the heartbeat `seq`.
+    /// The head received the heartbeat `seq` and keeps the node's session.
     HeartbeatAck {
         /// The heartbeat's `seq`.
         seq: u64,
+    },
+    /// The head refused the heartbeat `seq` (the session is over: join again). The
+    /// answer to a heartbeat sent as a datagram, which the node matches to its beat by
+    /// `seq`; on a stream the answer is [`Message::Refused`].
+    HeartbeatRefused {
+        /// The heartbeat's `seq`.
+        seq: u64,
+        /// Why, for a person to read; short enough for one datagram.
+        reason: String,
     },
     /// A node stops gracefully: the head ends its session now rather than waiting for
     /// its heartbeats to stop. Answered with [`Message::Ack`].
