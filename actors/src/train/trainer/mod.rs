@@ -10,7 +10,7 @@
 //! saves on every rank (rank 0 writes), and ends with `average`.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,8 +35,8 @@ use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
-    AverageReply, AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply,
-    LoadersRequest, METHODS, PreloadReply, PreloadRequest, TrainerMethod,
+    AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest,
+    METHODS, PreloadReply, PreloadRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -44,6 +44,14 @@ use super::spec::{
     AllreduceChoice, DeviceSpec, ScheduleSpec, SyncChoice, TrainPlanner, TrainerInit,
 };
 use super::weights;
+
+mod decentralized;
+mod messages;
+
+pub use messages::{
+    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
+    ResumeFrom, SaveRequest, StepRecord, StepTiming, TrainReply, TrainRequest,
+};
 
 /// Said of a trainer failure that follows from another rank's (its ring peer went away or
 /// stopped answering), for the person reading it; programs ask the failure's
@@ -62,171 +70,6 @@ pub fn register(registry: &mut ActorRegistry) {
         Ok(Box::new(Trainer::new(ctx, args)?) as Box<dyn Actor>)
     });
     phase::register(registry);
-}
-
-/// `listen`'s reply.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ListenReply {
-    pub port: u16,
-    /// Batches per epoch (the same on every rank) and the schedule's length.
-    pub steps_per_epoch: u64,
-    pub total_steps: u64,
-    pub parameters: usize,
-    pub device: String,
-    /// Rank 0's NCCL unique id (hex) for CUDA trainers that may use NCCL.
-    #[serde(default)]
-    pub nccl_id: Option<String>,
-    /// A decentralized job's mixing ports: one per group of the rank's schedule
-    /// (`runtime::Mixer::groups_of`), in that order.
-    #[serde(default)]
-    pub mix_ports: Vec<u16>,
-}
-
-/// Where a rank of a decentralized job listens for its mixing groups.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MixPeer {
-    pub ip: IpAddr,
-    /// [`ListenReply::mix_ports`] of the rank.
-    pub ports: Vec<u16>,
-}
-
-/// `connect`'s request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ConnectRequest {
-    pub next: SocketAddr,
-    /// The job's ring secret, hex.
-    pub secret: String,
-    pub job: String,
-    pub op_timeout_secs: u64,
-    pub resume: Option<ResumeFrom>,
-    /// Rank 0's NCCL unique id, passed on to every rank.
-    #[serde(default)]
-    pub nccl_id: Option<String>,
-    /// Every rank's mixing ports, by rank (decentralized jobs).
-    #[serde(default)]
-    pub mix_peers: Vec<MixPeer>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ResumeFrom {
-    pub dir: PathBuf,
-    pub state: CheckpointState,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ConnectReply {
-    pub buckets: usize,
-    /// How gradients are averaged: `nccl 2.28.9`, or `ring` with why NCCL is not used.
-    pub allreduce: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainRequest {
-    pub epoch: u64,
-    pub max_steps: u64,
-    /// Reply with each step's sample ids (`train.sample_log`).
-    #[serde(default)]
-    pub sample_ids: bool,
-}
-
-/// One optimiser step, as every rank saw it (loss and accuracy are global means).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StepRecord {
-    /// Global step number after this step (1-based).
-    pub step: u64,
-    pub loss: f32,
-    pub accuracy: f32,
-    pub lr: f64,
-    /// Samples in this step over all ranks.
-    pub samples: u64,
-    /// The loss scale this step ran with, under loss scaling.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<f64>,
-    /// Whether the step was skipped (its scaled gradients overflowed).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub skipped: bool,
-    /// How long the step took on the rank that replies (the one figure here that differs
-    /// between ranks).
-    pub timing: StepTiming,
-    /// The replying rank's samples in this step, as `URL#key`, when the job asked.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sample_ids: Vec<String>,
-}
-
-/// One rank's wall time for one step, and how it went.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepTiming {
-    /// From asking the loader for the batch to the end of the optimiser step.
-    pub seconds: f64,
-    /// Waiting for the batch.
-    pub data_wait_s: f64,
-    /// Forward and backward.
-    pub compute_s: f64,
-    /// Waiting for the gradient average (in a decentralized job: for the step's sums
-    /// and the rest of the neighbours' mixing, which began before the forward pass).
-    pub allreduce_s: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainReply {
-    pub epoch: u64,
-    pub step_in_epoch: u64,
-    pub steps_in_epoch: u64,
-    pub epoch_done: bool,
-    pub global_step: u64,
-    pub steps: Vec<StepRecord>,
-    /// This rank's wall time in the call, and how it went: waiting for batches, forward
-    /// and backward, waiting for the gradient average (the sums of its steps' timings).
-    pub seconds: f64,
-    pub data_wait_s: f64,
-    pub compute_s: f64,
-    pub allreduce_s: f64,
-    /// Samples this rank trained on.
-    pub samples: u64,
-    /// Where this rank's epoch stands (absent once the epoch is done).
-    pub cursor: Option<RankCursor>,
-    /// Bad samples and shards skipped so far this epoch, with what was wrong.
-    pub skipped: u64,
-    pub problems: Vec<String>,
-    /// When the epoch is done: what this rank received in it (since the resume, for a
-    /// resumed epoch).
-    #[serde(default)]
-    pub received: Option<EpochReceived>,
-}
-
-/// The images one rank actually trained on in an epoch: their sides in pixels, and the
-/// shards they came from (a brace spec).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EpochReceived {
-    pub image_sizes: Vec<u32>,
-    pub shards: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EvalReply {
-    pub samples: u64,
-    pub loss_sum: f64,
-    pub top1: u64,
-    pub top5: u64,
-    pub seconds: f64,
-    /// A decentralized job's: how far this rank's replica is from the replicas' mean
-    /// (the Euclidean distance over parameters and buffers), which is what was evaluated.
-    #[serde(default)]
-    pub replica_distance: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SaveRequest {
-    /// The run's `checkpoints/` folder.
-    pub root: PathBuf,
-    pub name: String,
-    pub state: CheckpointState,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DigestReply {
-    /// SHA-256 of every parameter and buffer, in order.
-    pub sha256: String,
 }
 
 struct Running {
@@ -535,62 +378,6 @@ impl Trainer {
     /// The node of every rank, as the topology reads the world.
     fn rank_nodes(&self) -> Vec<u32> {
         runtime::node_of_each_rank(&self.init.node_ranks)
-    }
-
-    /// Connects the mixing groups of this rank's schedule to the peers' ports.
-    fn connect_mixer(&mut self, request: &ConnectRequest) -> Result<(), MethodError> {
-        let rank = self.init.rank;
-        let world = self.init.world as usize;
-        if request.mix_peers.len() != world {
-            return Err(MethodError::fatal(format!(
-                "rank {rank}: {} mixing addresses for {world} ranks",
-                request.mix_peers.len()
-            )));
-        }
-        let topology = self.init.job.optim.topology;
-        let nodes = self.rank_nodes();
-        let peers = request.mix_peers.clone();
-        let listeners = std::mem::take(&mut self.mix_listeners);
-        let secret = parse_secret(&request.secret)?;
-        let job = request.job.clone();
-        let options = CollectiveOptions {
-            op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
-            ..CollectiveOptions::default()
-        };
-        let connect = move || async move {
-            let listeners = listeners
-                .into_iter()
-                .map(|listener| {
-                    listener
-                        .set_nonblocking(true)
-                        .and_then(|()| tokio::net::TcpListener::from_std(listener))
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| runtime::MixError::Connect {
-                    rank,
-                    group: Vec::new(),
-                    source: CollectiveError::InvalidArgument {
-                        rank: rank as usize,
-                        what: format!("a mixing group's listening socket: {e}"),
-                    },
-                })?;
-            let address = |group: &[u32], peer: u32| {
-                let index = runtime::Mixer::groups_of(topology, &nodes, peer)
-                    .iter()
-                    .position(|g| g == group)?;
-                let at = peers.get(peer as usize)?;
-                Some(SocketAddr::new(at.ip, *at.ports.get(index)?))
-            };
-            runtime::Mixer::connect(
-                rank, topology, &nodes, listeners, address, &secret, &job, options,
-            )
-            .await
-        };
-        let mix = MixSync::start(connect).map_err(|e| {
-            MethodError::fatal(format!("rank {rank} joining its mixing groups: {e}"))
-        })?;
-        self.mix = Some(mix);
-        Ok(())
     }
 
     /// Whether this job's gradients may go through NCCL on this rank.
@@ -984,92 +771,6 @@ impl Trainer {
         ])
     }
 
-    /// One step of a decentralized job: this rank's state goes to its group of the step
-    /// for mixing while the rank computes its gradients and steps on them; then the
-    /// mixed state replaces the one sent, keeping the local update (see
-    /// [`decentral`]). Only the step's loss, accuracy, samples and whether every
-    /// rank's gradients are finite are summed over all ranks.
-    fn step_decentralized(&mut self, batch: &pipelines::Batch) -> Result<StepRecord, MethodError> {
-        let rank = self.init.rank;
-        let state = self.state_tensors();
-        let values = host_values(rank, &state)?;
-        let mix = self
-            .mix
-            .as_mut()
-            .ok_or_else(|| MethodError::new("train before connect"))?;
-        mix.begin(self.global_step, values)
-            .map_err(|e| ring_failure(rank, "mixing parameters", &e))?;
-        let computing = Instant::now();
-        let n = batch.len();
-        let [loss, accuracy] = self.forward_backward(batch)?;
-        let unscale = 1.0 / self.scaler.scale();
-        let mut finite = true;
-        if n > 0 {
-            let _no_grad = tch::no_grad_guard();
-            for parameter in &self.params {
-                let mut grad = parameter.grad();
-                if !grad.defined() {
-                    continue;
-                }
-                if unscale != 1.0 {
-                    let _ = grad
-                        .f_mul_scalar_(unscale)
-                        .map_err(|e| fatal("unscaling")(e.to_string()))?;
-                }
-                finite &= grad.isfinite().all().int64_value(&[]) != 0;
-            }
-        }
-        let compute_s = computing.elapsed().as_secs_f64();
-        phase::enter(Phase::Averaging);
-        let waiting = Instant::now();
-        let weight = n as f32;
-        let mut sums = [loss * weight, accuracy * weight, weight, f32::from(!finite)];
-        self.sync
-            .as_mut()
-            .ok_or_else(|| MethodError::new("train before connect"))?
-            .sum(&mut sums)
-            .map_err(|e| ring_failure(rank, "summing the step's figures", &e))?;
-        let samples = sums[2];
-        let lr = self.schedule.lr_at(self.global_step);
-        let loss_scale = self.scaler.scale();
-        // Every rank sums the same flags, so all take the same verdict.
-        let verdict = self.scaler.update(sums[3] == 0.0);
-        match verdict {
-            StepVerdict::Diverged => {
-                return Err(MethodError::fatal(format!(
-                    "step {}: {} rank(s) computed gradients that are not finite (the loss \
-                     diverged; try a lower train.lr or a longer warm-up)",
-                    self.global_step + 1,
-                    sums[3]
-                )));
-            }
-            StepVerdict::Skip => {}
-            StepVerdict::Apply if n > 0 => self.sgd.step(lr),
-            StepVerdict::Apply => {}
-        }
-        if let Some(mix) = self.mix.as_mut() {
-            mix.finish(&state)
-                .map_err(|e| ring_failure(rank, "mixing parameters", &e))?;
-        }
-        self.global_step += 1;
-        let mean = |sum: f32| if samples > 0.0 { sum / samples } else { 0.0 };
-        Ok(StepRecord {
-            step: self.global_step,
-            loss: mean(sums[0]),
-            accuracy: mean(sums[1]),
-            lr,
-            samples: samples as u64,
-            loss_scale: self.scaler.enabled().then_some(loss_scale),
-            skipped: verdict == StepVerdict::Skip,
-            timing: StepTiming {
-                compute_s,
-                allreduce_s: waiting.elapsed().as_secs_f64(),
-                ..StepTiming::default()
-            },
-            sample_ids: Vec::new(),
-        })
-    }
-
     /// The replica's parameters and buffers, in order (what mixing averages).
     fn state_tensors(&self) -> Vec<Tensor> {
         self.params
@@ -1077,33 +778,6 @@ impl Trainer {
             .chain(&self.buffers)
             .map(Tensor::shallow_clone)
             .collect()
-    }
-
-    /// Replaces this rank's state (parameters and buffers) with the mean over all ranks;
-    /// returns the state it had and its distance from the mean.
-    fn take_mean_state(&mut self) -> Result<(Vec<f32>, f64), MethodError> {
-        let rank = self.init.rank;
-        let state = self.state_tensors();
-        let own = host_values(rank, &state)?;
-        let mut mean = own.clone();
-        self.sync
-            .as_mut()
-            .ok_or_else(|| MethodError::new("averaging before connect"))?
-            .mean_values(&mut mean)
-            .map_err(|e| ring_failure(rank, "averaging the replicas", &e))?;
-        let distance = decentral::distance(&own, &mean);
-        decentral::write_state(&state, &mean)
-            .map_err(|e| MethodError::fatal(format!("rank {rank}: writing the mean: {e}")))?;
-        Ok((own, distance))
-    }
-
-    /// Ends a decentralized job: every replica becomes the replicas' mean.
-    fn average(&mut self) -> Result<AverageReply, MethodError> {
-        if !self.decentralized() {
-            return Ok(AverageReply { distance: 0.0 });
-        }
-        let (_, distance) = self.take_mean_state()?;
-        Ok(AverageReply { distance })
     }
 
     fn amp(&self) -> bool {
@@ -1229,59 +903,6 @@ impl Trainer {
         .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
     }
 
-    /// A decentralized job's save, on every rank: the replicas' mean of the model and the
-    /// momentum, and every rank's own, go to rank 0 over the ring (one broadcast per
-    /// rank), which writes them all into one checkpoint (see [`checkpoint`]).
-    fn save_replicas(&mut self, request: SaveRequest) -> Result<PathBuf, MethodError> {
-        let (rank, world) = (self.init.rank, self.init.world);
-        let mut named = self.model.parameters();
-        named.extend(self.model.buffers());
-        let model_tensors = named.len();
-        named.extend(self.sgd.state_or_zeros());
-        let tensors: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
-        let own = host_values(rank, &tensors)?;
-        let sync = self
-            .sync
-            .as_mut()
-            .ok_or_else(|| MethodError::new("save before connect"))?;
-        let mut mean = own.clone();
-        sync.mean_values(&mut mean)
-            .map_err(|e| ring_failure(rank, "averaging the replicas", &e))?;
-        let mut replicas = Vec::new();
-        for root in 0..world {
-            let mut values = if root == rank {
-                own.clone()
-            } else {
-                vec![0.0; own.len()]
-            };
-            sync.broadcast_values(&mut values, root as usize)
-                .map_err(|e| ring_failure(rank, "gathering the replicas", &e))?;
-            if rank == 0 {
-                replicas.extend(named_values(&named, &values, |name| {
-                    checkpoint::replica_name(root, name)
-                })?);
-            }
-        }
-        if rank != 0 {
-            return Ok(request.root.join(&request.name));
-        }
-        let mut mean = named_values(&named, &mean, str::to_string)?;
-        let momentum = mean.split_off(model_tensors);
-        let state = CheckpointState {
-            loss_scale: self.scaler.state(),
-            ..request.state
-        };
-        checkpoint::write(
-            &request.root,
-            &request.name,
-            &mean,
-            &momentum,
-            &replicas,
-            &state,
-        )
-        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
-    }
-
     fn digest(&self) -> Result<DigestReply, MethodError> {
         let mut hasher = Sha256::new();
         let mut values = Vec::new();
@@ -1340,38 +961,6 @@ impl Trainer {
             ))),
         }
     }
-}
-
-/// The values of `tensors` as host floats, in order.
-fn host_values(rank: u32, tensors: &[Tensor]) -> Result<Vec<f32>, MethodError> {
-    let mut values = Vec::new();
-    decentral::read_state(tensors, &mut values)
-        .map_err(|e| MethodError::fatal(format!("rank {rank}: reading its state: {e}")))?;
-    Ok(values)
-}
-
-/// `values` cut into host tensors shaped, kinded and named like `like`'s (each name
-/// through `name`).
-fn named_values(
-    like: &[(String, Tensor)],
-    values: &[f32],
-    name: impl Fn(&str) -> String,
-) -> Result<Vec<(String, Tensor)>, MethodError> {
-    let mut offset = 0;
-    let mut out = Vec::with_capacity(like.len());
-    for (n, tensor) in like {
-        let count = tensor.numel();
-        let part = values.get(offset..offset + count).ok_or_else(|| {
-            MethodError::new(format!("{} values are too few for `{n}`", values.len()))
-        })?;
-        let value = Tensor::f_from_slice(part)
-            .and_then(|t| t.f_view(tensor.size().as_slice()))
-            .and_then(|t| t.f_to_kind(tensor.kind()))
-            .map_err(|e| MethodError::new(format!("`{n}`: {e}")))?;
-        out.push((name(n), value));
-        offset += count;
-    }
-    Ok(out)
 }
 
 /// Reads the request of method `M`, runs it, and encodes its reply.
