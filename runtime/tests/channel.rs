@@ -3,6 +3,9 @@
 //! with the listener serving on, size limits, closes between and inside frames, read
 //! timeouts, stopping a blocked accept or recv, and TCP's backpressure.
 
+#[path = "common/log.rs"]
+mod log_writer;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use log_writer::LogWriter;
 use runtime::channel::{
     ChannelError, ChannelOptions, ChannelSecret, DataListener, DataStream, ListenerStopper,
 };
@@ -135,19 +139,6 @@ impl Served {
     fn stop(self) -> Result<ChannelError> {
         self.stopper.stop();
         join(self.thread, "listener")
-    }
-}
-
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log lock").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

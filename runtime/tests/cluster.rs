@@ -9,8 +9,9 @@
 //! [`LIMIT`].
 
 mod common;
+#[path = "common/log.rs"]
+mod log_writer;
 
-use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use runtime::{
 use tempfile::TempDir;
 
 use common::{DEAD_AFTER_MS, HEARTBEAT_MS, LIMIT, resources, within};
+use log_writer::LogWriter;
 use tokio::sync::broadcast;
 
 /// A head on a free loopback port, with a state folder per simulated machine.
@@ -418,20 +420,6 @@ async fn nodes_come_back_to_a_restarted_head() {
     let mut expected = vec![one.address(), two.address(), &head_address];
     expected.sort_unstable();
     assert_eq!(addresses, expected);
-}
-
-/// Log lines written to a shared buffer.
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log lock").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Heartbeats keep a node's session for many dead windows, every one acknowledged in
