@@ -442,10 +442,7 @@ fn a_node_in_another_network_namespace_joins_over_a_veth_pair() {
         Err(missing) => return common::skip::skip_or_fail(&missing),
     };
     let root = tempfile::tempdir().expect("temp dir");
-    let mut head = Machine::new(root.path(), "head");
-    head.netns = Some(net.names[0].clone());
-    let mut node = Machine::new(root.path(), "node");
-    node.netns = Some(net.names[1].clone());
+    let (head, node) = net.machines(root.path());
 
     let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
     assert!(join.0.starts_with(&net.addresses[0]), "{join:?}");

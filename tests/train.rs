@@ -1135,10 +1135,7 @@ fn a_partition_mid_job_fails_it_naming_the_cut_off_node_which_fences_its_trainer
         Err(missing) => return common::skip::skip_or_fail(&missing),
     };
     let root = tempfile::tempdir().expect("temp dir");
-    let mut head = Machine::new(root.path(), "head");
-    head.netns = Some(net.names[0].clone());
-    let mut node = Machine::new(root.path(), "node");
-    node.netns = Some(net.names[1].clone());
+    let (head, node) = net.machines(root.path());
     let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
     let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "0"]);
     assert!(out.status.success(), "join failed:\n{}", describe(&out));

@@ -330,6 +330,15 @@ impl Netns {
 }
 
 impl Netns {
+    /// A head's and a node's machine under `root`, in the first and the second namespace.
+    pub fn machines(&self, root: &Path) -> (Machine, Machine) {
+        let mut head = Machine::new(root, "head");
+        head.netns = Some(self.names[0].clone());
+        let mut node = Machine::new(root, "node");
+        node.netns = Some(self.names[1].clone());
+        (head, node)
+    }
+
     /// Cuts the link (both ends down): a partition, with no packet refused.
     pub fn cut(&self) {
         self.set_link("down");

@@ -13,7 +13,7 @@ use tch::Tensor;
 use super::{
     ConnectRequest, SaveRequest, StepRecord, StepTiming, Trainer, fatal, parse_secret, ring_failure,
 };
-use crate::train::checkpoint::{self, CheckpointState};
+use crate::train::checkpoint;
 use crate::train::decentral::{self, MixSync};
 use crate::train::phase::{self, Phase};
 use crate::train::protocol::AverageReply;
@@ -230,19 +230,7 @@ impl Trainer {
         }
         let mut mean = named_values(&named, &mean, str::to_string)?;
         let momentum = mean.split_off(model_tensors);
-        let state = CheckpointState {
-            loss_scale: self.scaler.state(),
-            ..request.state
-        };
-        checkpoint::write(
-            &request.root,
-            &request.name,
-            &mean,
-            &momentum,
-            &replicas,
-            &state,
-        )
-        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
+        self.write_checkpoint(request, &mean, &momentum, &replicas)
     }
 }
 

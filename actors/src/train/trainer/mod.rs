@@ -888,6 +888,18 @@ impl Trainer {
         }
         let mut model = self.model.parameters();
         model.extend(self.model.buffers());
+        self.write_checkpoint(request, &model, &self.sgd.state(), &[])
+    }
+
+    /// Writes checkpoint `request` of these tensors (see [`checkpoint::write`]), with the
+    /// loss scaler's state.
+    fn write_checkpoint(
+        &self,
+        request: SaveRequest,
+        model: &[(String, Tensor)],
+        optimizer: &[(String, Tensor)],
+        replicas: &[(String, Tensor)],
+    ) -> Result<PathBuf, MethodError> {
         let state = CheckpointState {
             loss_scale: self.scaler.state(),
             ..request.state
@@ -895,9 +907,9 @@ impl Trainer {
         checkpoint::write(
             &request.root,
             &request.name,
-            &model,
-            &self.sgd.state(),
-            &[],
+            model,
+            optimizer,
+            replicas,
             &state,
         )
         .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
