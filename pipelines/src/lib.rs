@@ -46,8 +46,8 @@ pub use inspect::{
 };
 pub use loader::{
     Batch, EpochBatches, EpochStats, EpochTally, FrameDecoder, FrameError, Images, Loader,
-    LoaderConfig, LoaderError, RankCursor, ReadingNow, SampleId, ShardReading, Transform,
-    WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame,
+    LoaderConfig, LoaderError, RankCursor, ReadingNow, Regrouped, SampleId, ShardReading,
+    Transform, WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame, regroup,
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard, shard_name};
 pub use plan::{

@@ -633,3 +633,160 @@ fn batches_through_frames_and_a_worker_restarted_mid_epoch_match_local_loading()
         }
     }
 }
+
+/// Runs `plan`'s epoch on every rank up to `cut` batches; returns what each served and
+/// each rank's cursor there.
+fn run_until(
+    loader: &Loader,
+    plan: &Plan,
+    cut: usize,
+    transform: Transform,
+) -> (Vec<Vec<Seen>>, Vec<RankCursor>) {
+    let mut served = Vec::new();
+    let mut cursors = Vec::new();
+    for rank in 0..plan.ranks.len() as u32 {
+        let mut epoch = loader
+            .epoch(plan, Rank(rank), transform, None)
+            .expect("epoch starts");
+        served.push(
+            epoch
+                .by_ref()
+                .take(cut)
+                .map(|b| seen(&b.expect("batch")))
+                .collect(),
+        );
+        cursors.push(epoch.cursor().clone());
+    }
+    (served, cursors)
+}
+
+/// A shrink mid-epoch: three ranks run a few steps, rank 1 is lost, and the two
+/// survivors take over its loader workers where they stood. Every sample of the epoch
+/// is served exactly once (what rank 1 served before the loss counts, what it had not
+/// served comes from the survivors), the survivors run the same number of steps, and
+/// rank 1's workers go on with the very batches (ids, crops) they would have served.
+#[test]
+fn survivors_of_a_lost_rank_serve_the_rest_of_its_epoch_exactly_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let counts = [23, 17, 30, 9, 21, 14, 26];
+    let total: u64 = counts.iter().sum();
+    let shards = write_shards(dir.path(), &counts);
+    let planner = planned(shards, ClusterShape::new(3, 1, 2), 4, |_| {});
+    let plan = planner.plan(1).expect("plan");
+    let loader = loader(|_| {});
+    let whole: Vec<Vec<Seen>> = (0..3)
+        .map(|r| run_epoch(&loader, &plan, r, train(8)))
+        .collect();
+    for cut in [0, 3, 7] {
+        let (before, cursors) = run_until(&loader, &plan, cut, train(8));
+        let survivors = [Rank(0), Rank(2)];
+        let regrouped = pipelines::regroup(
+            &plan,
+            &cursors,
+            &survivors,
+            ClusterShape::with_node_ranks(vec![1, 1], 2),
+        )
+        .expect("regroup");
+        let steps = regrouped.plan.steps().expect("consistent under join");
+        let mut after = Vec::new();
+        for rank in 0..2u32 {
+            let rest: Vec<Seen> = loader
+                .epoch(
+                    &regrouped.plan,
+                    Rank(rank),
+                    train(8),
+                    Some(&regrouped.cursors[rank as usize]),
+                )
+                .expect("the rest starts")
+                .map(|b| seen(&b.expect("batch")))
+                .collect();
+            assert_eq!(
+                rest.len() as u64 + cut as u64,
+                steps,
+                "cut {cut} rank {rank}"
+            );
+            assert_eq!(rest.first().map(|s| s.0), Some(cut as u64), "steps go on");
+            after.push(rest);
+        }
+        // Survivor 0 keeps its own stream first: its next batch is the one it would
+        // have served.
+        assert_eq!(after[0][0], whole[0][cut]);
+        let mut ids: Vec<SampleId> = before
+            .iter()
+            .chain(&after)
+            .flatten()
+            .flat_map(|s| s.1.clone())
+            .collect();
+        assert_eq!(ids.len() as u64, total, "cut {cut}: every sample served");
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len() as u64, total, "cut {cut}: no sample twice");
+        // Each of rank 1's unserved batches comes out whole, pixels and all.
+        let rest_of_lost: Vec<&Seen> = whole[1][cut..].iter().filter(|s| !s.1.is_empty()).collect();
+        let served_after: Vec<(&Vec<SampleId>, &Vec<u8>)> =
+            after.iter().flatten().map(|s| (&s.1, &s.3)).collect();
+        for lost in rest_of_lost {
+            assert!(
+                served_after.contains(&(&lost.1, &lost.3)),
+                "cut {cut}: rank 1's batch {} is served as it would have been",
+                lost.0
+            );
+        }
+
+        // A second loss in the same epoch regroups the regrouped plan.
+        let (_, cursors) = {
+            let mut served = Vec::new();
+            let mut cursors = Vec::new();
+            for rank in 0..2u32 {
+                let mut epoch = loader
+                    .epoch(
+                        &regrouped.plan,
+                        Rank(rank),
+                        train(8),
+                        Some(&regrouped.cursors[rank as usize]),
+                    )
+                    .expect("epoch");
+                served.push(epoch.by_ref().take(2).count());
+                cursors.push(epoch.cursor().clone());
+            }
+            (served, cursors)
+        };
+        let last = pipelines::regroup(
+            &regrouped.plan,
+            &cursors,
+            &[Rank(1)],
+            ClusterShape::with_node_ranks(vec![1], 2),
+        )
+        .expect("regroup again");
+        assert_eq!(
+            last.plan.ranks[0].workers.len(),
+            6,
+            "one rank runs all six workers"
+        );
+        assert_eq!(last.cursors[0].steps, cut as u64 + 2);
+    }
+}
+
+#[test]
+fn regrouping_refuses_cursors_it_cannot_continue() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[20, 20, 20]);
+    let planner = planned(shards, ClusterShape::new(3, 1, 1), 4, |_| {});
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|_| {});
+    let (_, mut cursors) = run_until(&loader, &plan, 2, eval(8));
+    let two = ClusterShape::with_node_ranks(vec![1, 1], 1);
+    let refused =
+        |cursors: &[RankCursor], survivors: &[Rank], shape: ClusterShape| match pipelines::regroup(
+            &plan, cursors, survivors, shape,
+        ) {
+            Err(LoaderError::Regroup { problem } | LoaderError::Cursor { problem }) => problem,
+            other => panic!("not refused: {other:?}"),
+        };
+    assert!(refused(&cursors[..2], &[Rank(0), Rank(1)], two.clone()).contains("2 cursors"));
+    assert!(refused(&cursors, &[Rank(1), Rank(0)], two.clone()).contains("ascending"));
+    assert!(refused(&cursors, &[Rank(0), Rank(5)], two.clone()).contains("rank 5"));
+    assert!(refused(&cursors, &[Rank(0)], two.clone()).contains("not the 1 survivors"));
+    cursors[2].steps += 1;
+    assert!(refused(&cursors, &[Rank(0), Rank(1)], two).contains("same step"));
+}

@@ -23,6 +23,7 @@
 mod batch;
 mod cursor;
 mod epoch;
+mod regroup;
 mod shuffle;
 mod wire;
 mod worker;
@@ -33,6 +34,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 pub use batch::{Batch, Images, SampleId};
 pub use cursor::{RankCursor, WorkerCursor};
 pub use epoch::{EpochBatches, EpochStats, ReadingNow, ShardReading, WorkerPlacement};
+pub use regroup::{Regrouped, regroup};
 pub use wire::{FrameDecoder, FrameError, encode_frame};
 pub use worker::{EpochTally, WorkerMsg, WorkerRun};
 
@@ -148,6 +150,8 @@ pub enum LoaderError {
     },
     #[error("cannot resume: {problem}")]
     Cursor { problem: String },
+    #[error("cannot deal the rest of the epoch to the surviving ranks: {problem}")]
+    Regroup { problem: String },
     #[error("rank {rank} loader worker {worker}: {message}")]
     Remote {
         rank: Rank,

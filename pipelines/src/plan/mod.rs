@@ -42,6 +42,7 @@ use std::fmt;
 pub use config::{BatchPolicy, ClusterShape, PlanConfig, PlanError, PlanMode};
 pub use hooks::{HookError, HookLimits, HookName, HookSources, Hooks};
 pub use planner::Planner;
+pub(crate) use policy::round_robin;
 pub use policy::{Consistency, Plan, RankPlan, WorkerPlan};
 pub use render::render_plan;
 pub use rng::{SplitMix64, derive_seed, mix64};
