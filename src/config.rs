@@ -226,6 +226,10 @@ pub struct TrainConfig {
     pub straggler_secs: f64,
     /// Samples of every step into metrics.jsonl.
     pub sample_log: bool,
+    /// Go on without a lost trainer (`min_world`, `max_failures`).
+    pub elastic: bool,
+    pub min_world: u32,
+    pub max_failures: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -805,6 +809,21 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
         false,
         86_400.0,
     )?;
+    whole("train.min_world", train.min_world.into(), 1, 1 << 20)?;
+    if train.elastic && train.sync == SyncChoice::Decentralized {
+        return Err(invalid(
+            "train.elastic",
+            "is true and train.sync is \"decentralized\": an elastic job re-forms the ring \
+             over the survivors, not yet the mixing groups; use train.sync = \"allreduce\"",
+        ));
+    }
+    if train.elastic && config.data.loaders == Loaders::Remote {
+        return Err(invalid(
+            "train.elastic",
+            "is true and data.loaders is \"remote\": the survivors of a lost rank take \
+             over its loader workers in their own processes; use data.loaders = \"local\"",
+        ));
+    }
     Ok(())
 }
 
@@ -960,6 +979,15 @@ mod tests {
             ("[train]\nallreduce = \"mpi\"\n", "train.allreduce"),
             ("[shards]\nerror_policy = \"ignore\"\n", "`fail` or `skip`"),
             ("[data]\nloaders = \"elsewhere\"\n", "local or remote"),
+            (
+                "[train]\nelastic = true\nsync = \"decentralized\"\n",
+                "train.elastic",
+            ),
+            (
+                "[train]\nelastic = true\n[data]\nloaders = \"remote\"\n",
+                "data.loaders = \"local\"",
+            ),
+            ("[train]\nmin_world = 0\n", "train.min_world"),
             (
                 "[data]\nloaders = \"remote\"\npreload = true\npreload_dir = \"/x\"\n",
                 "shards.cache_dir",

@@ -1123,6 +1123,99 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
     cluster.assert_settled();
 }
 
+/// Elastic training (`train.elastic`): three CPU trainers on three nodes, split epochs
+/// whose shards come through a command that waits a second before each, so an epoch
+/// stalls in its middle. At the first step of epoch 1, one trainer's process is
+/// SIGKILLed. The job goes on with the other two without a checkpoint, finishes, and the
+/// per-sample log shows every sample of every epoch served exactly once (the lost rank's
+/// unread samples by the survivors, none twice); the two replicas agree at the end.
+#[test]
+fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_once() {
+    let cluster = TrainCluster::start_with(1);
+    let total: u64 = cluster.train_counts().iter().sum();
+    let dir = cluster.data.train_dir.display().to_string();
+    let slow =
+        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\"");
+    let manifest = format!("data.manifest=\"{dir}/manifest.json\"");
+    let sets = [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.min_world=2",
+        "train.sample_log=true",
+        slow.as_str(),
+        manifest.as_str(),
+    ];
+    let epochs = 3;
+    let mut job = cluster.job("elastic", epochs, &sets, false);
+    let run = cluster.runs.join("elastic");
+    wait_for(JOB_LIMIT, "the first step of epoch 1", || {
+        assert!(
+            job.running(),
+            "the job ended early:\n{}",
+            job.finish(JOB_LIMIT).describe()
+        );
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .ok()?
+            .contains("\"kind\":\"step\",\"epoch\":1,")
+            .then_some(())
+    });
+    let daemon = cluster.node.daemon_pids();
+    let workers = workers_of(daemon[0]);
+    assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
+    let killed_at = Instant::now();
+    kill_process(pid_of(workers[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    let out = job.finish(JOB_LIMIT);
+    eprintln!(
+        "trainer killed: the job ended {:?} later",
+        killed_at.elapsed()
+    );
+    assert!(out.status.success(), "{}", out.describe());
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(said.contains("elastic: lost rank(s)"), "{}", out.describe());
+    assert!(
+        said.contains("replicas: identical on all 2 ranks"),
+        "{}",
+        out.describe()
+    );
+    let records = metrics(&run);
+    let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
+    assert_eq!(regroups.len(), 1, "one regroup record: {regroups:?}");
+    let regroup = regroups[0];
+    assert_eq!(regroup["world"], 2, "{regroup}");
+    assert_eq!(
+        regroup["lost"].as_array().map(Vec::len),
+        Some(1),
+        "{regroup}"
+    );
+    eprintln!("regrouped: {regroup}");
+    // Every epoch: each sample exactly once over every step and rank, before the loss
+    // and after it.
+    for epoch in 0..epochs {
+        let mut ids: Vec<&str> = records
+            .iter()
+            .filter(|r| r["kind"] == "samples" && r["epoch"] == epoch)
+            .flat_map(|r| r["samples"].as_array().expect("samples").iter())
+            .map(|s| s.as_str().expect("a sample id"))
+            .collect();
+        let served = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), served, "epoch {epoch}: a sample served twice");
+        assert_eq!(served as u64, total, "epoch {epoch}: samples served");
+    }
+    // The steps after the loss go on from where every rank had completed.
+    let steps: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "global steps run on without a gap or a repeat: {steps:?}"
+    );
+    cluster.assert_settled();
+}
+
 /// A network partition mid-job: the veth link between the head's and the node's network
 /// namespaces is cut (no packet refused, none answered). The job fails within seconds,
 /// naming the cut-off rank and its node, instead of hanging in the ring; the node, cut

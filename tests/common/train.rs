@@ -27,6 +27,8 @@ pub struct TrainCluster {
     // Dropped before the folder they live in.
     pub head: Machine,
     pub node: Machine,
+    /// More joined nodes (`start_with`).
+    pub more: Vec<Machine>,
     /// The join line: (address, token, CA hash).
     pub join: (String, String, String),
     pub head_id: u64,
@@ -38,13 +40,23 @@ pub struct TrainCluster {
 
 impl TrainCluster {
     pub fn start() -> TrainCluster {
+        Self::start_with(0)
+    }
+
+    /// A head, a node and `more` nodes.
+    pub fn start_with(more: usize) -> TrainCluster {
         let root = tempfile::tempdir().expect("temp dir");
         let head = Machine::new(root.path(), "head");
         let node = Machine::new(root.path(), "node");
+        let more: Vec<Machine> = (0..more)
+            .map(|i| Machine::new(root.path(), &format!("node{}", i + 2)))
+            .collect();
         let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
-        let out = node.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
-        assert!(out.status.success(), "join failed:\n{}", describe(&out));
-        let status = wait_alive(&head, 2, Duration::from_secs(10));
+        for machine in std::iter::once(&node).chain(&more) {
+            let out = machine.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
+            assert!(out.status.success(), "join failed:\n{}", describe(&out));
+        }
+        let status = wait_alive(&head, 2 + more.len(), Duration::from_secs(10));
         // The head is the member at the address nodes join.
         let ids: Vec<(bool, u64)> = super::nodes(&status)
             .iter()
@@ -57,6 +69,7 @@ impl TrainCluster {
         TrainCluster {
             head,
             node,
+            more,
             join,
             head_id,
             node_id,
@@ -134,6 +147,11 @@ impl TrainCluster {
             .collect()
     }
 
+    /// Every machine of the cluster, the head first.
+    pub fn machines(&self) -> impl Iterator<Item = &Machine> {
+        [&self.head, &self.node].into_iter().chain(&self.more)
+    }
+
     /// After a job: no reservation left on the head, no worker process left on any
     /// live daemon.
     pub fn assert_settled(&self) {
@@ -142,9 +160,9 @@ impl TrainCluster {
             let left = status["reservations"].as_array().map_or(0, Vec::len);
             (left == 0).then_some(())
         });
-        let daemons: Vec<u32> = [&self.head, &self.node]
-            .iter()
-            .flat_map(|m| m.daemon_pids())
+        let daemons: Vec<u32> = self
+            .machines()
+            .flat_map(Machine::daemon_pids)
             .filter(|&p| is_running(p))
             .collect();
         wait_for(SETTLE_LIMIT, "no worker process left", || {
@@ -159,10 +177,7 @@ impl TrainCluster {
 impl Drop for TrainCluster {
     /// Stops the cluster and anything it started, whatever happened in the test.
     fn drop(&mut self) {
-        let daemons: Vec<u32> = [&self.head, &self.node]
-            .iter()
-            .flat_map(|m| m.daemon_pids())
-            .collect();
+        let daemons: Vec<u32> = self.machines().flat_map(Machine::daemon_pids).collect();
         let workers: Vec<u32> = daemons.iter().flat_map(|&d| workers_of(d)).collect();
         let _ = self.head.run(&["stop", "--all"]);
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -10,9 +10,10 @@ use runtime::{
 };
 
 use super::calls::{Rank, call_all, to_json};
+use super::elastic::{self, World};
 use super::loaders;
 use super::metrics::{Metrics, rewind};
-use super::steps::{RunningJob, Saved, StopControl, train_loop};
+use super::steps::{Position, RunningJob, Saved, StopControl, train_loop};
 use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
 use super::{HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary};
@@ -165,43 +166,14 @@ pub async fn run(
         loaders::start(client, trainers, &job, &job_name, &ranks, output, long).await?;
     }
     let secret = runtime::RingSecret::random();
-    let job_id = format!("{}", run_dir.display());
-    let mix_peers: Vec<MixPeer> = if job.optim.sync == SyncChoice::Decentralized {
-        ranks
-            .iter()
-            .map(|rank| MixPeer {
-                ip: rank
-                    .place
-                    .ip
-                    .parse()
-                    .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
-                ports: listens[rank.rank as usize].mix_ports.clone(),
-            })
-            .collect()
-    } else {
-        Vec::new()
+    let ring = Ring {
+        secret: secret_hex(&secret),
+        job_id: format!("{}", run_dir.display()),
+        op_timeout_secs: settings.step_timeout_secs,
     };
-    let connects: Vec<ConnectReply> = call_all(
-        &ranks,
-        |rank| {
-            let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
-            let port = listens[next.rank as usize].port;
-            let next_addr = format!("{}:{port}", next.place.ip)
-                .parse()
-                .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-            ConnectRequest {
-                next: next_addr,
-                secret: secret_hex(&secret),
-                job: job_id.clone(),
-                op_timeout_secs: settings.step_timeout_secs,
-                resume: resume.clone(),
-                nccl_id: listens[0].nccl_id.clone(),
-                mix_peers: mix_peers.clone(),
-            }
-        },
-        long,
-    )
-    .await?;
+    let connects = ring
+        .wire(&job, &ranks, &listens, resume.clone(), false, long)
+        .await?;
     output.info(match job.optim.sync {
         SyncChoice::Allreduce => format!(
             "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
@@ -217,48 +189,101 @@ pub async fn run(
         allreduce: connects[0].allreduce.clone(),
     }))?;
 
-    let running = RunningJob {
-        settings: &settings,
-        job: &job,
-        ranks: &ranks,
-        run_dir: &run_dir,
+    let mut world = World {
+        ranks,
+        node_ranks,
         steps_per_epoch,
-        node_ranks: &node_ranks,
-        stop,
-        output,
     };
-    let mut watcher = FailureWatcher::start(client.clone(), &ranks);
-    let loop_result = tokio::select! {
-        result = train_loop(&running, &mut metrics, resume.as_ref()) => result,
-        failure = watcher.failure() => Err(JobError::RankFailed(failure)),
+    let mut start = Position::resumed(resume.as_ref());
+    let mut at = start.clone();
+    let mut summary = JobSummary {
+        run_dir: run_dir.clone(),
+        top1: None,
+        top5: None,
+        first_loss: None,
+        last_loss: None,
+        images_per_s: 0.0,
     };
-    let lost_head = match &loop_result {
-        Err(error)
-            if error.interrupted().is_none() && !error.to_string().starts_with(LOST_HEAD) =>
-        {
-            head_lost(client).await
-        }
-        _ => None,
-    };
-    let loop_result = match (loop_result, lost_head) {
-        // Without the head the job cannot go on, whatever the ranks saw first.
-        (Err(error), Some(lost)) => Err(JobError::Refused(format!(
-            "{lost}\n  (the trainers saw: {error})"
-        ))),
-        // The first error is often a healthy rank seeing its ring peer go away; the
-        // head's events name the rank that failed first, once it has noticed (a lost
-        // node takes `dead_after_ms`).
-        (Err(error), None) if error.failure_origin() == Some(FailureOrigin::Elsewhere) => {
-            let wait = Duration::from_millis(settings.dead_after_ms + 2000);
-            match watcher.root_cause(wait).await {
-                Some(cause) => Err(JobError::Refused(format!("{cause}\n  (then: {error})"))),
-                None => Err(error),
+    let mut regrouped = None;
+    let mut failures = 0u32;
+    output.info(format!(
+        "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
+        "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
+    ));
+    let loop_result = loop {
+        stop.set_ranks(&world.ranks, client);
+        let mut watcher = FailureWatcher::start(client.clone(), &world.ranks);
+        let result = {
+            let running = RunningJob {
+                settings: &settings,
+                job: &job,
+                ranks: &world.ranks,
+                run_dir: &run_dir,
+                steps_per_epoch: world.steps_per_epoch,
+                node_ranks: &world.node_ranks,
+                stop,
+                output,
+                regrouped,
+            };
+            tokio::select! {
+                result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
+                failure = watcher.failure() => Err(JobError::RankFailed(failure)),
             }
-        }
-        (other, _) => other,
+        };
+        let error = match (result, settings.elastic) {
+            (Ok(()), _) => {
+                watcher.stop();
+                break Ok(());
+            }
+            (Err(error), Some(elastic)) => {
+                let seen = std::time::Instant::now();
+                let found =
+                    elastic::find_losses(client, &world, &at, error, &mut watcher, &settings).await;
+                match found {
+                    Err(error) => error,
+                    Ok(losses) => {
+                        watcher.stop();
+                        failures += losses.lost.len() as u32;
+                        let old_lr = job.optim.lr;
+                        let regrouping =
+                            elastic::regroup(&mut job, &settings, elastic, &losses, &at, failures)
+                                .await;
+                        let (new_world, listens, mut record, epoch_steps) = match regrouping {
+                            Ok(regrouped) => regrouped,
+                            Err(error) => {
+                                let running = RunningJob {
+                                    settings: &settings,
+                                    job: &job,
+                                    ranks: &losses.survivors,
+                                    run_dir: &run_dir,
+                                    steps_per_epoch: world.steps_per_epoch,
+                                    node_ranks: &world.node_ranks,
+                                    stop,
+                                    output,
+                                    regrouped,
+                                };
+                                break Err(running.checkpoint_after_loss(error, &at).await);
+                            }
+                        };
+                        ring.wire(&job, &new_world.ranks, &listens, None, true, long)
+                            .await?;
+                        record.recovery_s = seen.elapsed().as_secs_f64();
+                        output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
+                        metrics.write(&MetricsRecord::Regroup(record))?;
+                        if !at.cursors.is_empty() {
+                            regrouped = Some((at.epoch, epoch_steps));
+                        }
+                        world = new_world;
+                        start = at.clone();
+                        continue;
+                    }
+                }
+            }
+            (Err(error), None) => error,
+        };
+        break Err(explain_failure(client, error, &mut watcher, &settings).await);
     };
-    watcher.stop();
-    let mut summary = loop_result.map_err(|error| {
+    let mut summary = loop_result.map(|()| summary).map_err(|error| {
         let text = error.to_string();
         if text.starts_with(LOST_HEAD) {
             JobError::HeadLost(Box::new(HeadLost {
@@ -270,15 +295,17 @@ pub async fn run(
         }
     })?;
 
+    let ranks = &world.ranks;
+    let world = ranks.len();
     if job.optim.sync == SyncChoice::Decentralized {
-        let averaged: Vec<AverageReply> = call_all(&ranks, |_| AverageRequest {}, long).await?;
+        let averaged: Vec<AverageReply> = call_all(ranks, |_| AverageRequest {}, long).await?;
         let spread = averaged.iter().map(|a| a.distance).fold(0.0, f64::max);
         output.info(format!(
             "replicas: each replaced by the mean of all {world} (the farthest was {spread:.4} \
              from it), the model the last evaluation and checkpoint hold"
         ));
     }
-    let digests: Vec<DigestReply> = call_all(&ranks, |_| DigestRequest {}, long).await?;
+    let digests: Vec<DigestReply> = call_all(ranks, |_| DigestRequest {}, long).await?;
     if digests.iter().any(|d| d.sha256 != digests[0].sha256) {
         return Err(JobError::Refused(format!(
             "the replicas differ after training: {}",
@@ -296,6 +323,97 @@ pub async fn run(
     ));
     summary.run_dir = run_dir;
     Ok(summary)
+}
+
+/// The error a failed step loop ends the job with: the head's loss when the head is
+/// gone, else the rank that failed first (the head's events name it once it noticed;
+/// the first error is often a healthy rank seeing its ring peer go away).
+async fn explain_failure(
+    client: &ClusterClient,
+    error: JobError,
+    watcher: &mut FailureWatcher,
+    settings: &JobSettings,
+) -> JobError {
+    let lost_head = if error.interrupted().is_none() && !error.to_string().starts_with(LOST_HEAD) {
+        head_lost(client).await
+    } else {
+        None
+    };
+    let explained = match lost_head {
+        // Without the head the job cannot go on, whatever the ranks saw first.
+        Some(lost) => JobError::Refused(format!("{lost}\n  (the trainers saw: {error})")),
+        // A lost node takes `dead_after_ms` to be named.
+        None if error.failure_origin() == Some(FailureOrigin::Elsewhere) => {
+            let wait = Duration::from_millis(settings.dead_after_ms + 2000);
+            match watcher.root_cause(wait).await {
+                Some(cause) => JobError::Refused(format!("{cause}\n  (then: {error})")),
+                None => error,
+            }
+        }
+        None => error,
+    };
+    watcher.stop();
+    explained
+}
+
+/// How the job's ranks form their ring: its secret, its name, the ring's timeout.
+struct Ring {
+    secret: String,
+    job_id: String,
+    op_timeout_secs: u64,
+}
+
+impl Ring {
+    /// Connects `ranks` into a ring through the ports of their `listens` (and a
+    /// decentralized job's mixing groups); restores `resume` or hands out rank 0's
+    /// weights. `regrouped`: the survivors of a loss, whose weights are the model.
+    async fn wire(
+        &self,
+        job: &JobSpec,
+        ranks: &[Rank],
+        listens: &[ListenReply],
+        resume: Option<ResumeFrom>,
+        regrouped: bool,
+        timeout: Duration,
+    ) -> Result<Vec<ConnectReply>, JobError> {
+        let mix_peers: Vec<MixPeer> = if job.optim.sync == SyncChoice::Decentralized {
+            ranks
+                .iter()
+                .map(|rank| MixPeer {
+                    ip: rank
+                        .place
+                        .ip
+                        .parse()
+                        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
+                    ports: listens[rank.rank as usize].mix_ports.clone(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        call_all(
+            ranks,
+            |rank| {
+                let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
+                let port = listens[next.rank as usize].port;
+                let next_addr = format!("{}:{port}", next.place.ip)
+                    .parse()
+                    .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+                ConnectRequest {
+                    next: next_addr,
+                    secret: self.secret.clone(),
+                    job: self.job_id.clone(),
+                    op_timeout_secs: self.op_timeout_secs,
+                    resume: resume.clone(),
+                    nccl_id: listens[0].nccl_id.clone(),
+                    mix_peers: mix_peers.clone(),
+                    regrouped,
+                }
+            },
+            timeout,
+        )
+        .await
+    }
 }
 
 /// Has every node copy the shards its ranks read into `dir`, a second of copying per call

@@ -57,7 +57,7 @@ pub(crate) fn keep_until(text: &str, global_step: u64, epoch: u64) -> (String, u
             Ok(Value::Object(record)) => {
                 let number = |key: &str| record.get(key).and_then(Value::as_u64);
                 match record.get("kind").and_then(Value::as_str) {
-                    Some("step" | "eval" | "stop" | "late" | "samples") => {
+                    Some("step" | "eval" | "stop" | "late" | "samples" | "regroup") => {
                         number("step").is_none_or(|step| step <= global_step)
                     }
                     Some("epoch") => number("epoch").is_none_or(|e| e < epoch),

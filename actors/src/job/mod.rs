@@ -16,6 +16,7 @@
 mod calls;
 mod coordinator;
 mod driver;
+mod elastic;
 mod error;
 mod loaders;
 mod metrics;
@@ -87,6 +88,18 @@ pub struct JobSettings {
     /// The cluster's failure-detection window: how long the head may take to name a
     /// failed rank after a healthy one has seen it go.
     pub dead_after_ms: u64,
+    /// Go on without lost ranks (`train.elastic`); none: a lost rank fails the job.
+    #[serde(default)]
+    pub elastic: Option<Elastic>,
+}
+
+/// How far an elastic job shrinks (`train.elastic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Elastic {
+    /// The fewest ranks it goes on with (`train.min_world`).
+    pub min_world: u32,
+    /// The losses it survives (`train.max_failures`); the next one fails it.
+    pub max_failures: u32,
 }
 
 /// What a finished job reports.

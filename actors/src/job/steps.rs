@@ -108,6 +108,44 @@ impl StopControl {
     }
 }
 
+/// Where the step loop stands between calls: the last step every rank completed, with
+/// every rank's loader cursor and the epoch's running sums there. The loop starts from
+/// one (a fresh job's start, a checkpoint's, or where an elastic job lost a rank) and
+/// keeps one up to date, so that a job that loses a rank knows where to go on from.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Position {
+    pub(super) epoch: u64,
+    pub(super) global_step: u64,
+    pub(super) step_in_epoch: u64,
+    /// Every rank's cursor (none at an epoch's start).
+    pub(super) cursors: Vec<RankCursor>,
+    pub(super) sums: EpochSums,
+}
+
+impl Position {
+    pub(super) fn resumed(resume: Option<&ResumeFrom>) -> Position {
+        let Some(r) = resume else {
+            return Position::default();
+        };
+        let mid = r.state.step_in_epoch > 0;
+        Position {
+            epoch: r.state.epoch,
+            global_step: r.state.global_step,
+            step_in_epoch: r.state.step_in_epoch,
+            cursors: if mid {
+                r.state.cursors.clone()
+            } else {
+                Vec::new()
+            },
+            sums: if mid {
+                r.state.epoch_sums
+            } else {
+                EpochSums::default()
+            },
+        }
+    }
+}
+
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
 /// need.
 pub(super) struct RunningJob<'a> {
@@ -119,6 +157,10 @@ pub(super) struct RunningJob<'a> {
     pub(super) node_ranks: &'a [u32],
     pub(super) stop: &'a StopControl,
     pub(super) output: &'a dyn JobOutput,
+    /// The epoch an elastic job regrouped in, and its steps in the smaller world: its
+    /// cursors are the regrouped plan's, which a resume does not make, so it
+    /// checkpoints again at its end.
+    pub(super) regrouped: Option<(u64, u64)>,
 }
 
 impl RunningJob<'_> {
@@ -132,11 +174,18 @@ impl RunningJob<'_> {
         cursors: Vec<RankCursor>,
         sums: EpochSums,
     ) -> Result<(), JobError> {
+        if step_in_epoch > 0 && self.regrouped.is_some_and(|(e, _)| e == epoch) {
+            tracing::info!(
+                name,
+                "no checkpoint in the middle of the epoch the job regrouped in"
+            );
+            return Ok(());
+        }
         let state = CheckpointState {
             epoch,
             global_step,
             step_in_epoch,
-            world: self.ranks.len() as u32,
+            world: self.node_ranks.iter().sum(),
             node_ranks: self.node_ranks.to_vec(),
             cursors,
             model: self.job.model.kind.name().to_string(),
@@ -237,6 +286,41 @@ impl RunningJob<'_> {
 }
 
 impl RunningJob<'_> {
+    /// An elastic job that cannot go on after a loss (`error` says why): a checkpoint at
+    /// `at`, the step its surviving ranks rolled back to (unless the newest one is
+    /// there), and the job's error saying where to continue from.
+    pub(super) async fn checkpoint_after_loss(&self, error: JobError, at: &Position) -> JobError {
+        let newest = self.stop.progress().checkpoint.clone();
+        let saved =
+            if at.global_step == 0 || newest.is_some_and(|c| c.global_step == at.global_step) {
+                Ok(())
+            } else {
+                let name = if at.step_in_epoch == 0 {
+                    format!("epoch-{:04}", at.epoch)
+                } else {
+                    format!("step-{:08}", at.global_step)
+                };
+                let place = (at.epoch, at.global_step, at.step_in_epoch);
+                self.save(&name, place, at.cursors.clone(), at.sums).await
+            };
+        let world: u32 = self.node_ranks.iter().sum();
+        let checkpoint = match (saved, &self.stop.progress().checkpoint) {
+            (Err(failed), _) => format!(
+                "; the checkpoint at step {} failed: {failed}",
+                at.global_step
+            ),
+            (Ok(()), Some(newest)) => format!(
+                "; checkpoint {} (step {}): continue with --resume {} once the cluster has \
+                 room for the job's {world} ranks",
+                newest.dir.display(),
+                newest.global_step,
+                self.run_dir.display()
+            ),
+            (Ok(()), None) => "; no checkpoint was written".to_string(),
+        };
+        JobError::Refused(format!("{error}{checkpoint}"))
+    }
+
     /// Evaluates on the val shards (split across ranks) and records the result:
     /// `(top1, top5)`, or none without val samples.
     pub(super) async fn evaluate(
@@ -309,11 +393,15 @@ pub(super) fn step_figures(samples: u64, ranks: &[&StepRecord]) -> StepFigures {
     }
 }
 
+/// Runs the job's steps from `start` to its end; `at` follows the last step every rank
+/// completed, and `summary` gathers what the job reports.
 pub(super) async fn train_loop(
     run: &RunningJob<'_>,
     metrics: &mut Metrics,
-    resume: Option<&ResumeFrom>,
-) -> Result<JobSummary, JobError> {
+    start: &Position,
+    at: &mut Position,
+    summary: &mut JobSummary,
+) -> Result<(), JobError> {
     let RunningJob {
         settings: train,
         job,
@@ -325,38 +413,35 @@ pub(super) async fn train_loop(
     } = *run;
     let long = Duration::from_secs(train.step_timeout_secs.max(10));
     let started = Instant::now();
-    let (first_epoch, mut step_in_epoch) = match resume {
-        Some(r) => (r.state.epoch, r.state.step_in_epoch),
-        None => (0, 0),
-    };
-    let mut summary = JobSummary {
-        run_dir: run_dir.to_path_buf(),
-        top1: None,
-        top5: None,
-        first_loss: None,
-        last_loss: None,
-        images_per_s: 0.0,
-    };
-    let mut global_step = resume.map_or(0, |r| r.state.global_step);
+    let (first_epoch, mut step_in_epoch) = (start.epoch, start.step_in_epoch);
+    summary.run_dir = run_dir.to_path_buf();
+    let mut global_step = start.global_step;
+    *at = start.clone();
     let (mut total_images, mut total_train_s) = (0u64, 0.0f64);
-    output.info(format!(
-        "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
-        "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
-    ));
     for epoch in first_epoch..job.optim.epochs {
+        let steps = match run.regrouped {
+            Some((regrouped, steps)) if regrouped == epoch => steps,
+            _ => steps_per_epoch,
+        };
         output.event(JobEvent::EpochStarted {
             epoch,
-            steps: steps_per_epoch,
+            steps,
             position: step_in_epoch,
         });
         let epoch_started = Instant::now();
         // A resumed epoch's summary counts the steps before its checkpoint too.
-        let mut sums = match resume {
-            Some(r) if epoch == r.state.epoch && r.state.step_in_epoch > 0 => r.state.epoch_sums,
-            _ => EpochSums::default(),
+        let resumed = epoch == start.epoch && start.step_in_epoch > 0;
+        let mut sums = if resumed {
+            start.sums
+        } else {
+            EpochSums::default()
         };
         let (mut images, mut busy_s, mut wait_s) = (0u64, 0.0f64, 0.0f64);
-        let mut cursors: Vec<RankCursor> = Vec::new();
+        let mut cursors: Vec<RankCursor> = if resumed {
+            start.cursors.clone()
+        } else {
+            Vec::new()
+        };
         let mut chunk = 1u64;
         let mut done = false;
         let mut received: Vec<EpochReceived> = Vec::new();
@@ -516,6 +601,13 @@ pub(super) async fn train_loop(
             step_in_epoch = first.step_in_epoch;
             done = first.epoch_done;
             cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
+            *at = Position {
+                epoch,
+                global_step,
+                step_in_epoch,
+                cursors: cursors.clone(),
+                sums,
+            };
             if let (Some(last), Some(figures)) = (first.steps.last(), last_figures) {
                 output.event(JobEvent::Stepped {
                     epoch,
@@ -546,6 +638,11 @@ pub(super) async fn train_loop(
             }
         }
         output.event(JobEvent::EpochEnded { epoch });
+        *at = Position {
+            epoch: epoch + 1,
+            global_step,
+            ..Position::default()
+        };
         let epoch_s = epoch_started.elapsed().as_secs_f64();
         total_images += images;
         total_train_s += busy_s;
@@ -621,7 +718,7 @@ pub(super) async fn train_loop(
         }
     }
     summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
-    Ok(summary)
+    Ok(())
 }
 
 #[cfg(test)]

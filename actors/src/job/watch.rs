@@ -52,6 +52,10 @@ pub(crate) struct FailureWatcher {
 pub struct RankFailure {
     pub message: String,
     pub origin: FailureOrigin,
+    /// The rank it is about (none: the head).
+    pub rank: Option<u32>,
+    /// Whether the rank is gone with its process or node, not by its own error.
+    pub loss: bool,
 }
 
 impl FailureWatcher {
@@ -69,7 +73,13 @@ impl FailureWatcher {
                     Err(error) if client.connection().is_closed() => {
                         let message = format!("{LOST_HEAD} {}: {error}", client.head());
                         let origin = FailureOrigin::Here;
-                        let _ = tx.send(RankFailure { message, origin }).await;
+                        let failure = RankFailure {
+                            message,
+                            origin,
+                            rank: None,
+                            loss: false,
+                        };
+                        let _ = tx.send(failure).await;
                         return;
                     }
                     Err(_) => {
@@ -83,8 +93,13 @@ impl FailureWatcher {
                         let node = event.node.unwrap_or(*node);
                         let message =
                             format!("rank {rank} (node {node}) {}: {}", event.kind, event.reason);
-                        let origin = event.origin;
-                        let _ = tx.send(RankFailure { message, origin }).await;
+                        let failure = RankFailure {
+                            message,
+                            origin: event.origin,
+                            rank: Some(*rank),
+                            loss: runtime::is_loss_reason(&event.reason),
+                        };
+                        let _ = tx.send(failure).await;
                     }
                 }
             }
@@ -111,6 +126,15 @@ impl FailureWatcher {
             Some(failure) => failure,
             None => std::future::pending().await,
         }
+    }
+
+    /// The failures reported so far, without waiting.
+    pub(crate) fn reported(&mut self) -> Vec<RankFailure> {
+        let mut seen = Vec::new();
+        while let Ok(failure) = self.failures.try_recv() {
+            seen.push(failure);
+        }
+        seen
     }
 
     pub(crate) fn stop(&self) {

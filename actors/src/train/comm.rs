@@ -8,6 +8,22 @@ use std::thread::JoinHandle;
 
 use super::ddp::SyncError;
 
+/// Every communication thread of this process ends the job it runs (and then itself)
+/// when this changes: [`abort_all`].
+fn aborts() -> &'static tokio::sync::watch::Sender<u64> {
+    static ABORTS: std::sync::OnceLock<tokio::sync::watch::Sender<u64>> =
+        std::sync::OnceLock::new();
+    ABORTS.get_or_init(|| tokio::sync::watch::Sender::new(0))
+}
+
+/// Aborts the job every communication thread of this process runs now: it answers
+/// with its `aborted` value and ends, dropping its connections (so its peers see them
+/// end). An elastic job's trainers do this when a peer is lost, so that none waits in a
+/// collective for a rank that will not answer.
+pub(crate) fn abort_all() {
+    aborts().send_modify(|n| *n += 1);
+}
+
 /// A thread that owns a connection state and runs jobs `J` on it, answering `R` for each.
 pub(super) struct CommThread<J, R> {
     jobs: Option<mpsc::Sender<J>>,
@@ -24,17 +40,20 @@ impl<J, R> std::fmt::Debug for CommThread<J, R> {
 impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
     /// Starts thread `name`. It forms its state with `connect` on its own runtime (where
     /// the state's sockets then live) and hands back `describe(&state)`, then runs every
-    /// job sent with `run`.
+    /// job sent with `run`; a job cut short by [`abort_all`] is answered
+    /// `aborted(&state)`.
     pub(super) fn start<S, E, T, F, Fut, D, H>(
         name: &str,
         connect: F,
         describe: D,
         mut run: H,
+        aborted: fn(&S) -> R,
     ) -> Result<(Self, T), SyncError>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<S, E>>,
         E: Into<SyncError>,
+        S: 'static,
         D: FnOnce(&S) -> T + Send + 'static,
         T: Send + 'static,
         H: AsyncFnMut(&mut S, J) -> R + Send + 'static,
@@ -63,8 +82,18 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
                     }
                 };
                 let _ = ready_tx.send(Ok(describe(&state)));
+                let mut abort = aborts().subscribe();
                 while let Ok(job) = job_rx.recv() {
-                    let result = tokio.block_on(run(&mut state, job));
+                    let result = tokio.block_on(async {
+                        tokio::select! {
+                            result = run(&mut state, job) => Some(result),
+                            _ = abort.changed() => None,
+                        }
+                    });
+                    let Some(result) = result else {
+                        let _ = done_tx.send(aborted(&state));
+                        break;
+                    };
                     if done_tx.send(result).is_err() {
                         break;
                     }

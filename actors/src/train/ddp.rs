@@ -502,6 +502,12 @@ impl Comm {
             connect,
             |group: &RingGroup| (group.rank(), group.world()),
             async |group: &mut RingGroup, job| run(group, job).await,
+            |group: &RingGroup| {
+                Err(CollectiveError::Aborted {
+                    rank: group.rank(),
+                    what: "the ring's operation",
+                })
+            },
         )?;
         Ok(Self {
             thread,

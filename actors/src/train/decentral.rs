@@ -49,6 +49,7 @@ impl MixSync {
             async |mixer: &mut Mixer, (step, mut buffer): (u64, Vec<f32>)| {
                 mixer.mix(step, &mut buffer).await.map(|_| buffer)
             },
+            |_: &Mixer| Err(MixError::Aborted),
         )?;
         Ok(Self { thread, sent: None })
     }

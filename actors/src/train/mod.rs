@@ -33,8 +33,8 @@ pub use protocol::{
     LoadersRequest, PreloadReply, PreloadRequest, TrainerMethod,
 };
 pub use records::{
-    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, SamplesRecord,
-    StepMetrics, StopRecord,
+    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, RegroupRecord,
+    SamplesRecord, StepMetrics, StopRecord,
 };
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};
@@ -45,6 +45,6 @@ pub use spec::{
 pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{
     ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
-    ResumeFrom, SaveRequest, StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest,
-    register, secret_hex,
+    RegroupReply, RegroupRequest, ResumeFrom, RollbackReply, RollbackRequest, SaveRequest,
+    StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
 };

@@ -102,6 +102,17 @@ impl TrainerMethod for PhaseRequest {
     type Reply = RankPhase;
 }
 
+/// Aborts the collective the rank's trainer waits in, if any (an elastic job that lost
+/// a peer): its communication threads end their job with an error and drop their
+/// connections, so the trainer's call returns.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AbortRequest {}
+
+impl TrainerMethod for AbortRequest {
+    const NAME: &'static str = "abort";
+    type Reply = ();
+}
+
 struct Board {
     rank: u32,
     phase: Phase,
@@ -230,10 +241,15 @@ struct Monitor;
 
 impl Actor for Monitor {
     fn call(&mut self, method: &str, _payload: &[u8]) -> Result<Vec<u8>, MethodError> {
+        if method == AbortRequest::NAME {
+            super::comm::abort_all();
+            return serde_json::to_vec(&()).map_err(|error| MethodError::new(error.to_string()));
+        }
         if method != PhaseRequest::NAME {
             return Err(MethodError::new(format!(
-                "a trainer's monitor has no method '{method}' (it has {})",
-                PhaseRequest::NAME
+                "a trainer's monitor has no method '{method}' (it has {}, {})",
+                PhaseRequest::NAME,
+                AbortRequest::NAME
             )));
         }
         let phase = now().ok_or_else(|| {

@@ -8,8 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, SaveRequest, TrainReply,
-    TrainRequest,
+    ConnectReply, ConnectRequest, DigestReply, EvalReply, ListenReply, RegroupReply,
+    RegroupRequest, RollbackReply, RollbackRequest, SaveRequest, TrainReply, TrainRequest,
 };
 
 /// A trainer method: the request is `Self`, the reply `Self::Reply`.
@@ -120,8 +120,18 @@ impl TrainerMethod for AverageRequest {
     type Reply = AverageReply;
 }
 
+impl TrainerMethod for RollbackRequest {
+    const NAME: &'static str = "rollback";
+    type Reply = RollbackReply;
+}
+
+impl TrainerMethod for RegroupRequest {
+    const NAME: &'static str = "regroup";
+    type Reply = RegroupReply;
+}
+
 /// Every method's name, for an error about one that does not exist.
-pub const METHODS: [&str; 10] = [
+pub const METHODS: [&str; 12] = [
     super::phase::PhaseRequest::NAME,
     PreloadRequest::NAME,
     LoadersRequest::NAME,
@@ -132,4 +142,6 @@ pub const METHODS: [&str; 10] = [
     SaveRequest::NAME,
     DigestRequest::NAME,
     AverageRequest::NAME,
+    RollbackRequest::NAME,
+    RegroupRequest::NAME,
 ];

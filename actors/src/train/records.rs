@@ -25,6 +25,8 @@ pub enum MetricsRecord {
     Late(LateRecord),
     /// The samples one rank trained on in one step (`train.sample_log`).
     Samples(SamplesRecord),
+    /// An elastic job that lost ranks and went on with the others (`train.elastic`).
+    Regroup(RegroupRecord),
     /// A kind from a newer version, kept in the file and skipped by readers.
     #[serde(other)]
     Unknown,
@@ -42,6 +44,7 @@ impl MetricsRecord {
             Self::Stop(_) => "stop",
             Self::Late(_) => "late",
             Self::Samples(_) => "samples",
+            Self::Regroup(_) => "regroup",
             Self::Unknown => "unknown",
         }
     }
@@ -171,6 +174,28 @@ pub struct EpochRecord {
     /// Bad samples and shards skipped over all ranks (`shards.error_policy = "skip"`).
     #[serde(default)]
     pub skipped: u64,
+}
+
+/// An elastic job lost `lost` (old rank numbers) and went on from `step` (the last step
+/// every rank completed; the step in flight was dropped) with `world` ranks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegroupRecord {
+    pub epoch: u64,
+    pub step: u64,
+    /// `step`'s place in `epoch` (0: the epoch's start).
+    pub step_in_epoch: u64,
+    pub lost: Vec<u32>,
+    /// Why, as the head or the ranks said it.
+    pub cause: String,
+    pub world: u32,
+    pub node_ranks: Vec<u32>,
+    /// The global batch and the learning rate (linear rule) from here on.
+    pub global_batch: u64,
+    pub lr: f64,
+    /// Steps the survivors had run past `step` and undid.
+    pub undone: u64,
+    /// From the failure seen to the ring re-formed, in seconds.
+    pub recovery_s: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -192,6 +192,10 @@ pub struct OptimSpec {
     /// Who averages with whom each step under `sync = "decentralized"` (`train.topology`).
     #[serde(default = "default_topology")]
     pub topology: runtime::Topology,
+    /// Survive a lost rank (`train.elastic`): snapshots at every call, and a lost peer
+    /// is an error the job recovers from, not the trainer's end.
+    #[serde(default)]
+    pub elastic: bool,
 }
 
 fn default_topology() -> runtime::Topology {

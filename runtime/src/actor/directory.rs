@@ -52,6 +52,9 @@ use crate::placement::{PlacementError, ReservationId, ResourceTable, Resources, 
 /// failed or could not be placed): they start where they are seen.
 const HERE: FailureOrigin = FailureOrigin::Here;
 
+/// Said of the actors of a node the head lost: `node N lost: why`.
+pub(crate) const NODE_LOST: &str = "lost";
+
 /// The owner of detached actors: no connection's, so none's end kills them, and any
 /// client may stop them.
 pub(crate) const DETACHED_OWNER: &str = "detached";
@@ -683,7 +686,7 @@ impl ActorDirectory {
         table: &ResourceTable,
     ) {
         let lost: HashSet<ReservationId> = lost.into_iter().collect();
-        let reason = format!("node {node} lost: {why}");
+        let reason = format!("node {node} {NODE_LOST}: {why}");
         let holders: Vec<ActorId> = self
             .actors_on(node)
             .filter(|record| record.reservation.is_some_and(|id| lost.contains(&id)))

@@ -32,12 +32,12 @@
 //!   completes; one that had not is skipped).
 
 mod diagnostic;
-mod directory;
+pub(crate) mod directory;
 mod error;
 mod host;
 mod local;
 mod pool;
-mod process;
+pub(crate) mod process;
 mod registry;
 mod worker;
 

@@ -198,6 +198,9 @@ fn kill(child: &mut Child, why: &str) {
     }
 }
 
+/// How the failure of an actor whose worker process ended begins.
+pub(crate) const WORKER_ENDED: &str = "worker process for group";
+
 /// Why a worker's actors failed: how it ended and the last lines it wrote.
 pub(crate) fn describe_end(
     group: &str,
@@ -206,7 +209,7 @@ pub(crate) fn describe_end(
     bad_frame: Option<&str>,
     lines: &[String],
 ) -> String {
-    let mut reason = format!("worker process for group '{group}' (pid {pid}) ");
+    let mut reason = format!("{WORKER_ENDED} '{group}' (pid {pid}) ");
     if let Some(error) = bad_frame {
         reason.push_str(&format!("sent a bad frame ({error}); "));
     }

@@ -98,6 +98,38 @@ impl ActorCallError {
     }
 }
 
+impl ActorCallError {
+    /// Whether the actor is gone with its process or its node (it ended without failing
+    /// by its own error): its worker process ended, its node was lost or closed its
+    /// connection, cannot be reached or does not answer, or it was killed. A program
+    /// that can go on without the actor (an elastic job) tells these from the actor's
+    /// own errors, which would recur wherever its work went.
+    pub fn is_loss(&self) -> bool {
+        match self {
+            ActorCallError::Failed { reason, .. } | ActorCallError::NotRunning { reason, .. } => {
+                is_loss_reason(reason)
+            }
+            ActorCallError::Timeout { .. }
+            | ActorCallError::Ended { .. }
+            | ActorCallError::NodeGone { .. }
+            | ActorCallError::Unreachable { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Whether an actor's failure `reason` (in its error or its event) says its worker
+/// process ended or its node was lost, rather than the actor failing by itself.
+pub fn is_loss_reason(reason: &str) -> bool {
+    let node_lost = reason.strip_prefix("node ").is_some_and(|rest| {
+        rest.split_once(' ').is_some_and(|(id, rest)| {
+            id.chars().all(|c| c.is_ascii_digit())
+                && rest.starts_with(&format!("{}:", crate::actor::directory::NODE_LOST))
+        })
+    });
+    node_lost || reason.starts_with(crate::actor::process::WORKER_ENDED)
+}
+
 fn last_failure(reason: &str) -> String {
     if reason.is_empty() {
         String::new()
@@ -109,6 +141,24 @@ fn last_failure(reason: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn losses_are_told_from_an_actors_own_failures() {
+        assert!(is_loss_reason(
+            "worker process for group 'g' (pid 4) killed by signal 9 (SIGKILL); no stderr output"
+        ));
+        assert!(is_loss_reason("node 3 lost: no heartbeat for 3000 ms"));
+        assert!(!is_loss_reason("rank 1 epoch 0: bad shard"));
+        assert!(!is_loss_reason("node 3 failed to decode"));
+        let failed = |reason: &str| ActorCallError::Failed {
+            actor: ActorId(1),
+            node: NodeId(2),
+            reason: reason.to_string(),
+            origin: FailureOrigin::Here,
+        };
+        assert!(failed("node 2 lost: gone").is_loss());
+        assert!(!failed("the loss diverged").is_loss());
+    }
 
     #[test]
     fn errors_name_the_actor_the_node_and_why() {

@@ -44,6 +44,9 @@ pub enum MixError {
     },
     #[error("rank {rank} is not below the world size {world}")]
     NoSuchRank { rank: u32, world: usize },
+    /// Its owner gave up on the mixing in flight (a peer is lost); the mixer is dropped.
+    #[error("mixing was aborted: a peer is lost")]
+    Aborted,
     #[error("rank {rank}: no address for rank {peer} of the group {group:?}")]
     NoAddress {
         rank: u32,

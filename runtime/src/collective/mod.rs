@@ -166,4 +166,8 @@ pub enum CollectiveError {
     Mismatch { rank: usize, detail: String },
     #[error("rank {rank}: the group failed earlier and cannot be used")]
     Poisoned { rank: usize },
+    /// Its owner gave up on the operation in flight (a peer was lost and the job goes on
+    /// without it); the group is dropped.
+    #[error("rank {rank}: {what} was aborted: a peer is lost")]
+    Aborted { rank: usize, what: &'static str },
 }

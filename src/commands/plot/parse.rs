@@ -139,6 +139,7 @@ impl Metrics {
             | MetricsRecord::Stop(_)
             | MetricsRecord::Late(_)
             | MetricsRecord::Samples(_)
+            | MetricsRecord::Regroup(_)
             | MetricsRecord::Unknown => {}
         }
         Ok(())

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use actors::job::{JobRequest, JobSettings};
+use actors::job::{Elastic, JobRequest, JobSettings};
 use actors::train::{
     DataSpec, JobSpec, ModelSpec, OptimSpec, ScheduleSpec, SgdConfig, ShardSet, SourceSpec,
 };
@@ -76,6 +76,7 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
             allreduce,
             sync: train.sync,
             topology: train.topology,
+            elastic: train.elastic,
         },
     })
 }
@@ -338,6 +339,10 @@ pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::R
             runs_dir: PathBuf::from(&train.runs_dir),
             name: train.name.clone(),
             dead_after_ms: config.cluster.dead_after_ms,
+            elastic: train.elastic.then_some(Elastic {
+                min_world: train.min_world,
+                max_failures: train.max_failures,
+            }),
         },
         resume,
     })

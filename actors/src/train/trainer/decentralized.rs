@@ -125,7 +125,7 @@ impl Trainer {
             .sum(&mut sums)
             .map_err(|e| ring_failure(rank, "summing the step's figures", &e))?;
         let samples = sums[2];
-        let lr = self.schedule.lr_at(self.global_step);
+        let lr = self.schedule.lr_at(self.lr_step());
         let loss_scale = self.scaler.scale();
         // Every rank sums the same flags, so all take the same verdict.
         let verdict = self.scaler.update(sums[3] == 0.0);

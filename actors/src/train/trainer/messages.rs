@@ -50,6 +50,10 @@ pub struct ConnectRequest {
     /// Every rank's mixing ports, by rank (decentralized jobs).
     #[serde(default)]
     pub mix_peers: Vec<MixPeer>,
+    /// The survivors of a loss re-form the ring: the model is the one they hold (no
+    /// `model.init`).
+    #[serde(default)]
+    pub regrouped: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -46,7 +46,10 @@ use super::spec::{
 use super::weights;
 
 mod decentralized;
+mod elastic;
 mod messages;
+
+pub use elastic::{RegroupReply, RegroupRequest, RollbackReply, RollbackRequest};
 
 pub use messages::{
     ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
@@ -116,6 +119,12 @@ struct Trainer {
     preloader: Option<pipelines::Preloader>,
     /// The loader actors that run this rank's loader workers (`data.loaders = "remote"`).
     remote: Option<crate::load::RemoteWorkers>,
+    /// An elastic job's state at the start of the last `train` call.
+    snapshot: Option<elastic::Snapshot>,
+    /// The rest of an epoch after a regroup: its plan for this world.
+    continued: Option<(u64, pipelines::Plan)>,
+    /// Added to the global step to read the schedule, after a regroup.
+    lr_offset: i64,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -227,6 +236,9 @@ impl Trainer {
             std,
             preloader: None,
             remote: None,
+            snapshot: None,
+            continued: None,
+            lr_offset: 0,
             init,
             data_ip: ctx.data_ip(),
         })
@@ -339,7 +351,8 @@ impl Trainer {
         let mut own_replica = false;
         if let Some(resume) = &request.resume {
             own_replica = self.restore(resume)?;
-        } else if let (0, Some(path)) = (rank, &self.init.job.model.init) {
+        } else if let (0, Some(path), false) = (rank, &self.init.job.model.init, request.regrouped)
+        {
             // Rank 0's weights are everyone's: the broadcast below hands them out.
             weights::load_init(&self.model, path)
                 .map_err(|e| MethodError::fatal(format!("rank 0: model.init: {e}")))?;
@@ -541,10 +554,7 @@ impl Trainer {
     }
 
     fn start_epoch(&mut self, epoch: u64) -> Result<(), MethodError> {
-        let plan = self
-            .planner
-            .plan(epoch)
-            .map_err(|e| MethodError::fatal(format!("planning epoch {epoch}: {e}")))?;
+        let plan = self.epoch_plan(epoch)?;
         let planned = plan.steps().ok_or_else(|| {
             MethodError::fatal(format!(
                 "epoch {epoch}: the ranks' batch counts are unknown"
@@ -583,6 +593,7 @@ impl Trainer {
     }
 
     fn train(&mut self, request: TrainRequest) -> Result<TrainReply, MethodError> {
+        self.take_snapshot();
         if self
             .running
             .as_ref()
@@ -643,7 +654,10 @@ impl Trainer {
             running.steps += 1;
             let data_wait_s = step_started.elapsed().as_secs_f64();
             phase::enter(Phase::Computing);
-            let mut step = self.step(&batch)?;
+            let mut step = match self.step(&batch) {
+                Ok(step) => step,
+                Err(error) => return Err(self.survive(error)),
+            };
             if request.sample_ids {
                 step.sample_ids = batch.ids.iter().map(ToString::to_string).collect();
             }
@@ -690,6 +704,7 @@ impl Trainer {
         let mut extra = self.forward_backward(batch)?;
         let compute_s = computing.elapsed().as_secs_f64();
         phase::enter(Phase::Averaging);
+        let lr_step = self.lr_step();
         let sync = self
             .sync
             .as_mut()
@@ -702,7 +717,7 @@ impl Trainer {
                 (1.0 / self.scaler.scale()) as f32,
             )
             .map_err(|e| ring_failure(self.init.rank, "averaging gradients", &e))?;
-        let lr = self.schedule.lr_at(self.global_step);
+        let lr = self.schedule.lr_at(lr_step);
         let loss_scale = self.scaler.scale();
         // Every rank sees the same averaged bits, so all take the same verdict.
         let verdict = self.scaler.update(stats.finite);
@@ -967,6 +982,8 @@ impl Trainer {
             SaveRequest::NAME => answer(payload, |request| self.save(request)),
             DigestRequest::NAME => answer(payload, |_: DigestRequest| self.digest()),
             AverageRequest::NAME => answer(payload, |_: AverageRequest| self.average()),
+            RollbackRequest::NAME => answer(payload, |request| self.rollback(request)),
+            RegroupRequest::NAME => answer(payload, |request| self.regroup(request)),
             other => Err(MethodError::new(format!(
                 "trainers have no method `{other}` ({})",
                 METHODS.join(", ")
@@ -1004,8 +1021,9 @@ pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodEr
                 | CollectiveError::Io { .. }
                 | CollectiveError::Timeout { .. }
                 | CollectiveError::Poisoned { .. }
+                | CollectiveError::Aborted { .. }
         )
-    );
+    ) || matches!(error, SyncError::Mix(runtime::MixError::Aborted));
     if peer {
         MethodError::fatal(format!("rank {rank}: {what} ({PEER_FAILURE}): {error}"))
             .caused_elsewhere()

@@ -1,0 +1,220 @@
+//! An elastic job's side of the trainer (`train.elastic`): the state at the start of
+//! every `train` call, kept so that a step in flight when a rank is lost can be dropped
+//! by every survivor alike (`rollback`), and the move to a smaller world (`regroup`):
+//! a new rank number, the rest of the epoch dealt over the survivors
+//! (`pipelines::regroup`), and the learning rate of the smaller global batch.
+//!
+//! The job's coordinator holds every rank's loader cursor as of the end of the last
+//! call all ranks answered; survivors roll back to the state they had then, whether
+//! their own call failed, ended, or never ran a step, so all of them continue from the
+//! same model, optimiser and step, and no batch counts twice.
+
+use pipelines::{ClusterShape, Plan, Rank, RankCursor};
+use runtime::{FailureOrigin, MethodError};
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::super::scaler::ScalerState;
+use super::{Trainer, fatal, schedule};
+
+/// The trainer's state at the start of a `train` call.
+pub(super) struct Snapshot {
+    global_step: u64,
+    /// Parameters, then buffers (copies).
+    tensors: Vec<Tensor>,
+    momentum: Vec<(String, Tensor)>,
+    scaler: Option<ScalerState>,
+}
+
+/// Drops the step in flight: the trainer goes back to its state when the job's last
+/// completed call ended, at `global_step`, and forgets its ring and its epoch's loader.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RollbackRequest {
+    pub global_step: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RollbackReply {
+    /// Steps undone (0 when the rank had run none past `global_step`).
+    pub undone: u64,
+}
+
+/// Makes the trainer rank `rank` of a smaller world (after a rollback): the survivors
+/// are the old ranks `survivors`, in order; `cursors` are every old rank's cursors in
+/// epoch `epoch` as of the rollback (empty at an epoch's start); `lr` is the learning
+/// rate after the linear scaling rule for the new global batch.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RegroupRequest {
+    pub rank: u32,
+    pub node_ranks: Vec<u32>,
+    pub survivors: Vec<u32>,
+    pub epoch: u64,
+    pub cursors: Vec<RankCursor>,
+    pub lr: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RegroupReply {
+    /// Steps of epoch `epoch` (those run plus those left) in the new world.
+    pub steps_in_epoch: u64,
+    /// Batches this rank has left in that epoch with data, and empty ones.
+    pub left: u64,
+    pub empty: u64,
+    /// Loader workers this rank runs for the rest of the epoch.
+    pub workers: u32,
+    /// Steps of a whole epoch in the new world.
+    pub steps_per_epoch: u64,
+}
+
+impl Trainer {
+    pub(super) fn elastic(&self) -> bool {
+        self.init.job.optim.elastic
+    }
+
+    /// Keeps the state a rollback returns to (an elastic job, at every call's start).
+    pub(super) fn take_snapshot(&mut self) {
+        if !self.elastic() {
+            return;
+        }
+        let _no_grad = tch::no_grad_guard();
+        self.snapshot = Some(Snapshot {
+            global_step: self.global_step,
+            tensors: self
+                .params
+                .iter()
+                .chain(&self.buffers)
+                .map(Tensor::copy)
+                .collect(),
+            momentum: self.sgd.state(),
+            scaler: self.scaler.state(),
+        });
+    }
+
+    /// An elastic job's trainer survives a lost peer: the error is for the job, which
+    /// rolls every survivor back; the ring is dropped (so its other peers see it end at
+    /// once) and the epoch's loader with it.
+    pub(super) fn survive(&mut self, error: MethodError) -> MethodError {
+        if !self.elastic() || error.origin() != FailureOrigin::Elsewhere {
+            return error;
+        }
+        self.sync = None;
+        self.running = None;
+        MethodError::new(error.message()).caused_elsewhere()
+    }
+
+    pub(super) fn rollback(
+        &mut self,
+        request: RollbackRequest,
+    ) -> Result<RollbackReply, MethodError> {
+        self.sync = None;
+        self.running = None;
+        self.listener = None;
+        let rank = self.init.rank;
+        if self.global_step == request.global_step {
+            return Ok(RollbackReply { undone: 0 });
+        }
+        let Some(snapshot) = self
+            .snapshot
+            .take()
+            .filter(|s| s.global_step == request.global_step)
+        else {
+            return Err(MethodError::fatal(format!(
+                "rank {rank}: cannot roll back to step {}: it is at step {} and kept no \
+                 state from then",
+                request.global_step, self.global_step
+            )));
+        };
+        let targets: Vec<&Tensor> = self.params.iter().chain(&self.buffers).collect();
+        let _no_grad = tch::no_grad_guard();
+        for (target, saved) in targets.into_iter().zip(&snapshot.tensors) {
+            target
+                .shallow_clone()
+                .f_copy_(saved)
+                .map_err(|e| fatal("rolling back")(e.to_string()))?;
+        }
+        self.sgd
+            .load_state(&snapshot.momentum)
+            .map_err(fatal("rolling back the optimiser"))?;
+        if let Some(saved) = snapshot.scaler {
+            self.scaler.restore(saved);
+        }
+        let undone = self.global_step - snapshot.global_step;
+        self.global_step = snapshot.global_step;
+        Ok(RollbackReply { undone })
+    }
+
+    pub(super) fn regroup(&mut self, request: RegroupRequest) -> Result<RegroupReply, MethodError> {
+        let old_rank = self.init.rank;
+        let fail = |what: String| MethodError::fatal(format!("rank {old_rank}: {what}"));
+        let workers = self.init.job.data.loader_workers.max(1);
+        let shape = ClusterShape::with_node_ranks(request.node_ranks.clone(), workers);
+        let survivors: Vec<Rank> = request.survivors.iter().map(|&r| Rank(r)).collect();
+        let mut reply = RegroupReply::default();
+        let mut continued: Option<(u64, Plan, RankCursor)> = None;
+        if !request.cursors.is_empty() {
+            let plan = self.epoch_plan(request.epoch)?;
+            let regrouped = pipelines::regroup(&plan, &request.cursors, &survivors, shape.clone())
+                .map_err(|e| fail(format!("epoch {}: {e}", request.epoch)))?;
+            let mine = request.rank as usize;
+            let (cursor, left) = regrouped
+                .cursors
+                .get(mine)
+                .cloned()
+                .zip(regrouped.left.get(mine).copied())
+                .ok_or_else(|| fail(format!("no rank {} among the survivors", request.rank)))?;
+            reply.steps_in_epoch = regrouped.plan.steps().unwrap_or(0);
+            (reply.left, reply.empty) = left;
+            reply.workers = regrouped.plan.ranks[mine].workers.len() as u32;
+            continued = Some((request.epoch, regrouped.plan, cursor));
+        }
+        let planner = self
+            .init
+            .job
+            .data
+            .train_planner(shape.clone(), self.init.job.optim.batch_size)
+            .map_err(|e| fail(format!("training plan for {}: {e}", shape.layout())))?;
+        let steps_per_epoch = planner
+            .plan(0)
+            .map_err(|e| fail(format!("planning for {}: {e}", shape.layout())))?
+            .steps()
+            .ok_or_else(|| fail("the new world's batch counts are unknown".to_string()))?;
+        // The schedule keeps its shape in epochs: the same point of training, counted in
+        // the smaller world's (more numerous) steps, at the new global batch's rate.
+        let position =
+            self.lr_step() as f64 * steps_per_epoch as f64 / self.steps_per_epoch.max(1) as f64;
+        self.init.job.optim.lr = request.lr;
+        self.schedule = schedule(&self.init, steps_per_epoch);
+        self.lr_offset = position.round() as i64 - self.global_step as i64;
+        self.init.rank = request.rank;
+        self.init.world = request.survivors.len() as u32;
+        self.init.node_ranks = request.node_ranks;
+        self.shape = shape;
+        self.planner = planner;
+        self.steps_per_epoch = steps_per_epoch;
+        if reply.steps_in_epoch == 0 {
+            reply.steps_in_epoch = steps_per_epoch;
+        }
+        reply.steps_per_epoch = steps_per_epoch;
+        self.resume_cursor = continued.as_ref().map(|(_, _, c)| c.clone());
+        self.continued = continued.map(|(epoch, plan, _)| (epoch, plan));
+        super::phase::start(request.rank);
+        Ok(reply)
+    }
+
+    /// The plan of `epoch` this rank runs: the regrouped one after a loss in it.
+    pub(super) fn epoch_plan(&self, epoch: u64) -> Result<Plan, MethodError> {
+        if let Some((at, plan)) = &self.continued
+            && *at == epoch
+        {
+            return Ok(plan.clone());
+        }
+        self.planner
+            .plan(epoch)
+            .map_err(|e| MethodError::fatal(format!("planning epoch {epoch}: {e}")))
+    }
+
+    /// The step the learning-rate schedule is at.
+    pub(super) fn lr_step(&self) -> u64 {
+        (self.global_step as i64 + self.lr_offset).max(0) as u64
+    }
+}
