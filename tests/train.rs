@@ -1133,17 +1133,14 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
 fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_once() {
     let cluster = TrainCluster::start_with(1);
     let total: u64 = cluster.train_counts().iter().sum();
-    let dir = cluster.data.train_dir.display().to_string();
-    let slow =
-        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\"");
-    let manifest = format!("data.manifest=\"{dir}/manifest.json\"");
+    let slow = slow_train_sets(&cluster.data);
     let sets = [
         "data.mode=\"split\"",
         "train.elastic=true",
         "train.min_world=2",
         "train.sample_log=true",
-        slow.as_str(),
-        manifest.as_str(),
+        slow[0].as_str(),
+        slow[1].as_str(),
     ];
     let epochs = 3;
     let mut job = cluster.job("elastic", epochs, &sets, false);
@@ -1190,6 +1187,23 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_
     eprintln!("regrouped: {regroup}");
     // Every epoch: each sample exactly once over every step and rank, before the loss
     // and after it.
+    assert_each_sample_once(&records, epochs, total);
+    // The steps after the loss go on from where every rank had completed.
+    let steps: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "global steps run on without a gap or a repeat: {steps:?}"
+    );
+    cluster.assert_settled();
+}
+
+/// Each sample of the training set (`total`) exactly once in each of `epochs`, over the
+/// `samples` records of every step and rank.
+fn assert_each_sample_once(records: &[Value], epochs: u64, total: u64) {
     for epoch in 0..epochs {
         let mut ids: Vec<&str> = records
             .iter()
@@ -1203,17 +1217,130 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_
         assert_eq!(ids.len(), served, "epoch {epoch}: a sample served twice");
         assert_eq!(served as u64, total, "epoch {epoch}: samples served");
     }
-    // The steps after the loss go on from where every rank had completed.
-    let steps: Vec<u64> = records
-        .iter()
-        .filter(|r| r["kind"] == "step")
-        .filter_map(|r| r["step"].as_u64())
-        .collect();
+}
+
+/// The training set of `data` through a command that waits a second before each shard,
+/// and its manifest: an epoch takes seconds and stalls in its middle.
+fn slow_train_sets(data: &Dataset) -> [String; 2] {
+    let dir = data.train_dir.display().to_string();
+    [
+        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
+        format!("data.manifest=\"{dir}/manifest.json\""),
+    ]
+}
+
+/// An elastic job that falls below `train.min_world` fails, with a checkpoint at the
+/// last step every rank completed, and `--resume` continues from it.
+#[test]
+fn an_elastic_job_below_its_minimum_world_fails_with_a_checkpoint_it_resumes_from() {
+    let cluster = TrainCluster::start();
+    let slow = slow_train_sets(&cluster.data);
+    let sets = [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.min_world=2",
+        slow[0].as_str(),
+        slow[1].as_str(),
+    ];
+    let mut job = cluster.job("small", 3, &sets, false);
+    cluster.wait_for_steps(&mut job, "small", 2);
+    let workers = workers_of(cluster.node.daemon_pids()[0]);
+    assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
+    kill_process(pid_of(workers[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    let out = job.finish(JOB_LIMIT);
+    assert!(!out.status.success(), "{}", out.describe());
+    let error = &out.stderr;
     assert!(
-        steps.windows(2).all(|w| w[1] == w[0] + 1),
-        "global steps run on without a gap or a repeat: {steps:?}"
+        error.contains("fewer than train.min_world = 2") && error.contains("--resume"),
+        "{}",
+        out.describe()
     );
+    let run = cluster.runs.join("small");
+    let last = last_step_value(&metrics(&run))
+        .and_then(|v| v.as_u64())
+        .expect("a step record");
+    let state = read_json(&checkpoint_dir(&run).join("state.json"));
+    assert_eq!(
+        state["global_step"].as_u64(),
+        Some(last),
+        "the checkpoint is not at the last step every rank completed: {state}"
+    );
+    eprintln!("checkpoint at step {last}:\n{error}");
+    let resumed = cluster
+        .job_with(
+            "small",
+            3,
+            &sets,
+            false,
+            &["--resume".to_string(), run.display().to_string()],
+        )
+        .finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
     cluster.assert_settled();
+}
+
+/// An elastic job whose node is cut off by a partition (the veth link between the
+/// head's and the node's network namespaces goes down: no packet answered, no link
+/// closed): the survivor, waiting in the ring for a peer that will not answer, is
+/// aborted out of it once the head declares the node lost, and trains on alone to the
+/// end, each sample of every epoch once. Needs root and `ip`.
+#[test]
+fn an_elastic_job_cut_off_from_a_node_by_a_partition_goes_on_without_it() {
+    let net = match Netns::create() {
+        Ok(net) => net,
+        Err(missing) => return common::skip::skip_or_fail(&missing),
+    };
+    let root = tempfile::tempdir().expect("temp dir");
+    let (head, node) = net.machines(root.path());
+    let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
+    let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "0"]);
+    assert!(out.status.success(), "join failed:\n{}", describe(&out));
+    wait_alive(&head, 2, Duration::from_secs(10));
+    let data = Dataset::synth(root.path());
+    let runs = root.path().join("runs");
+    let epochs = 4;
+    let mut args = data.args(&runs, "cut", epochs);
+    let slow = slow_train_sets(&data);
+    for set in [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.sample_log=true",
+        &slow[0],
+        &slow[1],
+    ] {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    let mut job = Job::start(&head, &args, root.path());
+    common::train::wait_for_steps(&mut job, &runs.join("cut"), 2);
+    net.cut();
+    let cut_at = Instant::now();
+    let out = job.finish(JOB_LIMIT);
+    eprintln!("link cut: the job ended {:?} later", cut_at.elapsed());
+    assert!(out.status.success(), "{}", out.describe());
+    assert!(
+        out.stdout.contains("replicas: identical on all 1 ranks"),
+        "{}",
+        out.describe()
+    );
+    let records = metrics(&runs.join("cut"));
+    let regroup = records
+        .iter()
+        .find(|r| r["kind"] == "regroup")
+        .unwrap_or_else(|| panic!("no regroup record:\n{}", out.describe()));
+    eprintln!("regrouped: {regroup}");
+    assert_eq!(regroup["world"], 1, "{regroup}");
+    let total: u64 = {
+        let manifest = read_json(&data.train_dir.join("manifest.json"));
+        manifest["shards"]
+            .as_array()
+            .expect("shards")
+            .iter()
+            .map(|s| s["samples"].as_u64().expect("samples"))
+            .sum()
+    };
+    assert_each_sample_once(&records, epochs, total);
+    net.restore();
+    head.run_ok(&["stop", "--all"]);
 }
 
 /// A network partition mid-job: the veth link between the head's and the node's network
