@@ -1126,11 +1126,14 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
 /// Elastic training (`train.elastic`): three CPU trainers on three nodes, split epochs
 /// whose shards come through a command that waits a second before each, so an epoch
 /// stalls in its middle. At the first step of epoch 1, one trainer's process is
-/// SIGKILLed. The job goes on with the other two without a checkpoint, finishes, and the
-/// per-sample log shows every sample of every epoch served exactly once (the lost rank's
-/// unread samples by the survivors, none twice); the two replicas agree at the end.
+/// SIGKILLed. The job goes on with the other two without a checkpoint; at the next
+/// epoch's start, the node the trainer ran on has room again and the job grows back to
+/// three (the new trainer takes the model and optimiser state from rank 0). The job
+/// finishes, the per-sample log shows every sample of every epoch served exactly once
+/// (the lost rank's unread samples by the survivors, none twice), the global steps run
+/// on without a gap or a repeat, and the three replicas agree at the end.
 #[test]
-fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_once() {
+fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_each_sample_once() {
     let cluster = TrainCluster::start_with(1);
     let total: u64 = cluster.train_counts().iter().sum();
     let slow = slow_train_sets(&cluster.data);
@@ -1142,7 +1145,7 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_
         slow[0].as_str(),
         slow[1].as_str(),
     ];
-    let epochs = 3;
+    let epochs = 4;
     let mut job = cluster.job("elastic", epochs, &sets, false);
     let run = cluster.runs.join("elastic");
     wait_for(JOB_LIMIT, "the first step of epoch 1", || {
@@ -1170,21 +1173,24 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_and_serves_each_sample_
     let said = format!("{}{}", out.stdout, out.stderr);
     assert!(said.contains("elastic: lost rank(s)"), "{}", out.describe());
     assert!(
-        said.contains("replicas: identical on all 2 ranks"),
+        said.contains("replicas: identical on all 3 ranks"),
         "{}",
         out.describe()
     );
     let records = metrics(&run);
     let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
-    assert_eq!(regroups.len(), 1, "one regroup record: {regroups:?}");
-    let regroup = regroups[0];
-    assert_eq!(regroup["world"], 2, "{regroup}");
+    eprintln!("regrouped: {regroups:?}");
+    assert_eq!(regroups.len(), 2, "a shrink, then a growth: {regroups:?}");
+    let (shrink, growth) = (regroups[0], regroups[1]);
+    assert_eq!(shrink["world"], 2, "{shrink}");
+    assert_eq!(shrink["lost"].as_array().map(Vec::len), Some(1), "{shrink}");
+    assert_eq!(growth["world"], 3, "{growth}");
+    assert_eq!(growth["lost"].as_array().map(Vec::len), Some(0), "{growth}");
     assert_eq!(
-        regroup["lost"].as_array().map(Vec::len),
-        Some(1),
-        "{regroup}"
+        growth["step_in_epoch"], 0,
+        "grown at an epoch's start: {growth}"
     );
-    eprintln!("regrouped: {regroup}");
+    assert_eq!(growth["epoch"], 2, "{growth}");
     // Every epoch: each sample exactly once over every step and rank, before the loss
     // and after it.
     assert_each_sample_once(&records, epochs, total);

@@ -790,3 +790,52 @@ fn regrouping_refuses_cursors_it_cannot_continue() {
     cursors[2].steps += 1;
     assert!(refused(&cursors, &[Rank(0), Rank(1)], two).contains("same step"));
 }
+
+/// Under `drop`, the regrouped ranks are cut to the shortest one: equal steps, no sample
+/// twice, and the plan says how many batches it dropped.
+#[test]
+fn a_regroup_under_drop_cuts_the_ranks_to_the_shortest_and_repeats_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shards = write_shards(dir.path(), &[23, 17, 30, 9, 21, 14]);
+    let planner = planned(shards, ClusterShape::new(3, 1, 2), 4, |c| {
+        c.policy = BatchPolicy::Drop { nbatches: None };
+    });
+    let plan = planner.plan(0).expect("plan");
+    let loader = loader(|_| {});
+    let (before, cursors) = run_until(&loader, &plan, 2, eval(8));
+    let regrouped = pipelines::regroup(
+        &plan,
+        &cursors,
+        &[Rank(1), Rank(2)],
+        ClusterShape::with_node_ranks(vec![1, 1], 2),
+    )
+    .expect("regroup");
+    let steps = regrouped.plan.steps().expect("consistent under drop");
+    let mut ids: Vec<SampleId> = before.iter().flatten().flat_map(|s| s.1.clone()).collect();
+    for rank in 0..2u32 {
+        let rest: Vec<Seen> = loader
+            .epoch(
+                &regrouped.plan,
+                Rank(rank),
+                eval(8),
+                Some(&regrouped.cursors[rank as usize]),
+            )
+            .expect("the rest starts")
+            .map(|b| seen(&b.expect("batch")))
+            .collect();
+        assert_eq!(rest.len() as u64 + 2, steps, "rank {rank}");
+        assert!(
+            rest.iter().all(|s| !s.1.is_empty()),
+            "no empty batch under drop"
+        );
+        ids.extend(rest.into_iter().flat_map(|s| s.1));
+    }
+    let served = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), served, "no sample twice");
+    let dropped: u64 = regrouped.plan.ranks.iter().map(|r| r.dropped_batches).sum();
+    let (left, empty): (Vec<u64>, Vec<u64>) = regrouped.left.iter().copied().unzip();
+    assert!(left.iter().all(|&l| l == left[0]) && empty.iter().all(|&e| e == 0));
+    eprintln!("served {served} of 114 samples; {dropped} batch(es) dropped by the regroup");
+}

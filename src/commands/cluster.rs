@@ -328,7 +328,10 @@ fn background(
             }
         }
     };
-    println!("{message}\n\nlog: {}", log.display());
+    // The daemon runs whether or not anyone reads this: a closed standard output (`|
+    // grep -m1`) is no failure, and no panic.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{message}\n\nlog: {}", log.display()).and_then(|()| out.flush());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -206,6 +206,11 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
         for line in actors::job::sync_lines(train.sync, train.topology, &node_ranks) {
             println!("{}", line.trim_start());
         }
+        let elastic = train.elastic.then_some(actors::job::Elastic {
+            min_world: train.min_world,
+            max_failures: train.max_failures,
+        });
+        println!("{}", actors::job::elastic_line(elastic).trim_start());
     }
     // The job's own check: what `imgrun train` would refuse, this refuses.
     match actors::job::trainable_steps(&plan) {

@@ -13,10 +13,12 @@ use super::calls::{Rank, call_all, to_json};
 use super::elastic::{self, World};
 use super::loaders;
 use super::metrics::{Metrics, rewind};
-use super::steps::{Position, RunningJob, Saved, StopControl, train_loop};
+use super::steps::{Grow, LoopEnd, Position, RunningJob, Saved, StopControl, train_loop};
 use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
-use super::{HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary};
+use super::{
+    Elastic, HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary,
+};
 use crate::train::phase::MONITOR_KIND;
 use crate::train::{
     AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, ConnectReply, ConnectRequest,
@@ -103,7 +105,14 @@ pub async fn run(
             step_in_epoch: r.state.step_in_epoch,
         });
     }
-    for line in plan_lines(&job, &places, &node_ranks, global_batch, &run_dir) {
+    for line in plan_lines(
+        &job,
+        &places,
+        &node_ranks,
+        global_batch,
+        settings.elastic,
+        &run_dir,
+    ) {
         output.info(line);
     }
     let metrics_path = run_dir.join("metrics.jsonl");
@@ -140,7 +149,8 @@ pub async fn run(
         || run_dir.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let ranks = spawn_trainers(client, trainers, &job, &job_name, &places, &node_ranks).await?;
+    let ranks =
+        spawn_trainers(client, trainers, &job, &job_name, &places, (&node_ranks, 0)).await?;
     stop.set_ranks(&ranks, client);
     let long = Duration::from_secs(settings.step_timeout_secs.max(10));
     if let Some(dir) = &job.data.sources.preload_dir {
@@ -206,6 +216,8 @@ pub async fn run(
     };
     let mut regrouped = None;
     let mut failures = 0u32;
+    // An elastic job grows back up to the world it started with.
+    let max_world = world.ranks.len();
     output.info(format!(
         "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
         "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
@@ -224,6 +236,10 @@ pub async fn run(
                 stop,
                 output,
                 regrouped,
+                grow: settings.elastic.map(|_| Grow {
+                    client,
+                    max_world: max_world as usize,
+                }),
             };
             tokio::select! {
                 result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
@@ -231,9 +247,26 @@ pub async fn run(
             }
         };
         let error = match (result, settings.elastic) {
-            (Ok(()), _) => {
+            (Ok(LoopEnd::Done), _) => {
                 watcher.stop();
                 break Ok(());
+            }
+            (Ok(LoopEnd::Grow(places)), _) => {
+                watcher.stop();
+                let seen = std::time::Instant::now();
+                let old_lr = job.optim.lr;
+                let context = (client, trainers, job_name.as_str());
+                let (new_world, listens, mut record) =
+                    elastic::grow(context, &mut job, &settings, &world, &places, &at).await?;
+                ring.wire(&job, &new_world.ranks, &listens, None, true, long)
+                    .await?;
+                record.recovery_s = seen.elapsed().as_secs_f64();
+                output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
+                metrics.write(&MetricsRecord::Regroup(record))?;
+                world = new_world;
+                start = at.clone();
+                regrouped = None;
+                continue;
             }
             (Err(error), Some(elastic)) => {
                 let seen = std::time::Instant::now();
@@ -261,6 +294,7 @@ pub async fn run(
                                     stop,
                                     output,
                                     regrouped,
+                                    grow: None,
                                 };
                                 break Err(running.checkpoint_after_loss(error, &at).await);
                             }
@@ -447,23 +481,25 @@ async fn preload(
     Ok(())
 }
 
-/// Spawns one trainer per place, each labelled with the job's name and its rank (what
-/// `imgrun status` shows), for a world of `node_ranks[i]` ranks on node `i`.
-async fn spawn_trainers(
+/// Spawns one trainer per place, ranks `first..` in order, each labelled with the job's
+/// name and its rank (what `imgrun status` shows), for a world of `node_ranks[i]` ranks
+/// on node `i`.
+pub(super) async fn spawn_trainers(
     client: &ClusterClient,
     trainers: &Trainers,
     job: &JobSpec,
     job_name: &str,
     places: &[RankPlace],
-    node_ranks: &[u32],
+    (node_ranks, first): (&[u32], u32),
 ) -> Result<Vec<Rank>, JobError> {
-    let world = places.len() as u32;
+    let world: u32 = node_ranks.iter().sum();
     // Unique per job, also among the jobs of one coordinator host (the head's daemon).
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let group = format!("train-{}-{serial}", std::process::id());
     let mut tasks = tokio::task::JoinSet::new();
-    for (r, place) in places.iter().enumerate() {
+    for (i, place) in places.iter().enumerate() {
+        let r = first as usize + i;
         let init = TrainerInit {
             rank: r as u32,
             world,
@@ -627,6 +663,7 @@ fn plan_lines(
     places: &[RankPlace],
     node_ranks: &[u32],
     global_batch: u64,
+    elastic: Option<Elastic>,
     run_dir: &Path,
 ) -> Vec<String> {
     let world = places.len();
@@ -684,8 +721,22 @@ fn plan_lines(
         format!("  epochs      {}", job.optim.epochs),
     ];
     lines.extend(sync_lines(job.optim.sync, job.optim.topology, node_ranks));
+    lines.push(elastic_line(elastic));
     lines.push(format!("  run         {}", run_dir.display()));
     lines
+}
+
+/// What a job does when it loses trainers (`train.elastic`), as the plans print it.
+pub fn elastic_line(elastic: Option<Elastic>) -> String {
+    match elastic {
+        None => "  elastic     off: a lost trainer fails the job (continue it with --resume)"
+            .to_string(),
+        Some(elastic) => format!(
+            "  elastic     on: the others go on without a lost trainer, down to {} rank(s), \
+             for up to {} loss(es)",
+            elastic.min_world, elastic.max_failures
+        ),
+    }
 }
 
 /// How the replicas are kept together, as the plans print it: for a decentralized job,

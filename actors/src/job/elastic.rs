@@ -22,12 +22,13 @@
 
 use std::time::Duration;
 
-use runtime::ClusterClient;
+use runtime::{ClusterClient, Resources};
 
 use super::calls::{Rank, call_all, call_one};
 use super::error::During as _;
 use super::steps::Position;
 use super::watch::FailureWatcher;
+use super::world::{RankPlace, Trainers, node_ip};
 use super::{Elastic, JobError, JobSettings};
 use crate::train::phase::AbortRequest;
 use crate::train::{
@@ -74,34 +75,19 @@ pub(super) async fn find_losses(
     if error.interrupted().is_some() || super::watch::head_lost(client).await.is_some() {
         return Err(error);
     }
-    // What the head said so far: a rank that failed by its own error ends the job.
-    let mut lost: Vec<(u32, String)> = Vec::new();
-    for failure in watcher.reported() {
-        match failure.rank {
-            Some(rank) if failure.loss => lost.push((rank, failure.message)),
-            Some(_) if failure.origin == runtime::FailureOrigin::Here => {
-                return Err(JobError::Refused(format!(
-                    "{}\n  (train.elastic goes on without lost ranks, not after a rank's own \
-                     error)",
-                    failure.message
-                )));
-            }
-            _ => {}
-        }
-    }
     // No survivor waits in a collective for a rank that will not answer: each one's
-    // monitor aborts it (a lost rank's does not answer, which is fine).
-    abort_collectives(&world.ranks).await;
-    // Every rank that still answers rolls back, once the call it may still be in ends.
+    // monitor aborts it (a lost rank's does not answer, which is fine). The aborts must
+    // be over before the survivors form a new ring, which one would end.
+    let aborts = tokio::spawn(abort_collectives(world.ranks.clone()));
+    // Every rank that still answers rolls back, once the call it may still be in ends; a
+    // rank is lost when its call says it is gone, or when the head says so first (a
+    // lost node: after the failure-detection window).
     let wait = Duration::from_millis(settings.dead_after_ms) + Duration::from_secs(5);
     let request = RollbackRequest {
         global_step: at.global_step,
     };
     let mut tasks = tokio::task::JoinSet::new();
     for rank in &world.ranks {
-        if lost.iter().any(|(r, _)| *r == rank.rank) {
-            continue;
-        }
         let rank = rank.clone();
         let request = request.clone();
         tasks.spawn(async move {
@@ -109,29 +95,69 @@ pub(super) async fn find_losses(
             (rank, answer)
         });
     }
+    let mut lost: Vec<(u32, String)> = Vec::new();
     let mut survivors = Vec::new();
     let mut undone = 0;
-    while let Some(joined) = tasks.join_next().await {
-        let (rank, answer) =
-            joined.map_err(|e| JobError::Refused(format!("a rollback task failed: {e}")))?;
-        match answer {
-            Ok(reply) => {
-                undone = undone.max(reply.undone);
-                survivors.push(rank);
-            }
-            Err(JobError::Call(call)) if call.error.is_loss() => {
-                // Fenced: cut off but maybe alive, it must not come back into the job.
-                let _ = rank.actor.kill().await;
-                lost.push((rank.rank, format!("{}: {}", rank.name(), call.error)));
-            }
-            Err(other) => {
-                return Err(JobError::Refused(format!(
-                    "{}\n  (then, rolling back: {other})",
-                    error
-                )));
-            }
+    let own_error = |message: String| {
+        JobError::Refused(format!(
+            "{message}\n  (train.elastic goes on without lost ranks, not after a rank's own \
+             error)"
+        ))
+    };
+    // The head's word that ended the step loop, if it did.
+    if let JobError::RankFailed(failure) = &error
+        && let Some(rank) = failure.rank
+    {
+        if failure.loss {
+            lost.push((rank, failure.message.clone()));
+        } else if failure.origin == runtime::FailureOrigin::Here {
+            return Err(own_error(failure.message.clone()));
         }
     }
+    while survivors.len() + lost.len() < world.ranks.len() {
+        tokio::select! {
+            joined = tasks.join_next() => {
+                let Some(joined) = joined else { break };
+                let (rank, answer) = joined
+                    .map_err(|e| JobError::Refused(format!("a rollback task failed: {e}")))?;
+                if lost.iter().any(|(r, _)| *r == rank.rank) {
+                    continue;
+                }
+                match answer {
+                    Ok(reply) => {
+                        undone = undone.max(reply.undone);
+                        survivors.push(rank);
+                    }
+                    Err(JobError::Call(call)) if call.error.is_loss() => {
+                        // Fenced: cut off but maybe alive, it must not come back.
+                        let _ = rank.actor.kill().await;
+                        lost.push((rank.rank, format!("{}: {}", rank.name(), call.error)));
+                    }
+                    Err(other) => {
+                        return Err(JobError::Refused(format!(
+                            "{error}\n  (then, rolling back: {other})"
+                        )));
+                    }
+                }
+            }
+            failure = watcher.failure() => match failure.rank {
+                Some(rank)
+                    if failure.loss
+                        && !lost.iter().any(|(r, _)| *r == rank)
+                        && !survivors.iter().any(|s: &Rank| s.rank == rank) =>
+                {
+                    lost.push((rank, failure.message));
+                }
+                Some(_) if failure.loss => {}
+                Some(_) if failure.origin == runtime::FailureOrigin::Here => {
+                    return Err(own_error(failure.message));
+                }
+                _ => {}
+            },
+        }
+    }
+    tasks.abort_all();
+    let _ = aborts.await;
     if lost.is_empty() {
         // Everyone answered: the failure was no loss (a timeout, a refusal).
         return Err(error);
@@ -148,9 +174,9 @@ pub(super) async fn find_losses(
 
 /// Has every rank's monitor abort the collective its trainer waits in, for at most a
 /// second.
-async fn abort_collectives(ranks: &[Rank]) {
+async fn abort_collectives(ranks: Vec<Rank>) {
     let mut tasks = tokio::task::JoinSet::new();
-    for rank in ranks {
+    for rank in &ranks {
         let Some(monitor) = &rank.monitor else {
             continue;
         };
@@ -274,6 +300,20 @@ pub(super) async fn regroup(
 
 /// What the job says when it regrouped.
 pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64) -> String {
+    if record.lost.is_empty() {
+        return format!(
+            "elastic: {}; growing from {old_world} to {} ranks at epoch {} (global step {}); \
+             global batch {}, lr {old_lr:.4} -> {:.4}; the new ranks took the model and \
+             optimiser state from rank 0, in {:.1} s",
+            record.cause,
+            record.world,
+            record.epoch,
+            record.step,
+            record.global_batch,
+            record.lr,
+            record.recovery_s
+        );
+    }
     format!(
         "elastic: lost rank(s) {:?} ({}); going on with {} of {old_world} ranks from global \
          step {} (step {} of epoch {}){}; global batch {}, lr {old_lr:.4} -> {:.4} (each rank \
@@ -293,4 +333,146 @@ pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64
         record.lr,
         record.recovery_s
     )
+}
+
+/// Places for up to `want` more trainers on live nodes that run none of the job's ranks,
+/// of the job's kind: one CPU trainer on a node with a CPU free, or one GPU trainer per
+/// free GPU. None when the cluster cannot be asked.
+pub(super) async fn room_to_grow(
+    client: &ClusterClient,
+    ranks: &[Rank],
+    settings: &JobSettings,
+    want: usize,
+) -> Vec<RankPlace> {
+    let Ok(status) = client.status().await else {
+        return Vec::new();
+    };
+    let gpu = ranks.first().is_some_and(|r| r.place.gpu);
+    let mut places = Vec::new();
+    for node in status.live_nodes() {
+        if ranks.iter().any(|r| r.place.node == node.id) {
+            continue;
+        }
+        let cpus = u64::from(node.cpus.max(1));
+        let used = |kind: &str| node.used.get(kind).copied().unwrap_or(0);
+        let free_cpu_millis = (cpus * 1000).saturating_sub(used(Resources::CPU));
+        let slots = if gpu {
+            (node.gpus.len() as u64).saturating_sub(used(Resources::GPU))
+        } else {
+            u64::from(free_cpu_millis >= 1000)
+        };
+        for _ in 0..slots {
+            if places.len() >= want {
+                return places;
+            }
+            let threads = match settings.threads {
+                0 if gpu => (cpus / slots.max(1)).max(1) as u32,
+                0 => (free_cpu_millis / 1000).max(1) as u32,
+                t => t,
+            };
+            places.push(RankPlace {
+                node: node.id,
+                ip: node_ip(node),
+                gpu,
+                threads,
+                cpu_millis: if gpu { 0 } else { free_cpu_millis },
+            });
+        }
+    }
+    places
+}
+
+/// Grows the job at an epoch's start (`at`) onto `places`: the ranks let go of their
+/// ring, take their place in the larger world (new ranks after the old, the learning
+/// rate for the larger global batch), the new trainers start, and every rank binds a
+/// ring port; the caller wires the ring, over which the new ranks receive the model and
+/// the optimiser state.
+pub(super) async fn grow(
+    (client, trainers, job_name): (&ClusterClient, &Trainers, &str),
+    job: &mut JobSpec,
+    settings: &JobSettings,
+    world: &World,
+    places: &[RankPlace],
+    at: &Position,
+) -> Result<(World, Vec<ListenReply>, RegroupRecord), JobError> {
+    let long = Duration::from_secs(settings.step_timeout_secs.max(10));
+    let mut node_ranks = world.node_ranks.clone();
+    let mut last = None;
+    for place in places {
+        if last == Some(place.node)
+            && let Some(count) = node_ranks.last_mut()
+        {
+            *count += 1;
+        } else {
+            node_ranks.push(1);
+            last = Some(place.node);
+        }
+    }
+    let old = world.ranks.len() as u32;
+    let n: u32 = node_ranks.iter().sum();
+    let global_batch = job.optim.batch_size * u64::from(n);
+    let lr = scaled_lr(settings.lr, global_batch, settings.reference_batch.max(1));
+    let request = RollbackRequest {
+        global_step: at.global_step,
+    };
+    call_all(&world.ranks, |_| request.clone(), long)
+        .await
+        .during(|| "the ranks letting go of their ring to grow".to_string())?;
+    let survivors: Vec<u32> = (0..old).collect();
+    call_all::<RegroupRequest>(
+        &world.ranks,
+        |rank| RegroupRequest {
+            rank: rank.rank,
+            node_ranks: node_ranks.clone(),
+            survivors: survivors.clone(),
+            epoch: at.epoch,
+            cursors: Vec::new(),
+            lr,
+        },
+        long,
+    )
+    .await
+    .during(|| "the ranks taking their place in the larger world".to_string())?;
+    job.optim.lr = lr;
+    let joined =
+        super::driver::spawn_trainers(client, trainers, job, job_name, places, (&node_ranks, old))
+            .await?;
+    let mut ranks = world.ranks.clone();
+    ranks.extend(joined);
+    let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)
+        .await
+        .during(|| "the larger world binding its ring ports".to_string())?;
+    if let Some(bad) = listens
+        .iter()
+        .position(|l| l.steps_per_epoch != listens[0].steps_per_epoch)
+    {
+        return Err(JobError::Refused(format!(
+            "ranks disagree on the larger world's epoch: rank 0 plans {} steps, rank {bad} {}",
+            listens[0].steps_per_epoch, listens[bad].steps_per_epoch
+        )));
+    }
+    let nodes: Vec<String> = places.iter().map(|p| format!("node {}", p.node)).collect();
+    let record = RegroupRecord {
+        epoch: at.epoch,
+        step: at.global_step,
+        step_in_epoch: 0,
+        lost: Vec::new(),
+        cause: format!("room for {} more on {}", places.len(), nodes.join(", ")),
+        world: n,
+        node_ranks: node_ranks.clone(),
+        global_batch,
+        lr,
+        undone: 0,
+        recovery_s: 0.0,
+    };
+    let steps_per_epoch = listens[0].steps_per_epoch;
+    Ok((
+        World {
+            ranks,
+            node_ranks,
+            steps_per_epoch,
+        },
+        listens,
+        record,
+    ))
 }

@@ -36,7 +36,7 @@ pub use coordinator::{
     FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, STOP_GRACE,
     StatusRequest, register,
 };
-pub use driver::{RankCallError, RankFailure, newest_run, run, sync_lines};
+pub use driver::{RankCallError, RankFailure, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;

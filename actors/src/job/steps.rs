@@ -146,6 +146,22 @@ impl Position {
     }
 }
 
+/// How the step loop ended without an error.
+pub(super) enum LoopEnd {
+    /// The job's last epoch is done.
+    Done,
+    /// An elastic job found room for more trainers at an epoch's end: these places.
+    Grow(Vec<super::world::RankPlace>),
+}
+
+/// An elastic job that may grow at its epochs' ends: the cluster to look for room in, and
+/// the most ranks it may have.
+#[derive(Clone, Copy)]
+pub(super) struct Grow<'a> {
+    pub(super) client: &'a runtime::ClusterClient,
+    pub(super) max_world: usize,
+}
+
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
 /// need.
 pub(super) struct RunningJob<'a> {
@@ -161,6 +177,8 @@ pub(super) struct RunningJob<'a> {
     /// cursors are the regrouped plan's, which a resume does not make, so it
     /// checkpoints again at its end.
     pub(super) regrouped: Option<(u64, u64)>,
+    /// Whether (and up to how many ranks) the job grows at its epochs' ends.
+    pub(super) grow: Option<Grow<'a>>,
 }
 
 impl RunningJob<'_> {
@@ -401,7 +419,7 @@ pub(super) async fn train_loop(
     start: &Position,
     at: &mut Position,
     summary: &mut JobSummary,
-) -> Result<(), JobError> {
+) -> Result<LoopEnd, JobError> {
     let RunningJob {
         settings: train,
         job,
@@ -716,9 +734,20 @@ pub(super) async fn train_loop(
             run.save(&name, at, Vec::new(), EpochSums::default())
                 .await?;
         }
+        if let Some(grow) = run.grow
+            && !last_epoch
+            && ranks.len() < grow.max_world
+        {
+            let want = grow.max_world - ranks.len();
+            let places = super::elastic::room_to_grow(grow.client, ranks, train, want).await;
+            if !places.is_empty() {
+                summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
+                return Ok(LoopEnd::Grow(places));
+            }
+        }
     }
     summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
-    Ok(())
+    Ok(LoopEnd::Done)
 }
 
 #[cfg(test)]

@@ -128,15 +128,6 @@ impl FailureWatcher {
         }
     }
 
-    /// The failures reported so far, without waiting.
-    pub(crate) fn reported(&mut self) -> Vec<RankFailure> {
-        let mut seen = Vec::new();
-        while let Ok(failure) = self.failures.try_recv() {
-            seen.push(failure);
-        }
-        seen
-    }
-
     pub(crate) fn stop(&self) {
         self.task.abort();
     }

@@ -148,12 +148,7 @@ pub fn plan_world(
             0 => (cpus / here).max(1),
             t => t,
         };
-        let ip = node
-            .address
-            .rsplit_once(':')
-            .map_or(node.address.as_str(), |(ip, _)| ip)
-            .trim_matches(['[', ']'])
-            .to_string();
+        let ip = node_ip(node);
         for _ in 0..here {
             ranks.push(RankPlace {
                 node: node.id,
@@ -166,6 +161,15 @@ pub fn plan_world(
     }
     per_node.retain(|&c| c > 0);
     Ok((ranks, per_node))
+}
+
+/// The node's IP, where its trainers' ring ports are reached.
+pub(super) fn node_ip(node: &runtime::NodeStatus) -> String {
+    node.address
+        .rsplit_once(':')
+        .map_or(node.address.as_str(), |(ip, _)| ip)
+        .trim_matches(['[', ']'])
+        .to_string()
 }
 
 /// `want` slots taken round-robin over nodes with `free` slots each.

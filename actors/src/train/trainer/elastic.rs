@@ -14,6 +14,7 @@ use runtime::{FailureOrigin, MethodError};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::super::ddp::GradSync;
 use super::super::scaler::ScalerState;
 use super::{Trainer, fatal, schedule};
 
@@ -186,7 +187,7 @@ impl Trainer {
         self.schedule = schedule(&self.init, steps_per_epoch);
         self.lr_offset = position.round() as i64 - self.global_step as i64;
         self.init.rank = request.rank;
-        self.init.world = request.survivors.len() as u32;
+        self.init.world = request.node_ranks.iter().sum();
         self.init.node_ranks = request.node_ranks;
         self.shape = shape;
         self.planner = planner;
@@ -211,6 +212,49 @@ impl Trainer {
         self.planner
             .plan(epoch)
             .map_err(|e| MethodError::fatal(format!("planning epoch {epoch}: {e}")))
+    }
+
+    /// Gives every rank of a re-formed ring rank 0's optimiser state, step and schedule
+    /// position (a trainer that joined a growing job has none of its own).
+    pub(super) fn share_state(&mut self, sync: &mut GradSync) -> Result<(), MethodError> {
+        let rank = self.init.rank;
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            MethodError::fatal(format!("rank {rank}: sharing the {what}: {e}"))
+        };
+        let momentum = self.sgd.state_or_zeros();
+        let tensors: Vec<Tensor> = momentum.iter().map(|(_, t)| t.shallow_clone()).collect();
+        sync.broadcast(&tensors, 0)
+            .map_err(|e| failed("optimiser state", &e))?;
+        self.sgd
+            .load_state(&momentum)
+            .map_err(|e| failed("optimiser state", &e))?;
+        let scaler = self.scaler.state();
+        // Whole numbers travel as 16-bit pieces, each exact in an f32.
+        let words = [
+            self.global_step,
+            self.lr_offset as u64,
+            scaler.map_or(0, |s| u64::from(s.finite_steps)),
+            scaler.map_or(0, |s| s.scale.to_bits()),
+        ];
+        let mut values: Vec<f32> = words
+            .iter()
+            .flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32))
+            .collect();
+        sync.broadcast_values(&mut values, 0)
+            .map_err(|e| failed("step and schedule", &e))?;
+        let word = |k: usize| {
+            (0..4).fold(0u64, |acc, i| {
+                acc | ((values[4 * k + i] as u64) << (16 * i))
+            })
+        };
+        self.global_step = word(0);
+        self.lr_offset = word(1) as i64;
+        if let Some(mut state) = scaler {
+            state.finite_steps = u32::try_from(word(2)).unwrap_or(u32::MAX);
+            state.scale = f64::from_bits(word(3));
+            self.scaler.restore(state);
+        }
+        Ok(())
     }
 
     /// The step the learning-rate schedule is at.

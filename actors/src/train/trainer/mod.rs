@@ -370,6 +370,9 @@ impl Trainer {
                 MethodError::fatal(format!("rank {rank}: broadcasting weights: {e}"))
             })?;
         }
+        if request.regrouped {
+            self.share_state(&mut sync)?;
+        }
         let buckets = sync.buckets();
         self.sync = Some(sync);
         let allreduce = if self.decentralized() {
@@ -654,10 +657,7 @@ impl Trainer {
             running.steps += 1;
             let data_wait_s = step_started.elapsed().as_secs_f64();
             phase::enter(Phase::Computing);
-            let mut step = match self.step(&batch) {
-                Ok(step) => step,
-                Err(error) => return Err(self.survive(error)),
-            };
+            let mut step = self.step(&batch)?;
             if request.sample_ids {
                 step.sample_ids = batch.ids.iter().map(ToString::to_string).collect();
             }
@@ -959,7 +959,8 @@ impl Actor for Trainer {
             SaveRequest::NAME => phase::enter(Phase::Checkpointing),
             _ => {}
         }
-        let result = self.dispatch(method, payload);
+        // An elastic job's trainer outlives a lost peer in any method.
+        let result = self.dispatch(method, payload).map_err(|e| self.survive(e));
         if method != ListenRequest::NAME && method != PhaseRequest::NAME {
             phase::enter(Phase::Idle);
         }
