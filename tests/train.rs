@@ -19,6 +19,7 @@ use common::train::{
     synth_shards, total_steps, workers_of,
 };
 use common::{Machine, Netns, describe, is_running, node_states, pid_of, wait_alive, wait_for};
+use runtime::FAILPOINTS_VARIABLE;
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
 
@@ -1233,6 +1234,60 @@ fn slow_train_sets(data: &Dataset) -> [String; 2] {
         format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
         format!("data.manifest=\"{dir}/manifest.json\""),
     ]
+}
+
+/// A trainer that crashes right after a gradient average (a failpoint: its process
+/// exits once every rank has the step's average, before it steps): the survivors have
+/// stepped, go on into the next step and fail there, and roll back the steps of the
+/// failed call, so that the step in flight is dropped by all alike. The job goes on
+/// without the lost rank and grows back at the next epoch (where the new trainer, in the
+/// same daemon's environment, crashes at its own 9th step); every sample of every epoch
+/// is still served once, the global steps run on without a gap or a repeat, and the
+/// replicas agree at the end.
+#[test]
+fn an_elastic_job_drops_the_step_a_crashed_rank_took_part_in_on_every_survivor() {
+    let failpoint = [(FAILPOINTS_VARIABLE, "trainer.after_average=exit@9")];
+    let cluster = TrainCluster::start_with_env(1, &failpoint);
+    let total: u64 = cluster.train_counts().iter().sum();
+    let sets = [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.sample_log=true",
+    ];
+    let epochs = 4;
+    let out = cluster.job("crash", epochs, &sets, false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let records = metrics(&cluster.runs.join("crash"));
+    let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
+    eprintln!("regrouped: {regroups:?}");
+    let shrink = regroups.first().expect("a regroup record");
+    assert_eq!(shrink["lost"].as_array().map(Vec::len), Some(1), "{shrink}");
+    assert!(
+        shrink["step"].as_u64().is_some_and(|s| s < 9),
+        "the job goes on from before the crashed step: {shrink}"
+    );
+    assert_each_sample_once(&records, epochs, total);
+    let steps: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "global steps run on without a gap or a repeat: {steps:?}"
+    );
+    // The trainer that grew back on the node crashes at its own 9th step too.
+    let world = regroups
+        .last()
+        .and_then(|r| r["world"].as_u64())
+        .unwrap_or(0);
+    assert!(
+        out.stdout
+            .contains(&format!("replicas: identical on all {world} ranks")),
+        "{}",
+        out.describe()
+    );
+    cluster.assert_settled();
 }
 
 /// An elastic job that falls below `train.min_world` fails, with a checkpoint at the

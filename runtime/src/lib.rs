@@ -17,6 +17,7 @@ pub mod channel;
 mod client;
 mod collective;
 mod daemon;
+mod failpoint;
 mod gpu;
 mod head;
 mod hosting;
@@ -48,6 +49,7 @@ pub use collective::{
     UnknownTopology, node_of_each_rank,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
+pub use failpoint::{FAILPOINT_EXIT, FAILPOINTS_VARIABLE, failpoint};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
 pub use head::{ClusterEvent, Head, HeadConfig, LossReason};
 pub use membership::{

@@ -25,6 +25,8 @@ pub const DEAD_AFTER_MS: &str = "1000";
 pub struct Machine {
     pub state: PathBuf,
     pub netns: Option<String>,
+    /// More environment for its commands (and the daemons they start).
+    pub env: Vec<(String, String)>,
 }
 
 impl Machine {
@@ -32,6 +34,7 @@ impl Machine {
         Machine {
             state: root.join(name),
             netns: None,
+            env: Vec::new(),
         }
     }
 
@@ -52,6 +55,7 @@ impl Machine {
             .env("IMGRUN_CLUSTER__HEARTBEAT_MS", HEARTBEAT_MS)
             .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", DEAD_AFTER_MS)
             .env("IMGRUN_CLUSTER__START_TIMEOUT_SECS", "20")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         command
     }

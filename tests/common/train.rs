@@ -45,9 +45,19 @@ impl TrainCluster {
 
     /// A head, a node and `more` nodes.
     pub fn start_with(more: usize) -> TrainCluster {
+        Self::start_with_env(more, &[])
+    }
+
+    /// A head, a node whose daemon (and so its trainers) has `node_env` in its
+    /// environment, and `more` nodes.
+    pub fn start_with_env(more: usize, node_env: &[(&str, &str)]) -> TrainCluster {
         let root = tempfile::tempdir().expect("temp dir");
         let head = Machine::new(root.path(), "head");
-        let node = Machine::new(root.path(), "node");
+        let mut node = Machine::new(root.path(), "node");
+        node.env = node_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let more: Vec<Machine> = (0..more)
             .map(|i| Machine::new(root.path(), &format!("node{}", i + 2)))
             .collect();

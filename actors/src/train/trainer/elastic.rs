@@ -111,14 +111,18 @@ impl Trainer {
         self.running = None;
         self.listener = None;
         let rank = self.init.rank;
-        if self.global_step == request.global_step {
-            return Ok(RollbackReply { undone: 0 });
-        }
+        // The state from the start of the call that began at that step, even when the
+        // step count did not move: a step that failed after the optimiser stepped (in
+        // the buffers' broadcast) changed the parameters all the same.
         let Some(snapshot) = self
             .snapshot
             .take()
             .filter(|s| s.global_step == request.global_step)
         else {
+            if self.global_step == request.global_step {
+                // No call began there: nothing ran past it.
+                return Ok(RollbackReply { undone: 0 });
+            }
             return Err(MethodError::fatal(format!(
                 "rank {rank}: cannot roll back to step {}: it is at step {} and kept no \
                  state from then",

@@ -717,6 +717,8 @@ impl Trainer {
                 (1.0 / self.scaler.scale()) as f32,
             )
             .map_err(|e| ring_failure(self.init.rank, "averaging gradients", &e))?;
+        // Every rank has the average; this one ends before it steps (tests).
+        runtime::failpoint("trainer.after_average");
         let lr = self.schedule.lr_at(lr_step);
         let loss_scale = self.scaler.scale();
         // Every rank sees the same averaged bits, so all take the same verdict.
