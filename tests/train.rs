@@ -1352,11 +1352,7 @@ fn an_elastic_job_cut_off_from_a_node_by_a_partition_goes_on_without_it() {
         Err(missing) => return common::skip::skip_or_fail(&missing),
     };
     let root = tempfile::tempdir().expect("temp dir");
-    let (head, node) = net.machines(root.path());
-    let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
-    let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "0"]);
-    assert!(out.status.success(), "join failed:\n{}", describe(&out));
-    wait_alive(&head, 2, Duration::from_secs(10));
+    let (head, _node, _) = net.cluster(root.path());
     let data = Dataset::synth(root.path());
     let runs = root.path().join("runs");
     let epochs = 4;
@@ -1416,11 +1412,7 @@ fn a_partition_mid_job_fails_it_naming_the_cut_off_node_which_fences_its_trainer
         Err(missing) => return common::skip::skip_or_fail(&missing),
     };
     let root = tempfile::tempdir().expect("temp dir");
-    let (head, node) = net.machines(root.path());
-    let join = head.start_head(&["--bind", &net.addresses[0], "--num-gpus", "0"]);
-    let out = node.join(&join, &["--bind", &net.addresses[1], "--num-gpus", "0"]);
-    assert!(out.status.success(), "join failed:\n{}", describe(&out));
-    let status = wait_alive(&head, 2, Duration::from_secs(10));
+    let (head, node, status) = net.cluster(root.path());
     let node_id = common::nodes(&status)
         .iter()
         .find(|n| {

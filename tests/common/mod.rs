@@ -343,6 +343,17 @@ impl Netns {
         (head, node)
     }
 
+    /// [`Netns::machines`] as a cluster of no GPUs: the head started on the first
+    /// address, the node joined from the second; with the head's status once both live.
+    pub fn cluster(&self, root: &Path) -> (Machine, Machine, Value) {
+        let (head, node) = self.machines(root);
+        let join = head.start_head(&["--bind", &self.addresses[0], "--num-gpus", "0"]);
+        let out = node.join(&join, &["--bind", &self.addresses[1], "--num-gpus", "0"]);
+        assert!(out.status.success(), "join failed:\n{}", describe(&out));
+        let status = wait_alive(&head, 2, Duration::from_secs(10));
+        (head, node, status)
+    }
+
     /// Cuts the link (both ends down): a partition, with no packet refused.
     pub fn cut(&self) {
         self.set_link("down");

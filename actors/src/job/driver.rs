@@ -225,26 +225,21 @@ pub async fn run(
     let loop_result = loop {
         stop.set_ranks(&world.ranks, client);
         let mut watcher = FailureWatcher::start(client.clone(), &world.ranks);
-        let result = {
-            let running = RunningJob {
-                settings: &settings,
-                job: &job,
-                ranks: &world.ranks,
-                run_dir: &run_dir,
-                steps_per_epoch: world.steps_per_epoch,
-                node_ranks: &world.node_ranks,
-                stop,
-                output,
-                regrouped,
-                grow: settings.elastic.map(|_| Grow {
-                    client,
-                    max_world: max_world as usize,
-                }),
-            };
-            tokio::select! {
-                result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
-                failure = watcher.failure() => Err(JobError::RankFailed(failure)),
-            }
+        let running = RunningJob {
+            settings: &settings,
+            job: &job,
+            ranks: &world.ranks,
+            run_dir: &run_dir,
+            steps_per_epoch: world.steps_per_epoch,
+            node_ranks: &world.node_ranks,
+            stop,
+            output,
+            regrouped,
+            grow: settings.elastic.map(|_| Grow { client, max_world }),
+        };
+        let result = tokio::select! {
+            result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
+            failure = watcher.failure() => Err(JobError::RankFailed(failure)),
         };
         let error = match (result, settings.elastic) {
             (Ok(LoopEnd::Done), _) => {
@@ -279,26 +274,20 @@ pub async fn run(
                         failures += losses.lost.len() as u32;
                         let old_lr = job.optim.lr;
                         let regrouping =
-                            elastic::regroup(&mut job, &settings, elastic, &losses, &at, failures)
+                            elastic::regroup(&job, &settings, elastic, &losses, &at, failures)
                                 .await;
                         let (new_world, listens, mut record, epoch_steps) = match regrouping {
                             Ok(regrouped) => regrouped,
                             Err(error) => {
-                                let running = RunningJob {
-                                    settings: &settings,
-                                    job: &job,
+                                // The survivors hold the model at `at`, in the old world.
+                                let survivors = RunningJob {
                                     ranks: &losses.survivors,
-                                    run_dir: &run_dir,
-                                    steps_per_epoch: world.steps_per_epoch,
-                                    node_ranks: &world.node_ranks,
-                                    stop,
-                                    output,
-                                    regrouped,
-                                    grow: None,
+                                    ..running
                                 };
-                                break Err(running.checkpoint_after_loss(error, &at).await);
+                                break Err(survivors.checkpoint_after_loss(error, &at).await);
                             }
                         };
+                        job.optim.lr = record.lr;
                         ring.wire(&job, &new_world.ranks, &listens, None, true, long)
                             .await?;
                         record.recovery_s = seen.elapsed().as_secs_f64();

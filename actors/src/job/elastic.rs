@@ -192,10 +192,10 @@ async fn abort_collectives(ranks: Vec<Rank>) {
 }
 
 /// The survivors as ranks `0..n` of a smaller world: each regroups (the rest of the
-/// epoch at `at`, the learning rate for the new global batch) and binds a new ring
-/// port; the caller wires the ring.
+/// epoch at `at`, the learning rate for the new global batch, `record.lr`, which the
+/// caller makes the job's) and binds a new ring port; the caller wires the ring.
 pub(super) async fn regroup(
-    job: &mut JobSpec,
+    job: &JobSpec,
     settings: &JobSettings,
     elastic: Elastic,
     losses: &Losses,
@@ -272,7 +272,6 @@ pub(super) async fn regroup(
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)
         .await
         .during(|| "the survivors binding their ring ports".to_string())?;
-    job.optim.lr = lr;
     let record = RegroupRecord {
         epoch: at.epoch,
         step: at.global_step,

@@ -164,6 +164,7 @@ pub(super) struct Grow<'a> {
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
 /// need.
+#[derive(Clone, Copy)]
 pub(super) struct RunningJob<'a> {
     pub(super) settings: &'a JobSettings,
     pub(super) job: &'a JobSpec,
