@@ -115,6 +115,7 @@ EOF
     stepped=$(date +%s.%N)
     wait
     grep -q "elastic: lost rank" "$work/$name.log" || { cat "$work/$name.log"; exit 1; }
+    [ -z "${LOGS:-}" ] || cp -r "$work/$name.log" "$work/head" "$LOGS/"
     after=$(rate "$metrics" $((kill_at + 1)))
     python3 - "$metrics" "$window" "$killed" "$stepped" "$after" <<'EOF'
 import json, sys
@@ -122,7 +123,8 @@ records = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 regroup = next(r for r in records if r.get("kind") == "regroup")
 took = float(sys.argv[4]) - float(sys.argv[3])
 print(f"window {sys.argv[2]:>5} ms: SIGKILL to the first step of 2 ranks {took:5.2f} s "
-      f"(the job's own recovery, failure seen to ring re-formed: {regroup['recovery_s']:.2f} s); "
+      f"(the job: lost rank found {regroup.get('found_s', 0):.2f} s and ring re-formed "
+      f"{regroup['recovery_s']:.2f} s after it saw the failure); "
       f"then {sys.argv[5]} images/s")
 EOF
 done

@@ -271,6 +271,7 @@ pub async fn run(
                     Err(error) => error,
                     Ok(losses) => {
                         watcher.stop();
+                        let found_s = seen.elapsed().as_secs_f64();
                         failures += losses.lost.len() as u32;
                         let old_lr = job.optim.lr;
                         let regrouping =
@@ -290,6 +291,7 @@ pub async fn run(
                         job.optim.lr = record.lr;
                         ring.wire(&job, &new_world.ranks, &listens, None, true, long)
                             .await?;
+                        record.found_s = found_s;
                         record.recovery_s = seen.elapsed().as_secs_f64();
                         output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
                         metrics.write(&MetricsRecord::Regroup(record))?;

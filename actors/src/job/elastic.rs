@@ -184,8 +184,11 @@ async fn abort_collectives(ranks: Vec<Rank>) {
             actor: monitor.clone(),
             ..rank.clone()
         };
+        // Bounded here too: a call to a lost node's actor may outlast its own timeout
+        // while the head relocates it.
+        let wait = Duration::from_secs(1);
         tasks.spawn(async move {
-            let _ = call_one(&asked, &AbortRequest {}, Duration::from_secs(1)).await;
+            let _ = tokio::time::timeout(wait, call_one(&asked, &AbortRequest {}, wait)).await;
         });
     }
     while tasks.join_next().await.is_some() {}
@@ -283,6 +286,7 @@ pub(super) async fn regroup(
         global_batch,
         lr,
         undone: losses.undone,
+        found_s: 0.0,
         recovery_s: 0.0,
     };
     Ok((
@@ -462,6 +466,7 @@ pub(super) async fn grow(
         global_batch,
         lr,
         undone: 0,
+        found_s: 0.0,
         recovery_s: 0.0,
     };
     let steps_per_epoch = listens[0].steps_per_epoch;

@@ -194,6 +194,10 @@ pub struct RegroupRecord {
     pub lr: f64,
     /// Steps the survivors had run past `step` and undid.
     pub undone: u64,
+    /// From the failure seen to the lost ranks known and the survivors rolled back, in
+    /// seconds.
+    #[serde(default)]
+    pub found_s: f64,
     /// From the failure seen to the ring re-formed, in seconds.
     pub recovery_s: f64,
 }
