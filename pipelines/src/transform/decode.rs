@@ -106,14 +106,60 @@ pub(crate) struct DecodeBuffers {
     input: Vec<u8>,
 }
 
-/// What [`decode_top`] left in [`DecodeBuffers::pixels`].
+/// What [`decode_top`] or [`decode_area`] left in [`DecodeBuffers::pixels`]: `height`
+/// rows of `width` RGB8 pixels, a window of the whole image at the decoded scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub width: u32,
     pub height: u32,
-    /// The height the whole image has at the decoded scale: more than `height` when
-    /// only the top rows were decoded.
+    /// The size the whole image has at the decoded scale: more than `width` and `height`
+    /// when only part of it was decoded.
+    pub full_width: u32,
     pub full_height: u32,
+    /// Where the window's first pixel lies in the whole image at the decoded scale.
+    pub left: u32,
+    pub top: u32,
+}
+
+/// Decodes at least `area` (declared pixels) of an image whose header has been checked
+/// into `buffers.pixels`, reduced by `denominator` (1, 2, 4 or 8; JPEG only), as little
+/// else as the decoder allows.
+///
+/// JPEG goes through libjpeg-turbo where the build found it (see `libjpeg.rs`): only
+/// the iMCU columns and rows of `area` are reconstructed. Otherwise, and for CMYK JPEG
+/// and PNG, this is [`decode_top`] down to `area.bottom`.
+pub(crate) fn decode_area(
+    bytes: &[u8],
+    header: &ImageHeader,
+    denominator: u32,
+    area: PixelBox,
+    buffers: &mut DecodeBuffers,
+) -> Result<Frame, TransformError> {
+    #[cfg(imgrun_libjpeg)]
+    if header.format == ImageFormat::Jpeg {
+        let region =
+            super::libjpeg::decode_region(bytes, header, denominator, area, &mut buffers.pixels)?;
+        if let Some(region) = region {
+            return Ok(Frame {
+                width: region.columns,
+                height: region.rows,
+                full_width: region.full_width,
+                full_height: region.full_height,
+                left: region.left,
+                top: region.top,
+            });
+        }
+    }
+    decode_top(bytes, header, denominator, area.bottom, buffers)
+}
+
+/// A box of the declared image in whole pixels, `[left, right) x [top, bottom)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PixelBox {
+    pub left: u32,
+    pub top: u32,
+    pub right: u32,
+    pub bottom: u32,
 }
 
 /// Decodes an image whose header has been checked into `buffers.pixels`, reduced by
@@ -173,7 +219,10 @@ pub(crate) fn decode_top(
     Ok(Frame {
         width,
         height,
+        full_width: width,
         full_height: header.height.div_ceil(actual),
+        left: 0,
+        top: 0,
     })
 }
 
