@@ -7,7 +7,7 @@ use fast_image_resize::Resizer;
 use rand::Rng;
 
 use super::decode::{
-    DecodeBuffers, Frame, ImageHeader, PixelBox, decode_area, read_header, scale_denominator,
+    DecodeBuffers, Frame, ImageHeader, PixelBox, area_scale_denominator, decode_area, read_header,
 };
 use super::resample::{Pixels, SourceBox, resample_into};
 use super::{DecodeLimits, OutputFormat, TransformError};
@@ -349,7 +349,7 @@ fn render_at(
         let factor = (crop_short / f64::from(size)).max(1.0);
         let image_short = f64::from(header.width.min(header.height));
         let needed = (image_short / factor).ceil() as u32;
-        scale_denominator(header, needed.max(crop.min_decoded_short_side))
+        area_scale_denominator(header, needed.max(crop.min_decoded_short_side))
     });
     let needed = needed_pixels(&crop.area, header, denominator, size);
     SCRATCH.with_borrow_mut(|scratch| {
