@@ -392,7 +392,42 @@ fn render_at(
 
 /// Writes `size x size` RGB8 pixels into `out` as normalised float planes (CHW), each
 /// row mirrored when `flip` is set.
+///
+/// Compiled twice: for the baseline target and, where the CPU has it, with AVX2, which
+/// lets the compiler vectorise the split of RGB triples into planes (on 224 x 224, about
+/// 15 us against 54 on this machine; the same values, as no multiply and add is fused).
 fn write_chw(
+    pixels: &[u8],
+    size: usize,
+    flip: bool,
+    normalise: ([f32; 3], [f32; 3]),
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[allow(unsafe_code)] // The CPU has AVX2: checked on the line above.
+        unsafe {
+            write_chw_avx2(pixels, size, flip, normalise, out);
+        }
+        return;
+    }
+    write_chw_any(pixels, size, flip, normalise, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn write_chw_avx2(
+    pixels: &[u8],
+    size: usize,
+    flip: bool,
+    normalise: ([f32; 3], [f32; 3]),
+    out: &mut [f32],
+) {
+    write_chw_any(pixels, size, flip, normalise, out);
+}
+
+#[inline(always)]
+fn write_chw_any(
     pixels: &[u8],
     size: usize,
     flip: bool,
