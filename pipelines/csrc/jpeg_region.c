@@ -88,7 +88,13 @@ int imgrun_jpeg_decode_region(const unsigned char *data, unsigned long len,
         message[0] = '\0';
     }
     if (setjmp(err.jump)) {
+        int code = err.mgr.msg_code;
         jpeg_destroy_decompress(&cinfo);
+        /* Sample precisions and frame types this 8-bit build lacks: another decoder may
+         * have them. */
+        if (code == JERR_BAD_PRECISION || code == JERR_SOF_UNSUPPORTED) {
+            return IMGRUN_JPEG_UNSUPPORTED;
+        }
         return IMGRUN_JPEG_ERROR;
     }
     jpeg_create_decompress(&cinfo);
@@ -96,7 +102,7 @@ int imgrun_jpeg_decode_region(const unsigned char *data, unsigned long len,
     jpeg_read_header(&cinfo, TRUE);
     if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
         cinfo.jpeg_color_space != JCS_RGB) {
-        /* CMYK and YCCK: libjpeg has no conversion to RGB. */
+        /* CMYK and YCCK: libjpeg-turbo 2 has no conversion to RGB. */
         jpeg_destroy_decompress(&cinfo);
         return IMGRUN_JPEG_UNSUPPORTED;
     }

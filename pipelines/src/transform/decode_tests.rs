@@ -589,6 +589,25 @@ fn cut_or_changed_jpeg_through_areas() {
     }
 }
 
+/// A frame of 12-bit samples, which neither the header reader nor an 8-bit libjpeg
+/// takes, is an error that names the precision.
+#[test]
+fn twelve_bit_frame_is_an_error() {
+    let mut bytes = jpeg_420(&picture(64, 48), false);
+    let sof = bytes
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("baseline JPEG has SOF0");
+    bytes[sof + 1] = 0xC1;
+    bytes[sof + 4] = 12;
+    match read_header(&bytes, &DecodeLimits::default()) {
+        Err(TransformError::Undecodable { reason, .. }) => {
+            assert!(reason.contains("12"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// CMYK JPEG, which libjpeg does not turn into RGB, still decodes (through zune-jpeg).
 #[test]
 fn cmyk_jpeg_decodes_an_area() {

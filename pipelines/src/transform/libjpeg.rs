@@ -53,7 +53,8 @@ unsafe extern "C" {
 /// Decodes `area` of a JPEG whose header has been checked, at 1/`denominator` scale (1,
 /// 2, 4 or 8), into the start of `pixels` (grown when too small, never shrunk). The
 /// columns written may reach past `area` to whole iMCUs; the rows are `area`'s, scaled
-/// outward. `Ok(None)` for colour spaces libjpeg does not turn into RGB (CMYK, YCCK).
+/// outward. `Ok(None)` for what this libjpeg does not decode to RGB: CMYK and YCCK,
+/// sample precisions other than 8 bits, lossless and other unsupported frame types.
 pub(crate) fn decode_region(
     bytes: &[u8],
     header: &ImageHeader,
