@@ -1,13 +1,15 @@
 //! JPEG and PNG bytes to RGB8: header checks before allocation, reduced-scale JPEG,
-//! and for the transforms only the rows a crop needs.
+//! and for the transforms only the region a crop needs.
 //!
 //! Full-size JPEG goes straight to zune-jpeg (the fastest pure-Rust decoder; through
 //! `image` it would copy the input, parse the headers twice and zero the output);
 //! reduced-size JPEG through `jpeg-decoder`, whose IDCT can output 1/2, 1/4 or 1/8 of
 //! the image directly (zune-jpeg cannot; see `scale_denominator` for which are used).
 //! PNG goes through `image` (the `png` crate). Entropy decoding is most of a JPEG's
-//! time and is sequential, so rows above a crop cannot be skipped, but those below it
-//! can: see [`decode_top`].
+//! time and is sequential, so rows above a crop must be entropy-decoded. The transforms
+//! call [`decode_area`]: with libjpeg-turbo (`libjpeg.rs`) those rows and the columns
+//! beside the crop are never reconstructed (no IDCT, upsampling or colour conversion);
+//! without it, zune-jpeg stops below the crop ([`decode_top`]).
 
 use std::io::Cursor;
 
