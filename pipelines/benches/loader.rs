@@ -490,9 +490,10 @@ fn print_breakdown(rows: &[Row], read_only: Option<Measured>) {
         minus(decode, read),
     );
     line(
-        // The train transform decodes only down to the crop, so this is the resample
-        // and write less the rows it leaves undecoded.
-        "imgrun: train u8 - full decode (resample, fewer rows)",
+        // The train transform decodes only the crop's region (with libjpeg-turbo: the
+        // rows above entropy-decoded only, the columns beside it not at all), so this is
+        // the resample and write less what the crop leaves undecoded: it can be negative.
+        "imgrun: train u8 - full decode (resample, less decoded)",
         minus(train_u8, decode),
     );
     line(

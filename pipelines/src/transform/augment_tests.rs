@@ -393,3 +393,37 @@ fn eval_matches_a_full_decode_reference_on_photos() {
         assert!(diff < 1.0, "{name}: mean abs diff {diff}");
     }
 }
+
+/// The float slot holds exactly the byte slot's pixels, normalised and split into
+/// planes, flipped or not, at sizes that are and are not a multiple of the SIMD width.
+#[test]
+fn float_planes_are_the_normalised_bytes() {
+    let bytes = jpeg_420(&picture(120, 90), false);
+    let header = read_header(&bytes, &DecodeLimits::default()).expect("valid jpeg");
+    let crop = CropBox {
+        top: 7,
+        left: 11,
+        height: 70,
+        width: 90,
+    };
+    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+    let format = OutputFormat::Float32Chw { mean, std };
+    for size in [24, 37, 224] {
+        for flip in [false, true] {
+            let plane = size * size;
+            let mut bytes_out = vec![0u8; plane * 3];
+            let slot = Slot::U8(&mut bytes_out, OutputFormat::Uint8Nhwc);
+            render(&bytes, &header, crop, flip, size as u32, slot).expect("valid jpeg");
+            let mut floats = vec![0f32; plane * 3];
+            let slot = Slot::F32(&mut floats, format);
+            render(&bytes, &header, crop, flip, size as u32, slot).expect("valid jpeg");
+            for (i, pixel) in bytes_out.chunks_exact(3).enumerate() {
+                for c in 0..3 {
+                    let want = (f32::from(pixel[c]) / 255.0 - mean[c]) / std[c];
+                    let got = floats[c * plane + i];
+                    assert!((got - want).abs() < 1e-5, "{size} {flip} pixel {i}: {got}");
+                }
+            }
+        }
+    }
+}

@@ -404,3 +404,231 @@ fn real_photos_top_rows_match_full_decode() {
         }
     }
 }
+
+/// Decodes `area` of `bytes` at `1 / denominator` with a reused buffer and checks the
+/// window against the whole image decoded the same way: it covers the area, and inside
+/// the area its pixels are the whole image's, but for a cut side's outermost column. Returns the window's share of the image.
+fn check_area(name: &str, bytes: &[u8], denominator: u32, area: PixelBox) -> f64 {
+    thread_local! {
+        static BUFFERS: std::cell::RefCell<DecodeBuffers> = Default::default();
+    }
+    let header = read_header(bytes, &DecodeLimits::default()).expect("valid jpeg");
+    let everything = PixelBox {
+        left: 0,
+        top: 0,
+        right: header.width,
+        bottom: header.height,
+    };
+    let mut whole_buffers = DecodeBuffers::default();
+    let whole = decode_area(bytes, &header, denominator, everything, &mut whole_buffers)
+        .expect("valid jpeg");
+    let case = format!("{name} at 1/{denominator}, {area:?}");
+    assert_eq!((whole.left, whole.top), (0, 0), "{case}");
+    assert_eq!(
+        (whole.width, whole.height),
+        (whole.full_width, whole.full_height),
+        "{case}"
+    );
+    BUFFERS.with_borrow_mut(|buffers| {
+        let frame = decode_area(bytes, &header, denominator, area, buffers).expect("valid jpeg");
+        assert_eq!(
+            (frame.full_width, frame.full_height),
+            (whole.width, whole.height),
+            "{case}"
+        );
+        let d = denominator;
+        let (x0, y0) = (area.left / d, area.top / d);
+        let x1 = area.right.div_ceil(d).min(whole.width);
+        let y1 = area.bottom.div_ceil(d).min(whole.height);
+        assert!(frame.left <= x0 && frame.top <= y0, "{case}: {frame:?}");
+        assert!(
+            frame.left + frame.width >= x1 && frame.top + frame.height >= y1,
+            "{case}: {frame:?}"
+        );
+        let at = |pixels: &[u8], width: u32, x: u32, y: u32| {
+            let i = (y as usize * width as usize + x as usize) * 3;
+            [pixels[i], pixels[i + 1], pixels[i + 2]]
+        };
+        // Chroma upsampling treats a window's cut side as the image's edge: its outermost
+        // column may differ (the transforms ask for 16 pixels more on each side).
+        let inner_left = if frame.left > 0 { frame.left + 1 } else { 0 };
+        let cut_right = frame.left + frame.width < whole.width;
+        let inner_right = frame.left + frame.width - u32::from(cut_right);
+        for y in y0..y1 {
+            for x in x0.max(inner_left)..x1.min(inner_right) {
+                let got = at(&buffers.pixels, frame.width, x - frame.left, y - frame.top);
+                let want = at(&whole_buffers.pixels, whole.width, x, y);
+                assert_eq!(got, want, "{case}: pixel ({x}, {y})");
+            }
+        }
+        f64::from(frame.width * frame.height) / f64::from(whole.width * whole.height)
+    })
+}
+
+/// Table: every chroma layout, sequential and progressive, at full and reduced scale;
+/// corners, the middle, strips and single pixels decode as in the whole image. With
+/// libjpeg-turbo, a small area in the middle costs a small window.
+#[test]
+fn areas_match_the_whole_image() {
+    let source = picture(203, 397);
+    let mut grey = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(source.clone())
+        .into_luma8()
+        .write_to(&mut grey, image::ImageFormat::Jpeg)
+        .expect("encoding a test image");
+    let cases = [
+        ("4:2:0", jpeg_420(&source, false)),
+        ("4:4:4", encode(&source, image::ImageFormat::Jpeg)),
+        ("grey", grey.into_inner()),
+        ("progressive", jpeg_420(&source, true)),
+        ("png", encode(&source, image::ImageFormat::Png)),
+    ];
+    let area = |left, top, right, bottom| PixelBox {
+        left,
+        top,
+        right,
+        bottom,
+    };
+    for (name, bytes) in &cases {
+        for denominator in [1, 2, 4] {
+            if *name == "png" && denominator > 1 {
+                continue;
+            }
+            for window in [
+                area(0, 0, 203, 397),
+                area(0, 0, 40, 30),
+                area(150, 350, 203, 397),
+                area(60, 100, 140, 300),
+                area(0, 200, 203, 201),
+                area(101, 0, 102, 397),
+                area(77, 77, 78, 78),
+            ] {
+                check_area(name, bytes, denominator, window);
+            }
+        }
+        let share = check_area(name, bytes, 1, area(64, 160, 128, 240));
+        if cfg!(imgrun_libjpeg) && *name != "png" {
+            assert!(
+                share < 0.25,
+                "{name}: a 64x80 area decoded {share} of the image"
+            );
+        }
+    }
+}
+
+/// On every shared photo, a crop-sized area through the crop decoder looks like the
+/// same pixels of zune-jpeg's whole-image decode (two decoders: not bit for bit).
+#[test]
+fn real_photo_areas_match_a_full_decode() {
+    for (name, bytes) in photos_as_jpeg() {
+        let header = read_header(&bytes, &DecodeLimits::default()).expect("valid jpeg");
+        let (w, h) = (header.width, header.height);
+        let area = PixelBox {
+            left: w / 5,
+            top: h / 3,
+            right: w * 4 / 5,
+            bottom: h * 5 / 6,
+        };
+        check_area(&name, &bytes, 1, area);
+        let whole = decode_rgb(&bytes, None, &DecodeLimits::default()).expect("valid jpeg");
+        let mut buffers = DecodeBuffers::default();
+        let frame = decode_area(&bytes, &header, 1, area, &mut buffers).expect("valid jpeg");
+        let row_len = (area.right - area.left) as usize * 3;
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for y in area.top..area.bottom {
+            let start = ((y - frame.top) * frame.width + area.left - frame.left) as usize * 3;
+            got.extend_from_slice(&buffers.pixels[start..start + row_len]);
+            let start = (y * w + area.left) as usize * 3;
+            want.extend_from_slice(&whole.as_raw()[start..start + row_len]);
+        }
+        let diff = mean_abs_diff(&got, &want);
+        assert!(diff < 1.0, "{name}: mean abs diff {diff}");
+    }
+}
+
+/// Hostile bytes through the crop decoder: a JPEG cut anywhere in its scan is an error
+/// (libjpeg) or a smaller image (zune-jpeg), never a panic, and with libjpeg-turbo an
+/// area that reaches past the cut is always an error that says the data ended early.
+/// Bytes changed in the scan decode to something or fail, never panic.
+#[test]
+fn cut_or_changed_jpeg_through_areas() {
+    let jpeg = jpeg_420(&picture(200, 120), false);
+    let header = read_header(&jpeg, &DecodeLimits::default()).expect("valid jpeg");
+    let everything = PixelBox {
+        left: 0,
+        top: 0,
+        right: 200,
+        bottom: 120,
+    };
+    let mut buffers = DecodeBuffers::default();
+    for cut in (100..jpeg.len()).step_by(97) {
+        for denominator in [1, 2, 8] {
+            let result = decode_area(&jpeg[..cut], &header, denominator, everything, &mut buffers);
+            if cfg!(imgrun_libjpeg) {
+                match result {
+                    Err(TransformError::Undecodable { reason, .. }) => {
+                        assert!(reason.contains("end of JPEG"), "cut {cut}: {reason}");
+                    }
+                    other => panic!("cut {cut} at 1/{denominator}: {other:?}"),
+                }
+            } else if let Ok(frame) = result {
+                assert!(frame.width <= 200 && frame.height <= 120, "cut {cut}");
+            }
+        }
+    }
+    let mut changed = jpeg.clone();
+    let scan = jpeg.len() / 3;
+    for (i, at) in (scan..jpeg.len() - 2).step_by(53).enumerate() {
+        changed[at] = changed[at].wrapping_add(1 + i as u8);
+        if let Ok(frame) = decode_area(&changed, &header, 1, everything, &mut buffers) {
+            assert!(
+                frame.width <= 200 && frame.height <= 120,
+                "changed byte {at}"
+            );
+        }
+    }
+}
+
+/// A frame of 12-bit samples, which neither the header reader nor an 8-bit libjpeg
+/// takes, is an error that names the precision.
+#[test]
+fn twelve_bit_frame_is_an_error() {
+    let mut bytes = jpeg_420(&picture(64, 48), false);
+    let sof = bytes
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("baseline JPEG has SOF0");
+    bytes[sof + 1] = 0xC1;
+    bytes[sof + 4] = 12;
+    match read_header(&bytes, &DecodeLimits::default()) {
+        Err(TransformError::Undecodable { reason, .. }) => {
+            assert!(reason.contains("12"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// CMYK JPEG, which libjpeg does not turn into RGB, still decodes (through zune-jpeg).
+#[test]
+fn cmyk_jpeg_decodes_an_area() {
+    let source = picture(64, 48);
+    let cmyk: Vec<u8> = source
+        .pixels()
+        .flat_map(|p| [255 - p[0], 255 - p[1], 255 - p[2], 0])
+        .collect();
+    let mut bytes = Vec::new();
+    jpeg_encoder::Encoder::new(&mut bytes, 95)
+        .encode(&cmyk, 64, 48, jpeg_encoder::ColorType::Cmyk)
+        .expect("encoding a test image");
+    let header = read_header(&bytes, &DecodeLimits::default()).expect("valid jpeg");
+    let area = PixelBox {
+        left: 10,
+        top: 10,
+        right: 30,
+        bottom: 20,
+    };
+    let mut buffers = DecodeBuffers::default();
+    let frame = decode_area(&bytes, &header, 1, area, &mut buffers).expect("cmyk decodes");
+    assert_eq!((frame.full_width, frame.full_height), (64, 48));
+    assert!(frame.left <= 10 && frame.top <= 10);
+}

@@ -3,7 +3,9 @@
 //! `decode.rs` turns JPEG or PNG bytes into RGB8, checking the declared size against
 //! [`DecodeLimits`] from the header before any pixel buffer exists, decoding JPEG at a
 //! reduced DCT scale when the caller needs far fewer pixels, and for the transforms
-//! stopping a sequential JPEG after the rows the crop reaches. `resample.rs` resamples a
+//! decoding only the crop's region: `libjpeg.rs` (libjpeg-turbo, where the build found
+//! it) skips the rows above and the columns beside it, zune-jpeg otherwise stops a
+//! sequential JPEG after the rows the crop reaches. `resample.rs` resamples a
 //! floating-point source box with PIL's antialiased `BILINEAR` filter (SIMD, through
 //! `fast_image_resize`) straight into the caller's buffer. `augment.rs` holds the train
 //! and eval transforms, which sample their crop from the header's dimensions, so the
@@ -14,6 +16,8 @@
 
 mod augment;
 mod decode;
+#[cfg(imgrun_libjpeg)]
+mod libjpeg;
 mod resample;
 
 pub use augment::{CropBox, EvalTransform, TrainTransform, random_resized_crop};
