@@ -28,6 +28,15 @@ if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
     apt-get install -y -qq iproute2 || { apt-get update -qq && apt-get install -y -qq iproute2; }
 fi
 
+# The loader decodes JPEG crops through libjpeg-turbo when its headers are there (the
+# build falls back to zune-jpeg alone without them); as root, install them if missing.
+if ! [ -f /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "libjpeg-turbo headers (for the loader's crop decode)"
+    apt-get install -y -qq libjpeg62-turbo-dev || {
+        apt-get update -qq && apt-get install -y -qq libjpeg62-turbo-dev
+    } || echo "no libjpeg62-turbo-dev: JPEG crops decode with zune-jpeg alone"
+fi
+
 step "formatting"
 cargo fmt --all --check
 
