@@ -817,6 +817,14 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
              over the survivors, not yet the mixing groups; use train.sync = \"allreduce\"",
         ));
     }
+    if train.elastic && train.allreduce == AllreduceChoice::Nccl {
+        return Err(invalid(
+            "train.elastic",
+            "is true and train.allreduce is \"nccl\": an NCCL call waiting for a lost peer \
+             cannot be aborted yet, so elastic jobs average over imgrun's ring; use \
+             train.allreduce = \"auto\" or \"ring\"",
+        ));
+    }
     if train.elastic && config.data.loaders == Loaders::Remote {
         return Err(invalid(
             "train.elastic",
@@ -988,6 +996,10 @@ mod tests {
                 "data.loaders = \"local\"",
             ),
             ("[train]\nmin_world = 0\n", "train.min_world"),
+            (
+                "[train]\nelastic = true\nallreduce = \"nccl\"\n",
+                "imgrun's ring",
+            ),
             (
                 "[data]\nloaders = \"remote\"\npreload = true\npreload_dir = \"/x\"\n",
                 "shards.cache_dir",

@@ -222,7 +222,11 @@ impl RunningJob<'_> {
             state,
         };
         let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
-        let rank0 = &self.ranks[0];
+        let Some(rank0) = self.ranks.first() else {
+            return Err(JobError::Refused(format!(
+                "checkpoint {name}: no rank is left to write it"
+            )));
+        };
         let saved = if self.job.optim.sync == SyncChoice::Decentralized {
             // Every rank sends its replica to rank 0, which writes them all.
             call_all(self.ranks, |_| request.clone(), timeout)

@@ -222,7 +222,13 @@ impl Trainer {
             listener: None,
             mix_listeners: Vec::new(),
             mix: None,
-            nccl_problem: None,
+            // An NCCL call in flight cannot be aborted yet (the ring's can), so a rank of
+            // an elastic job could hang on a lost peer there.
+            nccl_problem: (init.job.optim.elastic && device != Device::Cpu).then(|| {
+                "train.elastic is on, and an NCCL call waiting for a lost peer cannot be \
+                 aborted yet"
+                    .to_string()
+            }),
             sync: None,
             running: None,
             resume_cursor: None,
@@ -398,7 +404,9 @@ impl Trainer {
 
     /// Whether this job's gradients may go through NCCL on this rank.
     fn may_use_nccl(&self) -> bool {
-        self.device != Device::Cpu && self.init.job.optim.allreduce != AllreduceChoice::Ring
+        self.device != Device::Cpu
+            && self.init.job.optim.allreduce != AllreduceChoice::Ring
+            && !self.elastic()
     }
 
     /// Moves `sync` onto NCCL when every rank can (see [`negotiate::start_nccl`]);
