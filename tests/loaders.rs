@@ -65,31 +65,13 @@ fn node_after(finished: &Finished, prefix: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no node number in {line:?}"))
 }
 
-/// The training set through a command that waits a second before each shard, and its
-/// manifest: a worker's epoch takes seconds.
-fn slow_shards(cluster: &TrainCluster) -> [String; 2] {
-    let dir = cluster.data.train_dir.display().to_string();
-    [
-        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
-        format!("data.manifest=\"{dir}/manifest.json\""),
-    ]
-}
-
 /// Each sample of the training set once per epoch: the union of every step's samples of
 /// the epoch has no repeats and covers the set.
 fn assert_each_sample_once(seen: &BTreeMap<(u64, u64, u64), Vec<String>>, epochs: u64, total: u64) {
-    for epoch in 0..epochs {
-        let mut ids: Vec<&String> = seen
-            .iter()
-            .filter(|((e, _, _), _)| *e == epoch)
-            .flat_map(|(_, ids)| ids)
-            .collect();
-        let served = ids.len();
-        ids.sort();
-        ids.dedup();
-        assert_eq!(ids.len(), served, "epoch {epoch}: a sample served twice");
-        assert_eq!(served as u64, total, "epoch {epoch}: samples served");
-    }
+    let steps = seen
+        .iter()
+        .map(|((epoch, _, _), ids)| (*epoch, ids.iter().map(String::as_str).collect()));
+    common::train::assert_each_sample_once(steps, epochs, total);
 }
 
 #[test]
@@ -133,7 +115,7 @@ fn a_loader_actor_killed_mid_epoch_loses_and_repeats_no_sample() {
     let total: u64 = cluster.train_counts().iter().sum();
     let epochs = 2;
     // A worker's epoch takes seconds, so the loader is killed with most of it ahead.
-    let slow = slow_shards(&cluster);
+    let slow = cluster.data.slow_train_sets();
     let mut sets = SETS.to_vec();
     sets.extend(slow.iter().map(String::as_str));
     let local = cluster.job("local", epochs, &sets, false).finish(JOB_LIMIT);
@@ -189,7 +171,7 @@ fn a_job_stopped_with_remote_loaders_resumes_with_local_ones_on_the_same_samples
     let cluster = TrainCluster::start();
     let total: u64 = cluster.train_counts().iter().sum();
     let epochs = 2;
-    let slow = slow_shards(&cluster);
+    let slow = cluster.data.slow_train_sets();
     let mut sets = SETS.to_vec();
     sets.extend(slow.iter().map(String::as_str));
     let whole = cluster.job("whole", epochs, &sets, false).finish(JOB_LIMIT);

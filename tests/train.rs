@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::train::{
     BATCH, Dataset, JOB_LIMIT, Job, SETTLE_LIMIT, TrainCluster, assert_checkpoint_at_last_step,
-    checkpoint_dir, last_step_value, metrics, printed_resume_command, read_json, replica_digest,
-    synth_shards, total_steps, workers_of,
+    assert_each_sample_once, assert_steps_run_on, checkpoint_dir, last_step_value, logged_samples,
+    metrics, printed_resume_command, read_json, replica_digest, synth_shards, total_steps,
+    workers_of,
 };
 use common::{Machine, Netns, describe, is_running, node_states, pid_of, wait_alive, wait_for};
 use runtime::FAILPOINTS_VARIABLE;
@@ -1137,7 +1138,7 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
 fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_each_sample_once() {
     let cluster = TrainCluster::start_with(1);
     let total: u64 = cluster.train_counts().iter().sum();
-    let slow = slow_train_sets(&cluster.data);
+    let slow = cluster.data.slow_train_sets();
     let sets = [
         "data.mode=\"split\"",
         "train.elastic=true",
@@ -1194,46 +1195,10 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_e
     assert_eq!(growth["epoch"], 2, "{growth}");
     // Every epoch: each sample exactly once over every step and rank, before the loss
     // and after it.
-    assert_each_sample_once(&records, epochs, total);
+    assert_each_sample_once(logged_samples(&records), epochs, total);
     // The steps after the loss go on from where every rank had completed.
-    let steps: Vec<u64> = records
-        .iter()
-        .filter(|r| r["kind"] == "step")
-        .filter_map(|r| r["step"].as_u64())
-        .collect();
-    assert!(
-        steps.windows(2).all(|w| w[1] == w[0] + 1),
-        "global steps run on without a gap or a repeat: {steps:?}"
-    );
+    assert_steps_run_on(&records);
     cluster.assert_settled();
-}
-
-/// Each sample of the training set (`total`) exactly once in each of `epochs`, over the
-/// `samples` records of every step and rank.
-fn assert_each_sample_once(records: &[Value], epochs: u64, total: u64) {
-    for epoch in 0..epochs {
-        let mut ids: Vec<&str> = records
-            .iter()
-            .filter(|r| r["kind"] == "samples" && r["epoch"] == epoch)
-            .flat_map(|r| r["samples"].as_array().expect("samples").iter())
-            .map(|s| s.as_str().expect("a sample id"))
-            .collect();
-        let served = ids.len();
-        ids.sort_unstable();
-        ids.dedup();
-        assert_eq!(ids.len(), served, "epoch {epoch}: a sample served twice");
-        assert_eq!(served as u64, total, "epoch {epoch}: samples served");
-    }
-}
-
-/// The training set of `data` through a command that waits a second before each shard,
-/// and its manifest: an epoch takes seconds and stalls in its middle.
-fn slow_train_sets(data: &Dataset) -> [String; 2] {
-    let dir = data.train_dir.display().to_string();
-    [
-        format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
-        format!("data.manifest=\"{dir}/manifest.json\""),
-    ]
 }
 
 /// A trainer that crashes right after a gradient average (a failpoint: its process
@@ -1266,16 +1231,8 @@ fn an_elastic_job_drops_the_step_a_crashed_rank_took_part_in_on_every_survivor()
         shrink["step"].as_u64().is_some_and(|s| s < 9),
         "the job goes on from before the crashed step: {shrink}"
     );
-    assert_each_sample_once(&records, epochs, total);
-    let steps: Vec<u64> = records
-        .iter()
-        .filter(|r| r["kind"] == "step")
-        .filter_map(|r| r["step"].as_u64())
-        .collect();
-    assert!(
-        steps.windows(2).all(|w| w[1] == w[0] + 1),
-        "global steps run on without a gap or a repeat: {steps:?}"
-    );
+    assert_each_sample_once(logged_samples(&records), epochs, total);
+    assert_steps_run_on(&records);
     // The trainer that grew back on the node crashes at its own 9th step too.
     let world = regroups
         .last()
@@ -1295,7 +1252,7 @@ fn an_elastic_job_drops_the_step_a_crashed_rank_took_part_in_on_every_survivor()
 #[test]
 fn an_elastic_job_below_its_minimum_world_fails_with_a_checkpoint_it_resumes_from() {
     let cluster = TrainCluster::start();
-    let slow = slow_train_sets(&cluster.data);
+    let slow = cluster.data.slow_train_sets();
     let sets = [
         "data.mode=\"split\"",
         "train.elastic=true",
@@ -1357,7 +1314,7 @@ fn an_elastic_job_cut_off_from_a_node_by_a_partition_goes_on_without_it() {
     let runs = root.path().join("runs");
     let epochs = 4;
     let mut args = data.args(&runs, "cut", epochs);
-    let slow = slow_train_sets(&data);
+    let slow = data.slow_train_sets();
     for set in [
         "data.mode=\"split\"",
         "train.elastic=true",
@@ -1395,7 +1352,7 @@ fn an_elastic_job_cut_off_from_a_node_by_a_partition_goes_on_without_it() {
             .map(|s| s["samples"].as_u64().expect("samples"))
             .sum()
     };
-    assert_each_sample_once(&records, epochs, total);
+    assert_each_sample_once(logged_samples(&records), epochs, total);
     net.restore();
     head.run_ok(&["stop", "--all"]);
 }

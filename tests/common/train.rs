@@ -279,6 +279,16 @@ impl Dataset {
         }
     }
 
+    /// The training set through a command that waits a second before each shard, with
+    /// its manifest, as `--set`s: an epoch takes seconds and stalls in its middle.
+    pub fn slow_train_sets(&self) -> [String; 2] {
+        let dir = self.train_dir.display().to_string();
+        [
+            format!("data.train=\"pipe:sh -c 'sleep 1; cat {dir}/train-{{000000..000004}}.tar'\""),
+            format!("data.manifest=\"{dir}/manifest.json\""),
+        ]
+    }
+
     /// The arguments of a small job on this data: the small CNN of width 8 on 32-pixel
     /// images, one loader worker, batches of 16, no warm-up.
     pub fn args(&self, runs: &Path, name: &str, epochs: u64) -> Vec<String> {
@@ -555,4 +565,52 @@ pub fn printed_resume_command(stderr: &str, run: &Path) -> String {
         "{command}"
     );
     command
+}
+
+/// Each sample of the training set (`total` of them) exactly once in each of `epochs`:
+/// `seen` gives every step's samples (of every rank) with the step's epoch.
+pub fn assert_each_sample_once<'a>(
+    seen: impl IntoIterator<Item = (u64, Vec<&'a str>)>,
+    epochs: u64,
+    total: u64,
+) {
+    let seen: Vec<(u64, Vec<&str>)> = seen.into_iter().collect();
+    for epoch in 0..epochs {
+        let mut ids: Vec<&str> = seen
+            .iter()
+            .filter(|(e, _)| *e == epoch)
+            .flat_map(|(_, ids)| ids.iter().copied())
+            .collect();
+        let served = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), served, "epoch {epoch}: a sample served twice");
+        assert_eq!(served as u64, total, "epoch {epoch}: samples served");
+    }
+}
+
+/// The samples of every `samples` record of a run, with their epochs.
+pub fn logged_samples(records: &[Value]) -> impl Iterator<Item = (u64, Vec<&str>)> {
+    records.iter().filter(|r| r["kind"] == "samples").map(|r| {
+        let ids = r["samples"]
+            .as_array()
+            .expect("samples")
+            .iter()
+            .map(|s| s.as_str().expect("a sample id"))
+            .collect();
+        (r["epoch"].as_u64().expect("epoch"), ids)
+    })
+}
+
+/// The global steps of a run's step records run on without a gap or a repeat.
+pub fn assert_steps_run_on(records: &[Value]) {
+    let steps: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "global steps run on without a gap or a repeat: {steps:?}"
+    );
 }

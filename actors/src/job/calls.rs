@@ -93,6 +93,20 @@ async fn call_payload<M: TrainerMethod>(
     })
 }
 
+/// The value every rank's reply gives (rank 0's), or, when one gives another, the job's
+/// error that `disagree(rank 0's, that rank, its value)` words.
+pub(crate) fn agreed(
+    values: impl IntoIterator<Item = u64>,
+    disagree: impl FnOnce(u64, usize, u64) -> String,
+) -> Result<u64, JobError> {
+    let values: Vec<u64> = values.into_iter().collect();
+    let first = values.first().copied().unwrap_or(0);
+    match values.iter().position(|&v| v != first) {
+        Some(bad) => Err(JobError::Refused(disagree(first, bad, values[bad]))),
+        None => Ok(first),
+    }
+}
+
 pub(crate) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
     // Invariant: these request types hold only strings, numbers and paths, which always
     // encode.

@@ -9,7 +9,7 @@ use runtime::{
     ActorLabel, ClusterClient, FailureOrigin, NodeId, Resources, SpawnOptions, Strategy,
 };
 
-use super::calls::{Rank, call_all, to_json};
+use super::calls::{Rank, agreed, call_all, to_json};
 use super::elastic::{self, World};
 use super::loaders;
 use super::metrics::{Metrics, rewind};
@@ -157,17 +157,14 @@ pub async fn run(
         preload(&ranks, dir, output, long).await?;
     }
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
-    let steps_per_epoch = listens[0].steps_per_epoch;
-    if let Some(bad) = listens
-        .iter()
-        .position(|l| l.steps_per_epoch != steps_per_epoch)
-    {
-        return Err(JobError::Refused(format!(
-            "ranks disagree on the epoch's length: rank 0 plans {steps_per_epoch} steps, \
-             rank {bad} {}",
-            listens[bad].steps_per_epoch
-        )));
-    }
+    let steps_per_epoch = agreed(
+        listens.iter().map(|l| l.steps_per_epoch),
+        |first, bad, v| {
+            format!(
+                "ranks disagree on the epoch's length: rank 0 plans {first} steps, rank {bad} {v}"
+            )
+        },
+    )?;
     output.info(format!(
         "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
         world, listens[0].parameters, listens[0].device, steps_per_epoch, listens[0].total_steps

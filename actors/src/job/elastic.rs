@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use runtime::{ClusterClient, Resources};
 
-use super::calls::{Rank, call_all, call_one};
+use super::calls::{Rank, agreed, call_all, call_one};
 use super::error::During as _;
 use super::steps::Position;
 use super::watch::FailureWatcher;
@@ -172,6 +172,22 @@ pub(super) async fn find_losses(
     })
 }
 
+/// Appends to `node_ranks` the ranks on each node of `nodes` (ranks in order, numbered
+/// node by node: a run of one node is one entry).
+fn count_by_node(node_ranks: &mut Vec<u32>, nodes: impl IntoIterator<Item = runtime::NodeId>) {
+    let mut last = None;
+    for node in nodes {
+        if last == Some(node)
+            && let Some(count) = node_ranks.last_mut()
+        {
+            *count += 1;
+        } else {
+            node_ranks.push(1);
+            last = Some(node);
+        }
+    }
+}
+
 /// Has every rank's monitor abort the collective its trainer waits in, for at most a
 /// second.
 async fn abort_collectives(ranks: Vec<Rank>) {
@@ -224,17 +240,10 @@ pub(super) async fn regroup(
     }
     // Ranks are numbered node by node, so the survivors in order are too.
     let mut node_ranks: Vec<u32> = Vec::new();
-    let mut last_node = None;
-    for rank in &losses.survivors {
-        if last_node == Some(rank.place.node) {
-            if let Some(count) = node_ranks.last_mut() {
-                *count += 1;
-            }
-        } else {
-            node_ranks.push(1);
-            last_node = Some(rank.place.node);
-        }
-    }
+    count_by_node(
+        &mut node_ranks,
+        losses.survivors.iter().map(|r| r.place.node),
+    );
     let ranks: Vec<Rank> = losses
         .survivors
         .iter()
@@ -262,16 +271,13 @@ pub(super) async fn regroup(
     )
     .await
     .during(|| "regrouping the survivors".to_string())?;
-    if let Some(bad) = replies
-        .iter()
-        .position(|r| r.steps_in_epoch != replies[0].steps_in_epoch)
-    {
-        return Err(JobError::Refused(format!(
-            "the survivors disagree on the rest of epoch {}: rank 0 plans {} steps, rank \
-             {bad} {}",
-            at.epoch, replies[0].steps_in_epoch, replies[bad].steps_in_epoch
-        )));
-    }
+    let epoch_steps = agreed(replies.iter().map(|r| r.steps_in_epoch), |first, bad, v| {
+        format!(
+            "the survivors disagree on the rest of epoch {}: rank 0 plans {first} steps, \
+             rank {bad} {v}",
+            at.epoch
+        )
+    })?;
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)
         .await
         .during(|| "the survivors binding their ring ports".to_string())?;
@@ -297,7 +303,7 @@ pub(super) async fn regroup(
         },
         listens,
         record,
-        replies[0].steps_in_epoch,
+        epoch_steps,
     ))
 }
 
@@ -400,17 +406,7 @@ pub(super) async fn grow(
 ) -> Result<(World, Vec<ListenReply>, RegroupRecord), JobError> {
     let long = Duration::from_secs(settings.step_timeout_secs.max(10));
     let mut node_ranks = world.node_ranks.clone();
-    let mut last = None;
-    for place in places {
-        if last == Some(place.node)
-            && let Some(count) = node_ranks.last_mut()
-        {
-            *count += 1;
-        } else {
-            node_ranks.push(1);
-            last = Some(place.node);
-        }
-    }
+    count_by_node(&mut node_ranks, places.iter().map(|p| p.node));
     let old = world.ranks.len() as u32;
     let n: u32 = node_ranks.iter().sum();
     let global_batch = job.optim.batch_size * u64::from(n);
@@ -445,15 +441,14 @@ pub(super) async fn grow(
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)
         .await
         .during(|| "the larger world binding its ring ports".to_string())?;
-    if let Some(bad) = listens
-        .iter()
-        .position(|l| l.steps_per_epoch != listens[0].steps_per_epoch)
-    {
-        return Err(JobError::Refused(format!(
-            "ranks disagree on the larger world's epoch: rank 0 plans {} steps, rank {bad} {}",
-            listens[0].steps_per_epoch, listens[bad].steps_per_epoch
-        )));
-    }
+    let steps_per_epoch = agreed(
+        listens.iter().map(|l| l.steps_per_epoch),
+        |first, bad, v| {
+            format!(
+                "ranks disagree on the larger world's epoch: rank 0 plans {first} steps, rank {bad} {v}"
+            )
+        },
+    )?;
     let nodes: Vec<String> = places.iter().map(|p| format!("node {}", p.node)).collect();
     let record = RegroupRecord {
         epoch: at.epoch,
@@ -469,7 +464,6 @@ pub(super) async fn grow(
         found_s: 0.0,
         recovery_s: 0.0,
     };
-    let steps_per_epoch = listens[0].steps_per_epoch;
     Ok((
         World {
             ranks,

@@ -205,6 +205,16 @@ fn png_decodes_exactly_and_drops_alpha() {
     assert_eq!(grey_rgb.get_pixel(5, 5).0, [grey.get_pixel(5, 5).0[0]; 3]);
 }
 
+/// `source` as a greyscale JPEG.
+fn grey_jpeg(source: &RgbImage) -> Vec<u8> {
+    let mut grey = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(source.clone())
+        .into_luma8()
+        .write_to(&mut grey, image::ImageFormat::Jpeg)
+        .expect("encoding a test image");
+    grey.into_inner()
+}
+
 fn encode_dynamic(image: DynamicImage) -> Vec<u8> {
     let mut out = Cursor::new(Vec::new());
     image
@@ -361,15 +371,10 @@ fn check_top_rows(name: &str, bytes: &[u8], denominator: u32, rows: u32) -> bool
 #[test]
 fn top_rows_match_full_decode() {
     let source = picture(203, 397);
-    let mut grey = Cursor::new(Vec::new());
-    DynamicImage::ImageRgb8(source.clone())
-        .into_luma8()
-        .write_to(&mut grey, image::ImageFormat::Jpeg)
-        .expect("encoding a test image");
     let cases = [
         ("4:2:0", jpeg_420(&source, false), true),
         ("4:4:4", encode(&source, image::ImageFormat::Jpeg), true),
-        ("grey", grey.into_inner(), true),
+        ("grey", grey_jpeg(&source), true),
         ("progressive", jpeg_420(&source, true), false),
     ];
     for (name, bytes, sequential) in &cases {
@@ -471,15 +476,10 @@ fn check_area(name: &str, bytes: &[u8], denominator: u32, area: PixelBox) -> f64
 #[test]
 fn areas_match_the_whole_image() {
     let source = picture(203, 397);
-    let mut grey = Cursor::new(Vec::new());
-    DynamicImage::ImageRgb8(source.clone())
-        .into_luma8()
-        .write_to(&mut grey, image::ImageFormat::Jpeg)
-        .expect("encoding a test image");
     let cases = [
         ("4:2:0", jpeg_420(&source, false)),
         ("4:4:4", encode(&source, image::ImageFormat::Jpeg)),
-        ("grey", grey.into_inner()),
+        ("grey", grey_jpeg(&source)),
         ("progressive", jpeg_420(&source, true)),
         ("png", encode(&source, image::ImageFormat::Png)),
     ];

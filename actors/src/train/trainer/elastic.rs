@@ -58,11 +58,6 @@ pub struct RegroupRequest {
 pub struct RegroupReply {
     /// Steps of epoch `epoch` (those run plus those left) in the new world.
     pub steps_in_epoch: u64,
-    /// Batches this rank has left in that epoch with data, and empty ones.
-    pub left: u64,
-    pub empty: u64,
-    /// Loader workers this rank runs for the rest of the epoch.
-    pub workers: u32,
     /// Steps of a whole epoch in the new world.
     pub steps_per_epoch: u64,
 }
@@ -161,15 +156,12 @@ impl Trainer {
             let regrouped = pipelines::regroup(&plan, &request.cursors, &survivors, shape.clone())
                 .map_err(|e| fail(format!("epoch {}: {e}", request.epoch)))?;
             let mine = request.rank as usize;
-            let (cursor, left) = regrouped
+            let cursor = regrouped
                 .cursors
                 .get(mine)
                 .cloned()
-                .zip(regrouped.left.get(mine).copied())
                 .ok_or_else(|| fail(format!("no rank {} among the survivors", request.rank)))?;
             reply.steps_in_epoch = regrouped.plan.steps().unwrap_or(0);
-            (reply.left, reply.empty) = left;
-            reply.workers = regrouped.plan.ranks[mine].workers.len() as u32;
             continued = Some((request.epoch, regrouped.plan, cursor));
         }
         let planner = self
