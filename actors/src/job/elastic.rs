@@ -27,7 +27,7 @@ use runtime::{ClusterClient, Resources};
 use super::calls::{Rank, agreed, call_all, call_one};
 use super::error::During as _;
 use super::steps::Position;
-use super::watch::FailureWatcher;
+use super::watch::{FailureWatcher, RankFailure};
 use super::world::{RankPlace, Trainers, node_ip};
 use super::{Elastic, JobError, JobSettings};
 use crate::train::phase::AbortRequest;
@@ -140,20 +140,14 @@ pub(super) async fn find_losses(
                     }
                 }
             }
-            failure = watcher.failure() => match failure.rank {
-                Some(rank)
-                    if failure.loss
-                        && !lost.iter().any(|(r, _)| *r == rank)
-                        && !survivors.iter().any(|s: &Rank| s.rank == rank) =>
-                {
-                    lost.push((rank, failure.message));
+            failure = watcher.failure() => {
+                let decided: Vec<u32> = survivors.iter().map(|s: &Rank| s.rank).collect();
+                match judge(&failure, &lost, &decided) {
+                    Verdict::Lost(rank) => lost.push((rank, failure.message)),
+                    Verdict::OwnError => return Err(own_error(failure.message)),
+                    Verdict::Nothing => {}
                 }
-                Some(_) if failure.loss => {}
-                Some(_) if failure.origin == runtime::FailureOrigin::Here => {
-                    return Err(own_error(failure.message));
-                }
-                _ => {}
-            },
+            }
         }
     }
     tasks.abort_all();
@@ -170,6 +164,39 @@ pub(super) async fn find_losses(
         survivors,
         undone,
     })
+}
+
+/// What the head's word on a rank means while the ranks are sorted into lost and
+/// survivors.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Lost(u32),
+    /// Its own error, which would recur wherever its work went: the job fails.
+    OwnError,
+    Nothing,
+}
+
+/// `failure` against the ranks already found `lost` and the `survivors` (which answered
+/// their rollback). A lost rank's later events say nothing new: a rank this job fenced
+/// ends "killed by its owner", and its process's exit may be told after that.
+fn judge(failure: &RankFailure, lost: &[(u32, String)], survivors: &[u32]) -> Verdict {
+    let Some(rank) = failure.rank else {
+        return Verdict::Nothing;
+    };
+    if lost.iter().any(|(r, _)| *r == rank) {
+        return Verdict::Nothing;
+    }
+    if failure.loss {
+        if survivors.contains(&rank) {
+            Verdict::Nothing
+        } else {
+            Verdict::Lost(rank)
+        }
+    } else if failure.origin == runtime::FailureOrigin::Here {
+        Verdict::OwnError
+    } else {
+        Verdict::Nothing
+    }
 }
 
 /// Appends to `node_ranks` the ranks on each node of `nodes` (ranks in order, numbered
@@ -473,4 +500,59 @@ pub(super) async fn grow(
         listens,
         record,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(rank: u32, reason: &str) -> RankFailure {
+        RankFailure {
+            message: format!("rank {rank} (node 2) stopped: {reason}"),
+            origin: runtime::FailureOrigin::Here,
+            rank: Some(rank),
+            loss: runtime::is_loss_reason(reason),
+        }
+    }
+
+    #[test]
+    fn a_fenced_ranks_end_after_its_loss_is_no_error_of_its_own() {
+        // The rollback call found rank 1 gone and the job fenced it; the head then told
+        // of its stop, the fence first (seen in CI: the job failed here).
+        let fenced = failure(
+            1,
+            "killed by its owner; worker process for group 'g' (pid 7) killed by signal 9 \
+             (SIGKILL); no stderr output",
+        );
+        assert!(!fenced.loss);
+        let lost = vec![(1, "rank 1: gone".to_string())];
+        assert_eq!(judge(&fenced, &lost, &[0]), Verdict::Nothing);
+        // Before the job knew, the same words are a rank's own end, and fail the job.
+        assert_eq!(judge(&fenced, &[], &[0]), Verdict::OwnError);
+    }
+
+    #[test]
+    fn losses_and_own_errors_are_told_apart_once_per_rank() {
+        let crashed = failure(
+            2,
+            "worker process for group 'g' (pid 7) killed by signal 9 (SIGKILL); no stderr output",
+        );
+        assert_eq!(judge(&crashed, &[], &[0]), Verdict::Lost(2));
+        let lost = vec![(2, "rank 2: gone".to_string())];
+        assert_eq!(judge(&crashed, &lost, &[0]), Verdict::Nothing);
+        // A survivor answered its rollback: a late word of its loss changes nothing now.
+        assert_eq!(judge(&crashed, &[], &[2]), Verdict::Nothing);
+        let bad_shard = failure(0, "rank 0 epoch 1: bad shard");
+        assert_eq!(judge(&bad_shard, &[], &[]), Verdict::OwnError);
+        let elsewhere = RankFailure {
+            origin: runtime::FailureOrigin::Elsewhere,
+            ..failure(0, "a ring peer went away")
+        };
+        assert_eq!(judge(&elsewhere, &[], &[]), Verdict::Nothing);
+        let head = RankFailure {
+            rank: None,
+            ..failure(0, "lost the head")
+        };
+        assert_eq!(judge(&head, &[], &[]), Verdict::Nothing);
+    }
 }
