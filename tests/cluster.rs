@@ -283,7 +283,8 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
 
 /// SIGKILL a node daemon that hosts an actor in a worker process: its worker goes with it,
 /// the owner hears of the loss once the node is declared dead, the actor restarts on the
-/// head (its restart policy), and the same handle reaches it there.
+/// head (its restart policy), and the same handle reaches it there. A call made before
+/// the head knows ends by its own timeout.
 #[test]
 fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
     use runtime::{ActorEventKind, SpawnOptions, Strategy};
@@ -322,6 +323,20 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
     assert_eq!(victim.len(), 1);
     let killed_at = Instant::now();
     kill_process(pid_of(victim[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    // A call to it now ends by its own timeout (and a margin of a quarter of it), neither
+    // waiting for the head to declare the node lost nor 2 s beyond, as it once did.
+    let short = Duration::from_millis(500);
+    let calling = Instant::now();
+    let answer = cluster.block("a call to the killed node", moving.call("echo", "x", short));
+    let took = calling.elapsed();
+    eprintln!("a {short:?} call to the killed node ended after {took:?}: {answer:?}");
+    if let Err(error) = &answer {
+        assert!(error.is_loss(), "{error}");
+    }
+    assert!(
+        took < Duration::from_millis(2_000),
+        "a {short:?} call to a killed node took {took:?}: {answer:?}"
+    );
     wait_for(Duration::from_secs(10), "the node's worker gone", || {
         (!is_running(worker)).then_some(())
     });

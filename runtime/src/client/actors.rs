@@ -26,8 +26,14 @@ use crate::wire::Message;
 const TELL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long requests to the head about actors (locate, stop) may take.
 pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
-/// Time allowed beyond a call's own timeout for the node's answer to travel.
-const ANSWER_MARGIN: Duration = Duration::from_secs(2);
+/// Time allowed beyond a call's own timeout for the node's answer to travel, and for the
+/// head to say where the actor went: a quarter of the timeout, within these bounds.
+const ANSWER_MARGIN: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// How long past its `timeout` a call may wait for an answer (see [`ANSWER_MARGIN`]).
+fn answer_margin(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(ANSWER_MARGIN.0, ANSWER_MARGIN.1)
+}
 
 /// A handle on an actor anywhere in the cluster. Cheap to clone; clones share where the
 /// actor was last seen, and may be used from many tasks at once. It keeps the client's
@@ -184,13 +190,17 @@ impl ActorRef {
         answered: impl Fn(Message) -> Result<Result<T, String>, Box<Message>>,
     ) -> Result<T, ActorCallError> {
         // A timeout beyond what a clock can hold waits for a year, which is forever here.
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        let far = || Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let deadline = Instant::now().checked_add(timeout).unwrap_or_else(far);
+        // Everything, following the actor included, ends by then.
+        let end = deadline
+            .checked_add(answer_margin(timeout))
+            .unwrap_or_else(far);
+        let left = || end.saturating_duration_since(Instant::now());
         if self.client.take_moved(self.id) {
             // An event said the actor failed or restarted: its node may be gone, and a
             // message sent there would wait for the connection to time out.
-            if let Located::Not(not) = self.relocate().await? {
+            if let Located::Not(not) = self.relocate_within(left()).await? {
                 return Err(self.not_running(not));
             }
         }
@@ -199,14 +209,19 @@ impl ActorRef {
             method,
             timeout,
             deadline,
+            end,
             fresh: false,
         };
         let (error, resend) = match self.attempt(&first, request, &answered).await {
             Attempt::Done(result) => return result,
             Attempt::Relocate { error, resend } => (error, resend),
         };
+        if left().is_zero() {
+            // No time left to ask the head where the actor went.
+            return Err(error);
+        }
         debug!(actor = %self.id, %error, resend, "following the actor");
-        match self.relocate().await {
+        match self.relocate_within(left()).await {
             Ok(Located::Running(place)) if resend => {
                 let again = Try {
                     place,
@@ -260,7 +275,7 @@ impl ActorRef {
                 };
             }
         };
-        let wait = at.deadline.saturating_duration_since(Instant::now()) + ANSWER_MARGIN;
+        let wait = at.end.saturating_duration_since(Instant::now());
         let timed_out = || ActorCallError::Timeout {
             actor,
             node,
@@ -351,10 +366,15 @@ impl ActorRef {
 
     /// Asks the head where the actor is; follows it when it runs.
     pub(super) async fn relocate(&self) -> Result<Located, ActorCallError> {
+        self.relocate_within(HEAD_TIMEOUT).await
+    }
+
+    /// [`Self::relocate`], the head's answer waited for at most `wait`.
+    async fn relocate_within(&self, wait: Duration) -> Result<Located, ActorCallError> {
         let request = Message::ActorLocate {
             actor_id: self.id.0,
         };
-        match self.client.request_head(&request, HEAD_TIMEOUT).await? {
+        match self.client.request_head(&request, wait).await? {
             Message::ActorLocation {
                 node_id,
                 address,
@@ -416,7 +436,10 @@ struct Try<'a> {
     place: Place,
     method: &'a str,
     timeout: Duration,
+    /// When the actor's node gives up on the call.
     deadline: Instant,
+    /// When the caller gives up: the deadline and the answer's margin.
+    end: Instant,
     /// Connect again if the cached connection to the node has ended.
     fresh: bool,
 }
@@ -429,5 +452,23 @@ impl std::fmt::Debug for ActorRef {
             .field("node", &place.node)
             .field("address", &place.address)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_waits_a_quarter_of_its_timeout_more_within_bounds() {
+        let ms = Duration::from_millis;
+        assert_eq!(answer_margin(ms(100)), ms(100));
+        assert_eq!(answer_margin(ms(1_000)), ms(250));
+        assert_eq!(answer_margin(ms(4_000)), ms(1_000));
+        assert_eq!(
+            answer_margin(Duration::from_secs(60)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(answer_margin(Duration::MAX), Duration::from_secs(2));
     }
 }
