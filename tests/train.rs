@@ -1297,6 +1297,80 @@ fn an_elastic_job_below_its_minimum_world_fails_with_a_checkpoint_it_resumes_fro
     cluster.assert_settled();
 }
 
+/// An elastic job whose node daemon is paused (SIGSTOP; its trainer's process runs on,
+/// unsupervised): the head declares the node lost after its window, the other rank goes
+/// on alone to the end, each sample of every epoch once. Resumed afterwards, the node
+/// kills the old trainer (fencing) before it counts as free again.
+#[test]
+fn an_elastic_job_whose_node_daemon_is_paused_goes_on_and_the_node_comes_back_fenced() {
+    let cluster = TrainCluster::start();
+    let total: u64 = cluster.train_counts().iter().sum();
+    let slow = cluster.data.slow_train_sets();
+    let sets = [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.sample_log=true",
+        slow[0].as_str(),
+        slow[1].as_str(),
+    ];
+    let epochs = 3;
+    let mut job = cluster.job("paused", epochs, &sets, false);
+    cluster.wait_for_steps(&mut job, "paused", 2);
+    let daemon = cluster.node.daemon_pids();
+    assert_eq!(daemon.len(), 1, "one daemon on the node");
+    let workers = workers_of(daemon[0]);
+    assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
+    let signal = |signal: Signal| {
+        kill_process(pid_of(daemon[0]).expect("pid"), signal).expect("signal the daemon");
+    };
+    signal(Signal::STOP);
+    // Resumed whatever happens below, so that the cluster can be stopped.
+    struct Resume<F: Fn(Signal)>(F);
+    impl<F: Fn(Signal)> Drop for Resume<F> {
+        fn drop(&mut self) {
+            (self.0)(Signal::CONT);
+        }
+    }
+    let resume = Resume(signal);
+    let paused_at = Instant::now();
+    let out = job.finish(JOB_LIMIT);
+    eprintln!(
+        "daemon paused: the job ended {:?} later",
+        paused_at.elapsed()
+    );
+    assert!(out.status.success(), "{}", out.describe());
+    assert!(
+        out.stdout.contains("replicas: identical on all 1 ranks"),
+        "{}",
+        out.describe()
+    );
+    let records = metrics(&cluster.runs.join("paused"));
+    let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
+    eprintln!("regrouped: {regroups:?}");
+    assert_eq!(regroups.len(), 1, "a shrink, no growth: {regroups:?}");
+    assert_eq!(regroups[0]["world"], 1, "{}", regroups[0]);
+    let cause = regroups[0]["cause"].as_str().unwrap_or_default();
+    let node = format!("node {}", cluster.node_id);
+    assert!(
+        cause.contains(&node),
+        "the paused {node} is not named: {cause}"
+    );
+    assert_each_sample_once(logged_samples(&records), epochs, total);
+    assert_steps_run_on(&records);
+    drop(resume);
+    wait_for(
+        SETTLE_LIMIT,
+        "the node alive again and its trainer gone",
+        || {
+            let alive = node_states(&cluster.head.status())
+                .iter()
+                .any(|(id, s)| *id == cluster.node_id && s == "alive");
+            (alive && !workers.iter().any(|&w| is_running(w))).then_some(())
+        },
+    );
+    cluster.assert_settled();
+}
+
 /// An elastic job whose node is cut off by a partition (the veth link between the
 /// head's and the node's network namespaces goes down: no packet answered, no link
 /// closed): the survivor, waiting in the ring for a peer that will not answer, is
