@@ -1297,6 +1297,73 @@ fn an_elastic_job_below_its_minimum_world_fails_with_a_checkpoint_it_resumes_fro
     cluster.assert_settled();
 }
 
+/// A survivor that crashes while an elastic job re-forms its ring after a loss (a
+/// failpoint: its second `connect`, the first after the loss): the other survivor
+/// outlives the failed ring, the job finds the second loss as it found the first and
+/// goes on alone, then grows back to three at the next epoch. Every sample of every
+/// epoch is still served once, the global steps run on, the replicas agree.
+#[test]
+fn an_elastic_job_that_loses_a_survivor_while_its_ring_forms_again_goes_on() {
+    let failpoint = [(FAILPOINTS_VARIABLE, "trainer.connect=exit@2")];
+    let cluster = TrainCluster::start_with_env(1, &failpoint);
+    let total: u64 = cluster.train_counts().iter().sum();
+    let slow = cluster.data.slow_train_sets();
+    let sets = [
+        "data.mode=\"split\"",
+        "train.elastic=true",
+        "train.sample_log=true",
+        slow[0].as_str(),
+        slow[1].as_str(),
+    ];
+    let epochs = 3;
+    let mut job = cluster.job("twice", epochs, &sets, false);
+    cluster.wait_for_steps(&mut job, "twice", 2);
+    // The trainer on the third node is lost; the one on `node` crashes rejoining.
+    let workers = workers_of(cluster.more[0].daemon_pids()[0]);
+    assert_eq!(
+        workers.len(),
+        1,
+        "one trainer on the third node: {workers:?}"
+    );
+    kill_process(pid_of(workers[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    let out = job.finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    assert!(
+        out.stdout.contains("replicas: identical on all 3 ranks"),
+        "{}",
+        out.describe()
+    );
+    let records = metrics(&cluster.runs.join("twice"));
+    let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
+    eprintln!("regrouped: {regroups:?}");
+    let worlds: Vec<u64> = regroups
+        .iter()
+        .filter_map(|r| r["world"].as_u64())
+        .collect();
+    assert_eq!(
+        worlds,
+        [2, 1, 3],
+        "two shrinks, then a growth: {regroups:?}"
+    );
+    assert_eq!(
+        regroups[0]["lost"],
+        serde_json::json!([2]),
+        "{}",
+        regroups[0]
+    );
+    // Ranks of the world of two: the crashed one was its rank 1.
+    assert_eq!(
+        regroups[1]["lost"],
+        serde_json::json!([1]),
+        "{}",
+        regroups[1]
+    );
+    assert_eq!(regroups[0]["step"], regroups[1]["step"], "{regroups:?}");
+    assert_each_sample_once(logged_samples(&records), epochs, total);
+    assert_steps_run_on(&records);
+    cluster.assert_settled();
+}
+
 /// An elastic job whose node daemon is paused (SIGSTOP; its trainer's process runs on,
 /// unsupervised): the head declares the node lost after its window, the other rank goes
 /// on alone to the end, each sample of every epoch once. Resumed afterwards, the node

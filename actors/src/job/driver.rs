@@ -10,7 +10,7 @@ use runtime::{
 };
 
 use super::calls::{Rank, agreed, call_all, to_json};
-use super::elastic::{self, World};
+use super::elastic::{self, Regrouped, World};
 use super::loaders;
 use super::metrics::{Metrics, rewind};
 use super::steps::{Grow, LoopEnd, Position, RunningJob, Saved, StopControl, train_loop};
@@ -219,12 +219,16 @@ pub async fn run(
         "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
         "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
     ));
+    // A loss found while the ring formed again, for the next turn to recover from.
+    let mut pending: Option<JobError> = None;
     let loop_result = loop {
         stop.set_ranks(&world.ranks, client);
         let mut watcher = FailureWatcher::start(client.clone(), &world.ranks);
+        // As the ranks hold it in this loop (a regroup or a growth changes `job` after).
+        let job_now = job.clone();
         let running = RunningJob {
             settings: &settings,
-            job: &job,
+            job: &job_now,
             ranks: &world.ranks,
             run_dir: &run_dir,
             steps_per_epoch: world.steps_per_epoch,
@@ -234,9 +238,12 @@ pub async fn run(
             regrouped,
             grow: settings.elastic.map(|_| Grow { client, max_world }),
         };
-        let result = tokio::select! {
-            result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
-            failure = watcher.failure() => Err(JobError::RankFailed(failure)),
+        let result = match pending.take() {
+            Some(error) => Err(error),
+            None => tokio::select! {
+                result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
+                failure = watcher.failure() => Err(JobError::RankFailed(failure)),
+            },
         };
         let error = match (result, settings.elastic) {
             (Ok(LoopEnd::Done), _) => {
@@ -248,10 +255,17 @@ pub async fn run(
                 let seen = std::time::Instant::now();
                 let old_lr = job.optim.lr;
                 let context = (client, trainers, job_name.as_str());
-                let (new_world, listens, mut record) =
-                    elastic::grow(context, &mut job, &settings, &world, &places, &at).await?;
-                ring.wire(&job, &new_world.ranks, &listens, None, true, long)
-                    .await?;
+                let grown =
+                    match elastic::grow(context, &mut job, &settings, &world, &places, &at).await {
+                        Ok(grown) => grown,
+                        // The old ranks hold the model at `at`, an epoch's end.
+                        Err(error) => break Err(running.checkpoint_after_loss(error, &at).await),
+                    };
+                let (new_world, listens, mut record) = grown;
+                let wired = ring.wire(&job, &new_world.ranks, &listens, None, true, long);
+                if let Err(error) = wired.await {
+                    break Err(running.checkpoint_after_loss(error, &at).await);
+                }
                 record.recovery_s = seen.elapsed().as_secs_f64();
                 output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
                 metrics.write(&MetricsRecord::Regroup(record))?;
@@ -274,7 +288,7 @@ pub async fn run(
                         let regrouping =
                             elastic::regroup(&job, &settings, elastic, &losses, &at, failures)
                                 .await;
-                        let (new_world, listens, mut record, epoch_steps) = match regrouping {
+                        let mut regrouped_world = match regrouping {
                             Ok(regrouped) => regrouped,
                             Err(error) => {
                                 // The survivors hold the model at `at`, in the old world.
@@ -285,18 +299,41 @@ pub async fn run(
                                 break Err(survivors.checkpoint_after_loss(error, &at).await);
                             }
                         };
+                        let record = &mut regrouped_world.record;
                         job.optim.lr = record.lr;
-                        ring.wire(&job, &new_world.ranks, &listens, None, true, long)
-                            .await?;
+                        let new_ranks = &regrouped_world.world.ranks;
+                        let listens = &regrouped_world.listens;
+                        let wired = ring.wire(&job, new_ranks, listens, None, true, long).await;
                         record.found_s = found_s;
                         record.recovery_s = seen.elapsed().as_secs_f64();
-                        output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
-                        metrics.write(&MetricsRecord::Regroup(record))?;
-                        if !at.cursors.is_empty() {
-                            regrouped = Some((at.epoch, epoch_steps));
+                        match &wired {
+                            Ok(_) => output.warn(elastic::regroup_line(
+                                record,
+                                world.ranks.len(),
+                                old_lr,
+                            )),
+                            Err(error) => output.warn(format!(
+                                "elastic: lost rank(s) {:?} ({}); the {} others lost another \
+                                 while they formed their ring again: {error}",
+                                record.lost, record.cause, record.world
+                            )),
+                        }
+                        metrics.write(&MetricsRecord::Regroup(record.clone()))?;
+                        let Regrouped {
+                            world: new_world,
+                            epoch_steps,
+                            at: new_at,
+                            ..
+                        } = regrouped_world;
+                        if !new_at.cursors.is_empty() {
+                            regrouped = Some((new_at.epoch, epoch_steps));
                         }
                         world = new_world;
+                        at = new_at;
                         start = at.clone();
+                        // The new world's ranks hold the model at `at`: whom it lost is
+                        // found as after any failure.
+                        pending = wired.err();
                         continue;
                     }
                 }

@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use pipelines::RankCursor;
 use runtime::{ClusterClient, Resources};
 
 use super::calls::{Rank, agreed, call_all, call_one};
@@ -235,6 +236,17 @@ async fn abort_collectives(ranks: Vec<Rank>) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// A smaller world the survivors regrouped into, before its ring is wired.
+pub(super) struct Regrouped {
+    pub(super) world: World,
+    pub(super) listens: Vec<ListenReply>,
+    pub(super) record: RegroupRecord,
+    /// The steps of the epoch the job regrouped in, in the new world.
+    pub(super) epoch_steps: u64,
+    /// The job's position, as the new world's ranks hold it.
+    pub(super) at: Position,
+}
+
 /// The survivors as ranks `0..n` of a smaller world: each regroups (the rest of the
 /// epoch at `at`, the learning rate for the new global batch, `record.lr`, which the
 /// caller makes the job's) and binds a new ring port; the caller wires the ring.
@@ -245,7 +257,7 @@ pub(super) async fn regroup(
     losses: &Losses,
     at: &Position,
     failures: u32,
-) -> Result<(World, Vec<ListenReply>, RegroupRecord, u64), JobError> {
+) -> Result<Regrouped, JobError> {
     let n = losses.survivors.len() as u32;
     let lost: Vec<u32> = losses.lost.iter().map(|(r, _)| *r).collect();
     if failures > elastic.max_failures {
@@ -320,8 +332,22 @@ pub(super) async fn regroup(
         found_s: 0.0,
         recovery_s: 0.0,
     };
-    Ok((
-        World {
+    let cursors: Vec<RankCursor> = replies.iter().filter_map(|r| r.cursor.clone()).collect();
+    let told = if at.cursors.is_empty() {
+        0
+    } else {
+        ranks.len()
+    };
+    if cursors.len() != told {
+        return Err(JobError::Refused(format!(
+            "regrouping the survivors: {} of {} rank(s) told where they stand in epoch {}",
+            cursors.len(),
+            ranks.len(),
+            at.epoch
+        )));
+    }
+    Ok(Regrouped {
+        world: World {
             ranks,
             node_ranks,
             steps_per_epoch: replies[0].steps_per_epoch,
@@ -329,7 +355,11 @@ pub(super) async fn regroup(
         listens,
         record,
         epoch_steps,
-    ))
+        at: Position {
+            cursors,
+            ..at.clone()
+        },
+    })
 }
 
 /// What the job says when it regrouped.

@@ -16,7 +16,7 @@ use tch::Tensor;
 
 use super::super::ddp::GradSync;
 use super::super::scaler::ScalerState;
-use super::{Trainer, fatal, schedule};
+use super::{Trainer, fatal, ring_failure, schedule};
 
 /// The trainer's state at the start of a `train` call.
 pub(super) struct Snapshot {
@@ -60,6 +60,11 @@ pub struct RegroupReply {
     pub steps_in_epoch: u64,
     /// Steps of a whole epoch in the new world.
     pub steps_per_epoch: u64,
+    /// Where this rank stands in the rest of epoch `epoch`, as dealt to the new world
+    /// (none at an epoch's start): the job's position, should the new world lose a rank
+    /// before its first step.
+    #[serde(default)]
+    pub cursor: Option<RankCursor>,
 }
 
 impl Trainer {
@@ -193,6 +198,7 @@ impl Trainer {
         }
         reply.steps_per_epoch = steps_per_epoch;
         self.resume_cursor = continued.as_ref().map(|(_, _, c)| c.clone());
+        reply.cursor = self.resume_cursor.clone();
         self.continued = continued.map(|(epoch, plan, _)| (epoch, plan));
         super::phase::start(request.rank);
         Ok(reply)
@@ -220,7 +226,7 @@ impl Trainer {
         let momentum = self.sgd.state_or_zeros();
         let tensors: Vec<Tensor> = momentum.iter().map(|(_, t)| t.shallow_clone()).collect();
         sync.broadcast(&tensors, 0)
-            .map_err(|e| failed("optimiser state", &e))?;
+            .map_err(|e| ring_failure(rank, "sharing the optimiser state", &e))?;
         self.sgd
             .load_state(&momentum)
             .map_err(|e| failed("optimiser state", &e))?;
@@ -237,7 +243,7 @@ impl Trainer {
             .flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32))
             .collect();
         sync.broadcast_values(&mut values, 0)
-            .map_err(|e| failed("step and schedule", &e))?;
+            .map_err(|e| ring_failure(rank, "sharing the step and schedule", &e))?;
         let word = |k: usize| {
             (0..4).fold(0u64, |acc, i| {
                 acc | ((values[4 * k + i] as u64) << (16 * i))

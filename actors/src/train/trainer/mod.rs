@@ -325,6 +325,7 @@ impl Trainer {
     }
 
     fn connect(&mut self, request: ConnectRequest) -> Result<ConnectReply, MethodError> {
+        runtime::failpoint("trainer.connect");
         let listener = self
             .listener
             .take()
@@ -349,7 +350,7 @@ impl Trainer {
         };
         let bucket_bytes = self.init.job.optim.bucket_bytes;
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
-            .map_err(|e| MethodError::fatal(format!("rank {rank} joining the ring: {e}")))?;
+            .map_err(|e| ring_failure(self.init.rank, "joining the ring", &e))?;
         let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
         if self.decentralized() {
             self.connect_mixer(&request)?;
@@ -1025,10 +1026,14 @@ pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodEr
         ) => Some(source),
         _ => None,
     };
+    // A ring that cannot form (a peer refused, or hung up in the handshake) is a peer's
+    // doing too: in one job every rank has the coordinator's same settings.
     let peer = matches!(
         collective,
         Some(
-            CollectiveError::PeerClosed { .. }
+            CollectiveError::Connect { .. }
+                | CollectiveError::Handshake { .. }
+                | CollectiveError::PeerClosed { .. }
                 | CollectiveError::Io { .. }
                 | CollectiveError::Timeout { .. }
                 | CollectiveError::Poisoned { .. }
