@@ -217,14 +217,27 @@ async fn fence(shared: &Shared, why: &'static str) {
 
 /// How the node sends its heartbeats: as UDP datagrams tagged with the session's key
 /// while the head answers them; after one goes unanswered, the next over QUIC (which
-/// carries the head's refusal of a session it ended or forgot), then UDP again.
+/// carries the head's refusal of a session it ended or forgot), then UDP again. After
+/// [`UDP_TRIES`] unanswered UDP beats in a row (a firewall, say), [`QUIC_SPELL`] beats go
+/// over QUIC before UDP is tried again, so that the head hears the node every interval.
 #[derive(Debug, Default)]
 struct Beats {
     /// The socket and the check of the head's answers, for the current session.
     udp: Option<UdpBeats>,
     /// Whether the next beat goes over QUIC.
     quic_next: bool,
+    /// UDP beats of the session unanswered in a row.
+    udp_misses: u32,
+    /// Beats left to send over QUIC before UDP is tried again.
+    quic_spell: u32,
+    /// The session the counts above are of: a new one starts afresh.
+    session: u64,
 }
+
+/// Unanswered UDP beats in a row after which the node beats over QUIC for a while.
+const UDP_TRIES: u32 = 3;
+/// How many beats then go over QUIC (10 s at the default interval).
+const QUIC_SPELL: u32 = 20;
 
 #[derive(Debug)]
 struct UdpBeats {
@@ -239,14 +252,38 @@ impl Beats {
     /// One heartbeat, its answer awaited until `deadline` (the next beat's time).
     async fn beat(&mut self, shared: &Shared, seq: u64, first_seq: u64, deadline: Instant) -> Beat {
         let session = shared.session();
-        if let Some(link) = session.beat.filter(|_| !self.quic_next) {
+        if self.session != session.session.0 {
+            self.session = session.session.0;
+            self.quic_next = false;
+            self.udp_misses = 0;
+            self.quic_spell = 0;
+        }
+        let udp = session
+            .beat
+            .filter(|_| !self.quic_next && self.quic_spell == 0);
+        if let Some(link) = udp {
             let outcome = self.udp_beat(shared, session, link, seq, deadline).await;
-            if matches!(outcome, Beat::Missed) {
-                self.quic_next = true;
+            match outcome {
+                Beat::Missed => {
+                    self.quic_next = true;
+                    self.udp_misses += 1;
+                    if self.udp_misses >= UDP_TRIES {
+                        info!(
+                            node = %session.node_id,
+                            misses = self.udp_misses,
+                            "the head's heartbeat port does not answer; beating over QUIC for a while"
+                        );
+                        self.udp_misses = 0;
+                        self.quic_spell = QUIC_SPELL;
+                    }
+                }
+                Beat::Acked { .. } => self.udp_misses = 0,
+                Beat::Refused(_) | Beat::Lost(_) => {}
             }
             return outcome;
         }
         self.quic_next = false;
+        self.quic_spell = self.quic_spell.saturating_sub(1);
         beat(shared, seq, first_seq, deadline).await
     }
 
