@@ -16,7 +16,8 @@
 //! 4. `heartbeats`: the head's CPU while N nodes heartbeat every 500 ms (default 100 and
 //!    1,000; `--nodes N[,M...]`, e.g. `--nodes 3000,5000,10000` to find where a 2-core
 //!    machine gives up). The nodes are light fakes that speak the join and heartbeat
-//!    protocol over the real transport (each beat a QUIC datagram, answered by one), in
+//!    protocol over the real transport (each beat a tagged UDP datagram to the head's
+//!    heartbeat port, answered by one; QUIC after an unanswered one), in
 //!    a child process (this binary re-executed with `fake-nodes`), so this process's CPU
 //!    time is the head's alone;
 //! 5. `remote`: remote actor calls through the cluster API (`ClusterClient::spawn`, then

@@ -6,8 +6,10 @@
 //! registers the head itself as a node with its resources, and spawns two tasks: the
 //! server ([`handler`] answers every request, deciding first who may ask what) and the
 //! ticker, which sleeps until membership's next deadline and ends the sessions of silent
-//! nodes there. Membership and placement stay pure; [`members::Members`] is the thin
-//! driver that passes them the time and keeps the table in step with the sessions.
+//! nodes there; and a thread on a UDP port of its own for the nodes' heartbeats
+//! ([`beats`], each beat tagged with its session's key). Membership and placement stay
+//! pure; [`members::Members`] is the thin driver that passes them the time and keeps the
+//! table in step with the sessions (and each session's heartbeat key).
 //!
 //! The actor layer (`actors.rs`) runs the cluster's actor directory on these: node
 //! events from [`Head::subscribe`] (with the reservations a lost node held), the
@@ -15,6 +17,7 @@
 //! ([`HeadConfig::actors`]). [`Head::set_actor_handler`] replaces it.
 
 mod actors;
+mod beats;
 mod credentials;
 mod handler;
 mod members;
@@ -27,6 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
 use tracing::{Instrument, info, info_span, warn};
 
+pub use beats::BeatCounts;
 pub use members::{ClusterEvent, LossReason};
 
 use crate::actor::ClusterAccess;
@@ -87,6 +91,9 @@ pub(crate) struct Shared {
     local_addr: SocketAddr,
     join_address: String,
     state: StateDir,
+    /// The UDP port of heartbeats (`beats.rs`); 0 if it could not be bound.
+    beat_port: u16,
+    beat_counters: beats::BeatCounters,
     /// Set on the first stop request: later requests are refused.
     stopping: AtomicBool,
     life: Lifecycle,
@@ -135,6 +142,17 @@ impl Head {
             started: unix_seconds(),
         };
         config.state.write_record(HEAD_RECORD, &record)?;
+        let beat_socket = match beats::bind(config.bind.ip()) {
+            Ok(socket) => Some(socket),
+            Err(error) => {
+                warn!(%error, ip = %config.bind.ip(), "cannot bind a heartbeat port; nodes beat over QUIC");
+                None
+            }
+        };
+        let beat_port = beat_socket
+            .as_ref()
+            .and_then(|socket| socket.local_addr().ok())
+            .map_or(0, |address| address.port());
         let shared = Arc::new(Shared {
             members,
             ca: credentials.ca,
@@ -144,6 +162,8 @@ impl Head {
             local_addr,
             join_address,
             state: config.state,
+            beat_port,
+            beat_counters: beats::BeatCounters::default(),
             stopping: AtomicBool::new(false),
             life: Lifecycle::new(None),
         });
@@ -160,6 +180,11 @@ impl Head {
             )
         };
         let ticking = tokio::spawn(run_ticker(shared.clone()).instrument(span));
+        if let Some(socket) = beat_socket {
+            if let Err(error) = beats::spawn(socket, Arc::downgrade(&shared)) {
+                warn!(%error, "cannot start the heartbeat thread; its port answers nothing");
+            }
+        }
         shared
             .life
             .track([serving.abort_handle(), ticking.abort_handle()]);
@@ -200,6 +225,16 @@ impl Head {
             self.shared.token.as_str(),
             self.shared.ca.ca_hash()
         )
+    }
+
+    /// The UDP port of heartbeats (0: none, nodes beat over QUIC).
+    pub fn beat_port(&self) -> u16 {
+        self.shared.beat_port
+    }
+
+    /// What the heartbeat port received and refused so far.
+    pub fn beat_counts(&self) -> BeatCounts {
+        self.shared.beat_counters.counts()
     }
 
     /// The head's own node id.

@@ -37,7 +37,7 @@ use crate::resources::NodeResources;
 use crate::state::{NODE_RECORD, NodeRecord, StateDir};
 use crate::tls::{CaHash, ClientTls, JoinToken, ServerTls};
 use crate::transport::{Connection, Peer, Server, TransportError, TransportOptions};
-use crate::wire::{Message, NodeDescription};
+use crate::wire::{BeatKey, Message, NodeDescription};
 
 /// How long a node leaving waits for the head to acknowledge.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -77,6 +77,15 @@ pub(crate) struct Session {
     pub(crate) session: SessionId,
     pub(crate) heartbeat_ms: u64,
     pub(crate) dead_after_ms: u64,
+    /// Where and with which key to send UDP heartbeats; `None`: over QUIC only.
+    pub(crate) beat: Option<BeatLink>,
+}
+
+/// The head's heartbeat port and this session's key (`wire::beat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BeatLink {
+    pub(crate) port: u16,
+    pub(crate) key: BeatKey,
 }
 
 /// What the node's tasks share.
@@ -268,7 +277,10 @@ impl Shared {
     /// The connection to the head, made from the node's port when there is none.
     async fn connection(&self, timeout: Duration) -> Result<Connection, TransportError> {
         if let Some(connection) = self.lock_connection().clone() {
-            return Ok(connection);
+            // A connection the head closed (it restarted) is made again at once.
+            if !connection.is_closed() {
+                return Ok(connection);
+            }
         }
         let connection = tokio::time::timeout(timeout, self.server.connect(self.head, &self.tls))
             .await
@@ -287,10 +299,15 @@ impl Shared {
         }
     }
 
-    /// Tells the head this node leaves, if it is connected; never fails.
+    /// Tells the head this node leaves (connecting first if no connection is open: the
+    /// heartbeats go over UDP); never fails.
     async fn leave(&self) {
-        let Some(connection) = self.lock_connection().clone() else {
-            return;
+        let connection = match self.connection(LEAVE_TIMEOUT).await {
+            Ok(connection) => connection,
+            Err(error) => {
+                warn!(%error, "cannot tell the head this node leaves");
+                return;
+            }
         };
         let session = self.session();
         let leave = Message::Leave {

@@ -59,7 +59,10 @@ impl Default for TransportOptions {
     fn default() -> Self {
         Self {
             max_frame: DEFAULT_MAX_FRAME,
-            keep_alive: Duration::from_secs(1),
+            // A third of the idle timeout: two pings may be lost before it ends. Pings of
+            // the head's 1,000 idle node connections (heartbeats go over UDP) cost it a
+            // third of what they did at 1 s.
+            keep_alive: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             max_streams: 256,

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use runtime::wire::{Message, NodeDescription, ResourcesWire};
+use runtime::wire::{
+    BeatGate, BeatKey, BeatKind, BeatPacket, Message, NodeDescription, ResourcesWire,
+};
 use runtime::{
     ActorHosting, CONNECT_TIMEOUT, CaHash, Client, ClientTls, ClusterCa, ClusterClient,
     ClusterEvent, ClusterStatus, DaemonError, Head, HeadConfig, JoinToken, LossReason,
@@ -420,6 +422,177 @@ async fn nodes_come_back_to_a_restarted_head() {
     let mut expected = vec![one.address(), two.address(), &head_address];
     expected.sort_unstable();
     assert_eq!(addresses, expected);
+}
+
+/// The heartbeat port answers only a fresh beat tagged with a live session's key: forged,
+/// replayed, foreign and garbage datagrams are counted by reason and never answered, and
+/// do not disturb the session; once the session is over (the node went silent and was
+/// declared dead), even a well-tagged beat of it is refused.
+#[tokio::test]
+async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
+    let cluster = Cluster::start().await;
+    let port = cluster.head.beat_port();
+    assert_ne!(port, 0, "the head has a heartbeat port");
+    // A node of our own making, as `fake_nodes.rs` in the cluster bench: a join with the
+    // token, which hands out the session's heartbeat key.
+    let stranger = ClientTls::join(cluster.head.ca_hash()).expect("join tls");
+    let connection = within(
+        "connect",
+        Client::connect(cluster.head.local_addr(), &stranger),
+    )
+    .await
+    .expect("connect");
+    let join = Message::JoinRequest {
+        token: cluster.head.token().as_str().to_owned(),
+        node: NodeDescription {
+            hostname: "beater".into(),
+            address: "127.0.0.1:1".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            resources: ResourcesWire {
+                cpus: 1,
+                memory_bytes: None,
+                gpus: vec![],
+            },
+        },
+    };
+    let answer = within("join", connection.request(&join, LIMIT))
+        .await
+        .expect("join answer");
+    connection.close();
+    let Message::JoinAccepted {
+        node_id,
+        session,
+        beat_port,
+        beat_key,
+        ..
+    } = answer
+    else {
+        panic!("join answered {answer:?}");
+    };
+    assert_eq!(beat_port, port);
+    let key = BeatKey::from_bytes(&beat_key).expect("a 32-byte key");
+    let mut events = cluster.head.subscribe();
+
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("udp socket");
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect udp");
+    let beat = |seq, node_id, key: &BeatKey| {
+        BeatPacket {
+            kind: BeatKind::Beat,
+            node_id,
+            session,
+            seq,
+        }
+        .seal(&key.hmac())
+    };
+    let mut gate = BeatGate::new(node_id, session, &key);
+    let first = beat(1, node_id, &key);
+    let other_key = BeatKey::generate().expect("key");
+    let mut flipped = beat(2, node_id, &key);
+    // The seq's last byte: the tag no longer matches.
+    flipped[29] ^= 0x40;
+    let mut long = beat(3, node_id, &key).to_vec();
+    long.push(0);
+    let ack = BeatPacket {
+        kind: BeatKind::Ack,
+        node_id,
+        session,
+        seq: 300,
+    }
+    .seal(&key.hmac());
+    // (what, datagram, its own answer if it deserves one). A datagram that deserves none
+    // is followed by a fresh beat, whose answer must then be the first to come: the head
+    // reads its port in order.
+    let cases: Vec<(&str, Vec<u8>, Option<u64>)> = vec![
+        ("a fresh beat", first.to_vec(), Some(1)),
+        ("the same beat again", first.to_vec(), None),
+        ("an older seq", beat(1, node_id, &key).to_vec(), None),
+        ("another key", beat(200, node_id, &other_key).to_vec(), None),
+        ("a changed byte", flipped.to_vec(), None),
+        (
+            "another node",
+            beat(200, node_id + 1000, &key).to_vec(),
+            None,
+        ),
+        ("empty", Vec::new(), None),
+        ("a byte too long", long, None),
+        ("text", b"hello, head".to_vec(), None),
+        ("an ack", ack.to_vec(), None),
+        (
+            "a fresh beat after all that",
+            beat(400, node_id, &key).to_vec(),
+            Some(400),
+        ),
+    ];
+    let mut probe = 100u64;
+    for (what, datagram, own) in cases {
+        socket.send(&datagram).await.expect("send");
+        let want = match own {
+            Some(seq) => seq,
+            None => {
+                probe += 1;
+                socket
+                    .send(&beat(probe, node_id, &key))
+                    .await
+                    .expect("send");
+                probe
+            }
+        };
+        let mut buffer = [0u8; 128];
+        let len = within(what, socket.recv(&mut buffer))
+            .await
+            .expect("receive");
+        let got = gate.take(&buffer[..len], BeatKind::Ack).map(|ack| ack.seq);
+        assert_eq!(got, Ok(want), "{what}");
+    }
+    let counts = cluster.head.beat_counts();
+    assert_eq!(
+        (
+            counts.forged,
+            counts.replayed,
+            counts.unknown,
+            counts.garbage
+        ),
+        (2, 2, 1, 4),
+        "{counts:?}"
+    );
+    assert_eq!(counts.accepted, 11, "{counts:?}");
+    assert_eq!(
+        cluster.head.live_node(NodeId(node_id)).map(|(s, _)| s.0),
+        Some(session)
+    );
+
+    // Silent, the node is declared dead in its window; its key then opens nothing.
+    wait_event(
+        &mut events,
+        "the silent node declared dead",
+        |event| match event {
+            ClusterEvent::NodeLost { node, reason, .. } if node == NodeId(node_id) => Some(reason),
+            _ => None,
+        },
+    )
+    .await;
+    socket.send(&beat(1000, node_id, &key)).await.expect("send");
+    let refused = within("the refusal counted", async {
+        loop {
+            let counts = cluster.head.beat_counts();
+            if counts.unknown == 2 {
+                return counts;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(refused.accepted, counts.accepted, "{refused:?}");
+    let mut buffer = [0u8; 128];
+    assert!(
+        socket.try_recv(&mut buffer).is_err(),
+        "a beat of an ended session was answered"
+    );
 }
 
 /// Heartbeats keep a node's session for many dead windows, every one acknowledged in

@@ -6,7 +6,9 @@
 //! heartbeats on a mutual-TLS connection with the certificate the head handed out, every
 //! interval the head asked for, as datagrams answered by datagrams (on a stream if the
 //! head takes no datagrams); a beat unanswered within its interval is missed, and the
-//! head lost only once nothing was acknowledged for the dead window. On a refusal it
+//! head lost only once nothing was acknowledged for the dead window. When the head hands
+//! out a heartbeat port and key, beats go as tagged UDP datagrams instead (one socket per
+//! fake node), one over QUIC after each that goes unanswered. On a refusal it
 //! joins again on that connection (no token), on a lost connection it reconnects after a
 //! backoff (50 ms doubling to 2 s).
 //! It binds no port of its own and serves nothing: the nodes share a few UDP sockets
@@ -29,7 +31,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use runtime::wire::{GpuWire, Message, NodeDescription, ResourcesWire};
+use runtime::wire::{
+    BEAT_LEN, BeatGate, BeatKey, BeatKind, BeatPacket, GpuWire, Message, NodeDescription,
+    ResourcesWire,
+};
 use runtime::{
     CaCertificate, CaHash, Client, ClientTls, Connection, NodeCredentials, Server, ServerTls,
     TransportError,
@@ -186,6 +191,8 @@ struct Session {
     session: u64,
     heartbeat: Duration,
     dead_after: Duration,
+    /// The head's heartbeat port and the session's key; `None`: beats over QUIC.
+    beat: Option<(u16, BeatKey)>,
 }
 
 /// What a join hands out.
@@ -315,6 +322,9 @@ impl FakeNode {
         let mut first_seq = 1u64;
         let mut last_ack = Instant::now();
         let mut backoff = FIRST_BACKOFF;
+        // UDP beats as the node daemon sends them: after one goes unanswered, one over QUIC.
+        let mut udp: Option<(tokio::net::UdpSocket, BeatGate)> = None;
+        let mut quic_next = false;
         loop {
             let started = Instant::now();
             seq += 1;
@@ -339,17 +349,29 @@ impl FakeNode {
                 seq,
             };
             let deadline = started + self.session.heartbeat;
-            let outcome = match current.send_datagram(&beat) {
-                Ok(()) => answer(&current, seq, first_seq, started, deadline, &self.counters).await,
-                Err(TransportError::NoDatagram { .. }) => {
-                    let timeout = self.session.dead_after.max(self.session.heartbeat);
-                    match current.request(&beat, timeout).await {
-                        Ok(Message::HeartbeatAck { .. }) => Beat::Acked(started.elapsed()),
-                        Ok(_) => Beat::Refused,
-                        Err(_) => Beat::Lost,
+            let udp_link = self.session.beat.filter(|_| !quic_next);
+            quic_next = false;
+            let outcome = if let Some((port, key)) = udp_link {
+                let outcome = self
+                    .udp_beat(&mut udp, port, key, seq, started, deadline)
+                    .await;
+                quic_next = matches!(outcome, Beat::Missed);
+                outcome
+            } else {
+                match current.send_datagram(&beat) {
+                    Ok(()) => {
+                        answer(&current, seq, first_seq, started, deadline, &self.counters).await
                     }
+                    Err(TransportError::NoDatagram { .. }) => {
+                        let timeout = self.session.dead_after.max(self.session.heartbeat);
+                        match current.request(&beat, timeout).await {
+                            Ok(Message::HeartbeatAck { .. }) => Beat::Acked(started.elapsed()),
+                            Ok(_) => Beat::Refused,
+                            Err(_) => Beat::Lost,
+                        }
+                    }
+                    Err(_) => Beat::Lost,
                 }
-                Err(_) => Beat::Lost,
             };
             match outcome {
                 Beat::Acked(_) | Beat::LateAcked => {
@@ -386,6 +408,79 @@ impl FakeNode {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+impl FakeNode {
+    /// One beat as a UDP datagram tagged with the session's key, as
+    /// `runtime/src/node/heartbeat.rs` sends it, and its answer awaited until `deadline`.
+    async fn udp_beat(
+        &self,
+        udp: &mut Option<(tokio::net::UdpSocket, BeatGate)>,
+        port: u16,
+        key: BeatKey,
+        seq: u64,
+        sent: Instant,
+        deadline: Instant,
+    ) -> Beat {
+        let session = self.session.session;
+        if udp
+            .as_ref()
+            .is_none_or(|(_, gate)| gate.session() != session)
+        {
+            let to = SocketAddr::new(self.config.head.ip(), port);
+            let opened = async {
+                let socket =
+                    tokio::net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+                socket.connect(to).await?;
+                std::io::Result::Ok(socket)
+            };
+            match opened.await {
+                Ok(socket) => {
+                    *udp = Some((socket, BeatGate::new(self.session.node_id, session, &key)))
+                }
+                Err(_) => return Beat::Missed,
+            }
+        }
+        let Some((socket, gate)) = udp.as_mut() else {
+            return Beat::Missed;
+        };
+        let datagram = BeatPacket {
+            kind: BeatKind::Beat,
+            node_id: self.session.node_id,
+            session,
+            seq,
+        }
+        .seal(gate.key());
+        if socket.send(&datagram).await.is_err() {
+            return Beat::Missed;
+        }
+        let mut buffer = [0u8; BEAT_LEN + 1];
+        let mut late_acks = false;
+        loop {
+            let received = tokio::select! {
+                received = socket.recv(&mut buffer) => received,
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    return if late_acks { Beat::LateAcked } else { Beat::Missed };
+                }
+            };
+            match received.map(|len| gate.take(&buffer[..len], BeatKind::Ack)) {
+                Ok(Ok(ack)) if ack.seq == seq => return Beat::Acked(sent.elapsed()),
+                Ok(Ok(_)) => {
+                    self.counters.acked(None);
+                    late_acks = true;
+                }
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    tokio::time::sleep_until(deadline.into()).await;
+                    return if late_acks {
+                        Beat::LateAcked
+                    } else {
+                        Beat::Missed
+                    };
+                }
+            }
         }
     }
 }
@@ -465,6 +560,8 @@ async fn join(
         key_pem,
         heartbeat_ms,
         dead_after_ms,
+        beat_port,
+        beat_key,
     } = reply
     else {
         bail!("join answered with {reply:?}");
@@ -481,6 +578,9 @@ async fn join(
             session,
             heartbeat: Duration::from_millis(u64::from(heartbeat_ms)),
             dead_after: Duration::from_millis(u64::from(dead_after_ms)),
+            beat: BeatKey::from_bytes(&beat_key)
+                .filter(|_| beat_port != 0)
+                .map(|key| (beat_port, key)),
         },
         ca,
         credentials: NodeCredentials { cert_pem, key_pem },

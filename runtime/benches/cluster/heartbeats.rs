@@ -66,8 +66,9 @@ pub async fn run(options: &Options) -> Result<()> {
     println!(
         "4. heartbeats: the head's CPU with N nodes heartbeating every 500 ms (default \
          membership: suspect after 1.5 s, dead after 3 s). Fake nodes speak the join and \
-         heartbeat protocol over their own mutual-TLS connections ({SOCKETS} shared UDP \
-         sockets), each beat a datagram answered by one, in a child process; measured over {:.0} s after every node joined and {:.0} s \
+         heartbeat protocol: the join over mutual TLS, connections kept open ({SOCKETS} shared UDP \
+         sockets), each beat a UDP datagram tagged with the session key and answered by one \
+         (one socket per node), in a child process; measured over {:.0} s after every node joined and {:.0} s \
          of warm-up",
         window.as_secs_f64(),
         warm_up.as_secs_f64()

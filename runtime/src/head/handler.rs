@@ -13,7 +13,9 @@
 //! to take the whole cluster down. Every refusal is a [`Message::Refused`]; refusals of
 //! peers without a certificate are logged as warnings with their address.
 //!
-//! Heartbeats also come as datagrams (see `node/heartbeat.rs`); each is answered by a
+//! Heartbeats come mostly over UDP, to `beats.rs`, which takes them by the session key
+//! handed out here in the `JoinAccepted`. They also come as QUIC datagrams (see
+//! `node/heartbeat.rs`, after a UDP beat went unanswered); each is answered by a
 //! datagram under the same rules, [`Message::HeartbeatAck`] or
 //! [`Message::HeartbeatRefused`] with its `seq`, and logged at debug level only. Any
 //! other datagram is dropped.
@@ -234,7 +236,11 @@ fn join(
             };
         }
     };
-    let (node_id, session) = shared.members.join(&key, node);
+    let (node_id, session, beat_key) = shared.members.join(&key, node);
+    let (beat_port, beat_key) = match (shared.beat_port, beat_key) {
+        (port, Some(beat_key)) if port != 0 => (port, beat_key.as_bytes().to_vec()),
+        _ => (0, Vec::new()),
+    };
     let config = shared.members.config();
     Message::JoinAccepted {
         node_id: node_id.0,
@@ -244,6 +250,8 @@ fn join(
         key_pem: credentials.key_pem,
         heartbeat_ms: u32::try_from(config.heartbeat_interval_ms).unwrap_or(u32::MAX),
         dead_after_ms: u32::try_from(config.dead_after_ms).unwrap_or(u32::MAX),
+        beat_port,
+        beat_key,
     }
 }
 

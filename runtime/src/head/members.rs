@@ -6,6 +6,7 @@
 //! so a join and the ticker's verdict on the same node cannot interleave. The table's own
 //! writer lock is taken inside that mutex, never the other way round.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ use crate::membership::{
 };
 use crate::placement::{Reservation, ResourceTable};
 use crate::status::{ClusterStatus, GpuStatus, NodeStatus, ReservationStatus};
-use crate::wire::NodeDescription;
+use crate::wire::{BEAT_LEN, BeatError, BeatGate, BeatKey, BeatKind, BeatPacket, NodeDescription};
 
 /// The membership key of the head itself; nodes' keys are their certificate names.
 const HEAD_KEY: &str = "head";
@@ -77,6 +78,8 @@ struct Inner {
     membership: Membership<NodeDescription>,
     own: NodeId,
     own_session: SessionId,
+    /// The heartbeat key and replay check of each node's session (UDP beats).
+    beats: HashMap<NodeId, BeatGate>,
 }
 
 impl Members {
@@ -96,6 +99,7 @@ impl Members {
                 membership,
                 own: joined.node,
                 own_session: joined.session,
+                beats: HashMap::new(),
             }),
             table,
             events,
@@ -134,8 +138,20 @@ impl Members {
     }
 
     /// Admits the node `key` (a new session; a key seen before keeps its id) and puts it
-    /// in the resource table.
-    pub(super) fn join(&self, key: &str, node: NodeDescription) -> (NodeId, SessionId) {
+    /// in the resource table. Returns the session's heartbeat key too (`None` if the
+    /// system's random generator failed: the node then beats over QUIC).
+    pub(super) fn join(
+        &self,
+        key: &str,
+        node: NodeDescription,
+    ) -> (NodeId, SessionId, Option<BeatKey>) {
+        let beat_key = match BeatKey::generate() {
+            Ok(beat_key) => Some(beat_key),
+            Err(error) => {
+                warn!(%error, "no heartbeat key for a joining node; it beats over QUIC");
+                None
+            }
+        };
         let now = self.clock.now_ms();
         let address = node.address.clone();
         let (hostname, cpus, gpus) = (
@@ -152,6 +168,15 @@ impl Members {
         // A node is in the table only while a session is on; the one that just ended was
         // removed above, so the node is not in the table now.
         let _ = self.table.add_node(joined.node, capacity);
+        match &beat_key {
+            Some(beat_key) => {
+                let gate = BeatGate::new(joined.node.0, joined.session.0, beat_key);
+                inner.beats.insert(joined.node, gate);
+            }
+            None => {
+                inner.beats.remove(&joined.node);
+            }
+        }
         drop(inner);
         info!(
             node = %joined.node,
@@ -168,7 +193,41 @@ impl Members {
             address,
         });
         self.changed.notify_one();
-        (joined.node, joined.session)
+        (joined.node, joined.session, beat_key)
+    }
+
+    /// Records the UDP heartbeat in `datagram` if it is a fresh beat of a live session,
+    /// tagged with that session's key; returns the acknowledgement to send back.
+    pub(super) fn datagram_beat(&self, datagram: &[u8]) -> Result<[u8; BEAT_LEN], BeatError> {
+        let packet = BeatPacket::read(datagram, BeatKind::Beat)?;
+        let node = NodeId(packet.node_id);
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let gate = inner
+            .beats
+            .get_mut(&node)
+            .ok_or(BeatError::UnknownNode { node: node.0 })?;
+        gate.take_read(datagram, packet)?;
+        let ack = packet.ack().seal(gate.key());
+        match inner
+            .membership
+            .heartbeat(now, node, SessionId(packet.session))
+        {
+            Ok(Some(event)) => {
+                drop(inner);
+                self.report(&event);
+                Ok(ack)
+            }
+            Ok(None) => Ok(ack),
+            Err(_) => {
+                // The session ended (dead, left): its key goes with it.
+                inner.beats.remove(&node);
+                Err(BeatError::SessionOver {
+                    node: node.0,
+                    session: packet.session,
+                })
+            }
+        }
     }
 
     /// Records a heartbeat of `node` in `session` from the peer named `key`.
@@ -201,6 +260,7 @@ impl Members {
             .membership
             .leave(now, node, session)
             .map_err(|error| error.to_string())?;
+        inner.beats.remove(&node);
         self.end_session(&event);
         drop(inner);
         self.changed.notify_one();

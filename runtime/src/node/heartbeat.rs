@@ -4,9 +4,14 @@
 //! exponential backoff. A lost connection alone does not rejoin: the session may still be
 //! on, and a rejoin would end it and release what the node holds.
 //!
-//! Heartbeats go as QUIC datagrams (no stream, no task at the head, nothing resent), and
-//! the head answers each with a datagram that names its `seq`: acknowledged (it keeps
-//! the session) or refused with a reason (join again). A beat unanswered within its
+//! Heartbeats go as plain UDP datagrams to the head's heartbeat port, tagged with the
+//! session's key (`wire::beat`; the key came with the join, over mutual TLS), and the
+//! head answers each one it takes with a tagged acknowledgement of its `seq`; an answer
+//! that does not verify, or repeats a `seq`, is ignored. The head answers nothing else on
+//! that port: after a beat that went unanswered, the next goes over the QUIC connection,
+//! as a datagram that the head answers with a datagram naming its `seq`: acknowledged (it
+//! keeps the session) or refused with a reason (join again; the head forgot the session
+//! and its key). Then UDP again. A beat unanswered within its
 //! interval is only missed, as its datagram or the answer may have been lost: the next
 //! one goes out on time, and an acknowledgement of any beat of the session counts,
 //! however late. The head is lost when the connection ends, or once no heartbeat was
@@ -20,17 +25,19 @@
 //! actor it hosts and waits for their worker processes to exit before it joins again, so
 //! that its resources are counted free only once nothing of the old session uses them.
 
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::UdpSocket;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::join::accepted;
-use super::{Session, Shared};
+use super::{BeatLink, Session, Shared};
 use crate::daemon::message_name;
 use crate::transport::{Connection, TransportError};
-use crate::wire::Message;
+use crate::wire::{BEAT_LEN, BeatGate, BeatKind, BeatPacket, Message};
 
 /// The first pause after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -94,13 +101,17 @@ pub(super) async fn run(shared: Arc<Shared>) {
     let mut last_ack = Instant::now();
     // Whether the actors of the current session were killed.
     let mut fenced = false;
+    let mut beats = Beats::default();
     loop {
         let session = shared.session();
         let started = Instant::now();
         seq += 1;
         let interval = Duration::from_millis(session.heartbeat_ms);
         let window = Duration::from_millis(session.dead_after_ms);
-        let outcome = match beat(&shared, seq, first_seq, started + interval).await {
+        let outcome = match beats
+            .beat(&shared, seq, first_seq, started + interval)
+            .await
+        {
             Beat::Missed if last_ack.elapsed() >= window => Beat::Lost(TransportError::Timeout {
                 peer: shared.head,
                 after: window,
@@ -204,8 +215,163 @@ async fn fence(shared: &Shared, why: &'static str) {
     }
 }
 
-/// One heartbeat: a datagram, and its answer awaited until `deadline` (the next beat's
-/// time); or, to a head that takes no datagrams, a request on a stream.
+/// How the node sends its heartbeats: as UDP datagrams tagged with the session's key
+/// while the head answers them; after one goes unanswered, the next over QUIC (which
+/// carries the head's refusal of a session it ended or forgot), then UDP again. After
+/// [`UDP_TRIES`] unanswered UDP beats in a row (a firewall, say), [`QUIC_SPELL`] beats go
+/// over QUIC before UDP is tried again, so that the head hears the node every interval.
+#[derive(Debug, Default)]
+struct Beats {
+    /// The socket and the check of the head's answers, for the current session.
+    udp: Option<UdpBeats>,
+    /// Whether the next beat goes over QUIC.
+    quic_next: bool,
+    /// UDP beats of the session unanswered in a row.
+    udp_misses: u32,
+    /// Beats left to send over QUIC before UDP is tried again.
+    quic_spell: u32,
+    /// The session the counts above are of: a new one starts afresh.
+    session: u64,
+}
+
+/// Unanswered UDP beats in a row after which the node beats over QUIC for a while.
+const UDP_TRIES: u32 = 3;
+/// How many beats then go over QUIC (10 s at the default interval).
+const QUIC_SPELL: u32 = 20;
+
+#[derive(Debug)]
+struct UdpBeats {
+    /// Connected to the head's heartbeat port: datagrams from elsewhere are not read.
+    socket: UdpSocket,
+    to: SocketAddr,
+    /// Takes only acknowledgements tagged with the session's key, each `seq` once.
+    gate: BeatGate,
+}
+
+impl Beats {
+    /// One heartbeat, its answer awaited until `deadline` (the next beat's time).
+    async fn beat(&mut self, shared: &Shared, seq: u64, first_seq: u64, deadline: Instant) -> Beat {
+        let session = shared.session();
+        if self.session != session.session.0 {
+            self.session = session.session.0;
+            self.quic_next = false;
+            self.udp_misses = 0;
+            self.quic_spell = 0;
+        }
+        let udp = session
+            .beat
+            .filter(|_| !self.quic_next && self.quic_spell == 0);
+        if let Some(link) = udp {
+            let outcome = self.udp_beat(shared, session, link, seq, deadline).await;
+            match outcome {
+                Beat::Missed => {
+                    self.quic_next = true;
+                    self.udp_misses += 1;
+                    if self.udp_misses >= UDP_TRIES {
+                        info!(
+                            node = %session.node_id,
+                            misses = self.udp_misses,
+                            "the head's heartbeat port does not answer; beating over QUIC for a while"
+                        );
+                        self.udp_misses = 0;
+                        self.quic_spell = QUIC_SPELL;
+                    }
+                }
+                Beat::Acked { .. } => self.udp_misses = 0,
+                Beat::Refused(_) | Beat::Lost(_) => {}
+            }
+            return outcome;
+        }
+        self.quic_next = false;
+        self.quic_spell = self.quic_spell.saturating_sub(1);
+        beat(shared, seq, first_seq, deadline).await
+    }
+
+    /// One beat over UDP; `Missed` if no answer of the session came in time (or the
+    /// socket failed: the next beat goes over QUIC, which tells more).
+    async fn udp_beat(
+        &mut self,
+        shared: &Shared,
+        session: Session,
+        link: BeatLink,
+        seq: u64,
+        deadline: Instant,
+    ) -> Beat {
+        let to = SocketAddr::new(shared.head.ip(), link.port);
+        let current = self
+            .udp
+            .as_ref()
+            .is_some_and(|udp| udp.to == to && udp.gate.session() == session.session.0);
+        if !current {
+            self.udp = match UdpBeats::open(to, session, link).await {
+                Ok(udp) => Some(udp),
+                Err(error) => {
+                    debug!(%to, %error, "cannot open a heartbeat socket; beating over QUIC");
+                    return Beat::Missed;
+                }
+            };
+        }
+        let Some(udp) = self.udp.as_mut() else {
+            return Beat::Missed;
+        };
+        let datagram = BeatPacket {
+            kind: BeatKind::Beat,
+            node_id: session.node_id.0,
+            session: session.session.0,
+            seq,
+        }
+        .seal(udp.gate.key());
+        if let Err(error) = udp.socket.send(&datagram).await {
+            debug!(%to, %error, "heartbeat datagram not sent");
+            return Beat::Missed;
+        }
+        // One byte more than an answer, so that a longer datagram reads as too long.
+        let mut buffer = [0u8; BEAT_LEN + 1];
+        let mut late_ack = None;
+        loop {
+            let received = tokio::select! {
+                received = udp.socket.recv(&mut buffer) => received,
+                () = tokio::time::sleep_until(deadline) => {
+                    return late_ack.map_or(Beat::Missed, |at| Beat::Acked { at });
+                }
+            };
+            match received.map(|len| udp.gate.take(&buffer[..len], BeatKind::Ack)) {
+                Ok(Ok(ack)) if ack.seq == seq => return Beat::Acked { at: Instant::now() },
+                // An answer to an earlier beat of the session, late.
+                Ok(Ok(_)) => late_ack = Some(Instant::now()),
+                Ok(Err(error)) => {
+                    debug!(%to, reason = error.name(), %error, "refused a heartbeat answer");
+                }
+                // An ICMP error of an earlier beat (the port closed), say: wait out the
+                // interval rather than read again at once.
+                Err(error) => {
+                    debug!(%to, %error, "heartbeat socket: receive failed");
+                    tokio::time::sleep_until(deadline).await;
+                    return late_ack.map_or(Beat::Missed, |at| Beat::Acked { at });
+                }
+            }
+        }
+    }
+}
+
+impl UdpBeats {
+    async fn open(to: SocketAddr, session: Session, link: BeatLink) -> std::io::Result<Self> {
+        let local = match to {
+            SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
+        };
+        let socket = UdpSocket::bind(local).await?;
+        socket.connect(to).await?;
+        Ok(UdpBeats {
+            socket,
+            to,
+            gate: BeatGate::new(session.node_id.0, session.session.0, &link.key),
+        })
+    }
+}
+
+/// One heartbeat over QUIC: a datagram, and its answer awaited until `deadline` (the
+/// next beat's time); or, to a head that takes no datagrams, a request on a stream.
 async fn beat(shared: &Shared, seq: u64, first_seq: u64, deadline: Instant) -> Beat {
     let session = shared.session();
     let connection = match shared.connection(RECONNECT_TIMEOUT).await {

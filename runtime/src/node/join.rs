@@ -6,14 +6,14 @@ use std::net::SocketAddr;
 use quinn::ConnectionError;
 use tracing::{debug, warn};
 
-use super::{NodeConfig, Session};
+use super::{BeatLink, NodeConfig, Session};
 use crate::daemon::{CONNECT_TIMEOUT, DaemonError};
 use crate::membership::{NodeId, SessionId};
 use crate::state::NODE_DIR;
 use crate::state::StateDir;
 use crate::tls::{CaCertificate, CaHash, ClientTls, NodeCredentials};
 use crate::transport::{Client, TransportError};
-use crate::wire::{Message, NodeDescription};
+use crate::wire::{BeatKey, Message, NodeDescription};
 
 /// What the head handed out.
 pub(super) struct Joined {
@@ -89,7 +89,7 @@ pub(super) async fn first_join(
 /// Reads the head's answer to a join: the new session and credentials, after checking
 /// that the CA it hands out is the pinned one.
 pub(super) fn accepted(reply: Message, head: &str, ca_hash: CaHash) -> Result<Joined, DaemonError> {
-    let (node_id, session, ca_cert_pem, cert_pem, key_pem, heartbeat_ms, dead_after_ms) =
+    let (node_id, session, ca_cert_pem, cert_pem, key_pem, heartbeat_ms, dead_after_ms, beat) =
         match reply {
             Message::JoinAccepted {
                 node_id,
@@ -99,6 +99,8 @@ pub(super) fn accepted(reply: Message, head: &str, ca_hash: CaHash) -> Result<Jo
                 key_pem,
                 heartbeat_ms,
                 dead_after_ms,
+                beat_port,
+                beat_key,
             } => (
                 node_id,
                 session,
@@ -107,6 +109,13 @@ pub(super) fn accepted(reply: Message, head: &str, ca_hash: CaHash) -> Result<Jo
                 key_pem,
                 heartbeat_ms,
                 dead_after_ms,
+                // A port without a valid key (or none) means heartbeats over QUIC.
+                BeatKey::from_bytes(&beat_key)
+                    .filter(|_| beat_port != 0)
+                    .map(|key| BeatLink {
+                        port: beat_port,
+                        key,
+                    }),
             ),
             Message::Refused { reason } => {
                 return Err(DaemonError::JoinRefused {
@@ -150,6 +159,7 @@ pub(super) fn accepted(reply: Message, head: &str, ca_hash: CaHash) -> Result<Jo
             session: SessionId(session),
             heartbeat_ms: u64::from(heartbeat_ms),
             dead_after_ms: u64::from(dead_after_ms),
+            beat,
         },
         ca,
         credentials,

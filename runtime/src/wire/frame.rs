@@ -225,6 +225,8 @@ mod tests {
                 key_pem: "key".into(),
                 heartbeat_ms: 1000,
                 dead_after_ms: 10_000,
+                beat_port: 40_000,
+                beat_key: vec![9; 32],
             },
             Message::Refused {
                 reason: "bad token".into(),
@@ -589,10 +591,11 @@ mod tests {
             error.to_string(),
             "frame of 4294967295 bytes exceeds the limit of 16777216"
         );
-        let error = decode(&frame(0, 9, &[])).expect_err("version");
+        let old = WIRE_VERSION - 1;
+        let error = decode(&frame(0, old, &[])).expect_err("version");
         assert_eq!(
             error.to_string(),
-            format!("wire version 9, expected {WIRE_VERSION}")
+            format!("wire version {old}, expected {WIRE_VERSION}")
         );
     }
 

@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 8;
+pub const WIRE_VERSION: u16 = 9;
 
 /// One request or response. A stream carries one request frame and one response frame;
 /// a datagram carries one frame (heartbeats and their answers).
@@ -43,6 +43,12 @@ pub enum Message {
         heartbeat_ms: u32,
         /// After how long without a heartbeat the head declares the node dead.
         dead_after_ms: u32,
+        /// The head's UDP port for heartbeats (`wire::beat`), on the address the node
+        /// joined; 0: send them over QUIC.
+        beat_port: u16,
+        /// The session's heartbeat key (32 bytes), which tags every beat and its answer;
+        /// empty with `beat_port` 0.
+        beat_key: Vec<u8>,
     },
     /// A request was refused (bad token, unauthenticated peer, unknown node...).
     Refused {

@@ -5,9 +5,11 @@
 //! these plain types to their domain types at the boundary; nothing outside this module
 //! derives the archive traits.
 
+mod beat;
 mod frame;
 mod messages;
 
+pub use beat::{BEAT_KEY_LEN, BEAT_LEN, BeatError, BeatGate, BeatKey, BeatKind, BeatPacket};
 pub use frame::{
     DEFAULT_MAX_FRAME, HEADER_LEN, WireError, decode, decode_with_limit, encode, read_frame,
     write_frame,
