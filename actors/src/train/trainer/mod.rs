@@ -351,6 +351,10 @@ impl Trainer {
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
             .map_err(|e| MethodError::fatal(format!("rank {rank} joining the ring: {e}")))?;
         let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
+        if self.init.job.optim.overlap && !self.decentralized() {
+            sync.overlap_backward(&self.params)
+                .map_err(|e| MethodError::fatal(format!("rank {rank}: {e}")))?;
+        }
         if self.decentralized() {
             self.connect_mixer(&request)?;
         }
@@ -709,7 +713,18 @@ impl Trainer {
         }
         let computing = Instant::now();
         let n = batch.len();
-        let mut extra = self.forward_backward(batch)?;
+        self.sync
+            .as_mut()
+            .ok_or_else(|| MethodError::new("train before connect"))?
+            .before_backward(n as f32)
+            .map_err(|e| ring_failure(self.init.rank, "arming the gradient hooks", &e))?;
+        let extra = self.forward_backward(batch);
+        if extra.is_err()
+            && let Some(sync) = self.sync.as_mut()
+        {
+            sync.abandon_step();
+        }
+        let mut extra = extra?;
         let compute_s = computing.elapsed().as_secs_f64();
         phase::enter(Phase::Averaging);
         let lr_step = self.lr_step();
