@@ -77,10 +77,10 @@ MISMATCHES = [
     "loader: imgrun 1 loader worker thread per rank inside the trainer process "
     "(queue_batches deep) vs one DataLoader worker *process* per rank (prefetch = "
     "queue_batches), so the PyTorch side has 4 busy processes on 2 cores",
-    "all-reduce: both cut buckets in the order backward produces gradients and average them "
-    "during backward (imgrun's train.overlap, on by default; train.bucket_mb 25 MB; DDP 25 MB "
-    "after a 1 MB first bucket); imgrun records the wait after backward (allred), DDP none; "
-    "imgrun also broadcasts the BN buffers after each step",
+    "all-reduce: imgrun averages 25 MB buckets after backward (with train.overlap=true, "
+    "e.g. --imgrun-set, during backward in the order gradients come); DDP buckets 25 MB after "
+    "a 1 MB first bucket and overlaps with backward; imgrun records its wait (allred), DDP "
+    "none; imgrun also broadcasts the BN buffers after each step",
     "timing: imgrun's epoch time is the driver's wall time of its train calls (RPC round trips "
     "included, ~1 s chunks); ddp's is the slowest rank's sum of step times",
     "steps/epoch: both floor(10000 / 128) = 78; ddp-syn uses 100 steps/epoch",
@@ -251,6 +251,30 @@ def profile(pid, seconds, out_dir):
 # ------------------------------------------------------------------------------- runners
 
 
+class CpuMeter:
+    """CPU seconds of a process and all its descendants, sampled every 0.2 s (the last
+    sample of each process before it ends; a share of the last 0.2 s is missed). On a
+    shared machine, images per CPU-second say more than images per second."""
+
+    def __init__(self, pid):
+        self.pid, self.seen, self.stop = pid, {}, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            for p in [self.pid] + descendants(self.pid):
+                cpu = cpu_seconds(p)
+                if cpu is not None:
+                    self.seen[p] = max(cpu, self.seen.get(p, 0.0))
+            self.stop.wait(0.2)
+
+    def total(self):
+        self.stop.set()
+        self.thread.join()
+        return sum(self.seen.values())
+
+
 def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf, variant=()):
     runs_dir = os.path.join(tmp, "runs")
     name = f"cmp-{tag}" + ("-variant" if variant else "")
@@ -270,6 +294,7 @@ def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf, variant=()):
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 start_new_session=True)
+        meter = CpuMeter(proc.pid)
         prof = {}
         if do_perf:
             def sampler():
@@ -295,6 +320,7 @@ def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf, variant=()):
             rc = "timeout"
         if do_perf:
             th.join(timeout=args.perf + 30)
+    cpu = meter.total()
     wall = time.perf_counter() - t0
     if rc != 0:
         with open(log) as f:
@@ -326,7 +352,8 @@ def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf, variant=()):
         "step_ms": 1000 * mean([s["step_s"] for s in later]),
         "compute_ms": 1000 * mean([s.get("compute_s", 0.0) for s in later]),
         "top1": evals[-1]["top1"] if evals else None,
-        "train_s": train_s, "wall_s": wall, "epochs": len(epochs),
+        "train_s": train_s, "wall_s": wall, "cpu_s": cpu, "epochs": len(epochs),
+        "images": sum(per_epoch_images),
         "steps_per_epoch": len(steps) // max(1, len(epochs)),
         "history": [round(x, 1) for x in ips], "log": log, "profile": prof or None,
     }
@@ -359,13 +386,20 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
     log = os.path.join(tmp, f"ddp-{tag}{'-syn' if synthetic else ''}.log")
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                              timeout=args.timeout)
+        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        meter = CpuMeter(child.pid)
+        try:
+            child.wait(timeout=args.timeout)
+        finally:
+            cpu = meter.total()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     wall = time.perf_counter() - t0
     with open(log) as f:
         text = f.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"ddp_train.py failed ({proc.returncode}); log {log}:\n{text[-3000:]}")
+    if child.returncode != 0:
+        raise SystemExit(f"ddp_train.py failed ({child.returncode}); log {log}:\n{text[-3000:]}")
     summary = next(json.loads(line) for line in text.splitlines() if line.startswith('{"summary"'))
     hist = summary["history"]
     ips = [h["images_per_s"] for h in hist]
@@ -378,6 +412,7 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
         "allreduce_ms": None, "compute_ms": None,
         "step_ms": 1000 * 2 * 64 / steady(ips[1:] or ips) if ips else None,
         "top1": summary.get("top1"), "train_s": summary["train_seconds"], "wall_s": wall,
+        "cpu_s": cpu, "images": summary["steps"] * 2 * args_batch(cfg),
         "epochs": len(hist), "steps_per_epoch": steps_per_epoch,
         "history": [round(x, 1) for x in ips], "log": log, "profile": None,
         "command": " ".join(cmd),
@@ -387,9 +422,21 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
 # --------------------------------------------------------------------------------- main
 
 
+def args_batch(cfg):
+    return cfg["train"]["batch_size"]
+
+
+def per_cpu(row):
+    """Training images (all epochs; evaluation and start-up are in the CPU time too) per
+    CPU-second of every process of the run."""
+    images = row.get("images")
+    return images / row["cpu_s"] if images and row.get("cpu_s") else None
+
+
 def table(rows):
     head = ("run", "side", "img/s all", "img/s steady", "wait all", "wait steady", "allred ms/step",
-            "fwd+bwd ms", "step ms", "top1", "train s", "wall s", "load before", "load after")
+            "fwd+bwd ms", "step ms", "top1", "train s", "wall s", "cpu s", "img/cpu-s", "load before",
+            "load after")
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     lines = [head]
     for r in rows:
@@ -398,7 +445,8 @@ def table(rows):
                       fmt(r["wait_steady"] and 100 * r["wait_steady"], ".1f") + "%",
                       fmt(r["allreduce_ms"], ".1f"), fmt(r["compute_ms"], ".1f"), fmt(r["step_ms"], ".1f"),
                       fmt(r["top1"] and 100 * r["top1"], ".2f"), fmt(r["train_s"], ".1f"),
-                      fmt(r["wall_s"], ".1f"), fmt_load(r["load_before"]), fmt_load(r["load_after"])))
+                      fmt(r["wall_s"], ".1f"), fmt(r.get("cpu_s"), ".1f"), fmt(per_cpu(r), ".1f"),
+                      fmt_load(r["load_before"]), fmt_load(r["load_after"])))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     out = []
     for k, line in enumerate(lines):
@@ -507,7 +555,10 @@ def main():
         vals = [r[key] for r in rows if r["side"] == side and r[key] is not None]
         return sum(vals) / len(vals) if vals else None
 
-    for key, label in (("ips_steady", "images/s steady"), ("ips_all", "images/s all epochs")):
+    for r in rows:
+        r["images_per_cpu_s"] = per_cpu(r)
+    for key, label in (("ips_steady", "images/s steady"), ("ips_all", "images/s all epochs"),
+                       ("images_per_cpu_s", "training images per CPU-second of the whole run")):
         a, b, c = mean_of("imgrun", key), mean_of("ddp", key), mean_of("ddp-syn", key)
         if a is None or b is None:
             print(f"{label}: imgrun {a}, PyTorch DDP {b}")

@@ -212,11 +212,7 @@ impl GradSync {
         let started = Instant::now();
         let finished = match overlap.finish(extra) {
             // The thread ended (on an abort): its last answer says why.
-            Err(SyncError::ThreadGone) => Err(loop {
-                if let Err(error) = self.comm.receive() {
-                    break error;
-                }
-            }),
+            Err(SyncError::ThreadGone) => Err(self.comm.why_gone()),
             other => other,
         };
         let Some(sent) = finished? else {
@@ -649,7 +645,19 @@ impl Comm {
     }
 
     fn send(&self, job: Job) -> Result<(), SyncError> {
-        self.thread.send(job)
+        self.thread.send(job).map_err(|_| self.why_gone())
+    }
+
+    /// Why the thread stopped taking jobs: the error it answered last (an abort, which
+    /// says a peer failed), else that it is gone.
+    fn why_gone(&self) -> SyncError {
+        loop {
+            match self.thread.receive() {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => return error.into(),
+                Err(error) => return error,
+            }
+        }
     }
 
     fn receive(&self) -> Result<Done, SyncError> {
