@@ -212,6 +212,7 @@ pub struct TrainConfig {
     #[serde(deserialize_with = "choice")]
     pub topology: runtime::Topology,
     pub bucket_mb: f64,
+    pub overlap: bool,
     pub eval_every_epochs: u64,
     pub eval_every_steps: u64,
     pub checkpoint_every_epochs: u64,

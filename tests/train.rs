@@ -1005,6 +1005,42 @@ fn loss_scaling_is_exact_and_an_overflow_skips_steps() {
     cluster.assert_settled();
 }
 
+/// Averaging behind backward (`train.overlap`, buckets of 10 kB so that a step crosses
+/// many) gives the job the ring gives after backward: the same step losses and the same
+/// final weights, identical on both ranks.
+#[test]
+fn an_overlapped_allreduce_trains_exactly_as_one_after_backward() {
+    const EPOCHS: u64 = 2;
+    let cluster = TrainCluster::start();
+    let small = "train.bucket_mb=0.01";
+    let after = cluster
+        .job("after", EPOCHS, &[small, "train.overlap=false"], false)
+        .finish(JOB_LIMIT);
+    assert!(after.status.success(), "{}", after.describe());
+    let overlapped = cluster
+        .job("overlapped", EPOCHS, &[small, "train.overlap=true"], false)
+        .finish(JOB_LIMIT);
+    assert!(overlapped.status.success(), "{}", overlapped.describe());
+    for out in [&after, &overlapped] {
+        assert!(
+            out.stdout.contains("replicas: identical on all 2 ranks"),
+            "{}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        steps(&metrics(&cluster.runs.join("overlapped"))),
+        steps(&metrics(&cluster.runs.join("after"))),
+        "step losses with and without overlap"
+    );
+    assert_eq!(
+        replica_digest(&overlapped.stdout),
+        replica_digest(&after.stdout),
+        "final weights with and without overlap"
+    );
+    cluster.assert_settled();
+}
+
 /// `checkpoint_every_steps = K` saves a checkpoint at every multiple of K inside an epoch.
 #[test]
 fn step_checkpoints_land_on_every_multiple() {

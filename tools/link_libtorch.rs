@@ -6,7 +6,7 @@
 //! dependency even though no symbol of it is referenced directly (otherwise CUDA silently
 //! disappears from the binary).
 
-fn main() {
+pub fn main() {
     // This file, by an absolute path: the root package names it `tools/...` and `actors`
     // `../tools/...`, and a path that does not exist would rerun the script, and rebuild
     // and relink everything above it, on every build.

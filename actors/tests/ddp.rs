@@ -7,6 +7,11 @@
 //! flattened where the gradients live, weighted, summed in place, divided after), with a
 //! stand-in collective that sums CPU tensors between the two rank threads.
 //!
+//! And through the overlapped path (`GradSync::overlap_backward`): gradient hooks send
+//! buckets, cut in the order backward produces gradients, during backward; its replicas
+//! end bit-identical to the ring's after backward (two ranks: a sum of two is the same
+//! whichever rank adds).
+//!
 //! BatchNorm runs in eval mode here: in train mode each replica normalises with its own
 //! part's statistics, so no data-parallel scheme without synchronised BatchNorm (PyTorch's
 //! DDP included) equals the single-process step there.
@@ -38,11 +43,15 @@ fn sgd(model: &Model) -> Sgd {
     )
 }
 
-/// Two steps on the whole batch in one process.
+/// Steps of each run: the overlapped path records the order of gradients on the first
+/// and overlaps the others.
+const STEPS: usize = 3;
+
+/// The steps on the whole batch in one process.
 fn single(images: &Tensor, labels: &Tensor) -> Vec<Tensor> {
     let model = model();
     let mut sgd = sgd(&model);
-    for _ in 0..2 {
+    for _ in 0..STEPS {
         sgd.zero_grad();
         let loss = cross_entropy_smoothed(&model.forward_t(images, false), labels, 0.1);
         loss.backward();
@@ -56,6 +65,7 @@ fn single(images: &Tensor, labels: &Tensor) -> Vec<Tensor> {
 enum Path {
     Ring,
     Device,
+    Overlap,
 }
 
 /// What NCCL does between GPUs, for CPU tensors between threads: every rank puts its
@@ -127,8 +137,10 @@ fn grad_sync(
 ) -> GradSync {
     let mut sync =
         GradSync::start(move || async move { Ok(group) }, params, bucket_bytes).expect("sync");
-    if path == Path::Device {
-        sync.use_device_collective(Box::new(device));
+    match path {
+        Path::Ring => {}
+        Path::Device => sync.use_device_collective(Box::new(device)),
+        Path::Overlap => sync.overlap_backward(params).expect("gradient hooks"),
     }
     sync
 }
@@ -159,9 +171,10 @@ fn data_parallel(images: &Tensor, labels: &Tensor, split: i64, path: Path) -> [V
                     assert!(sync.buckets() > 1);
                     // The replicas start from rank 0's weights, as in a job.
                     sync.broadcast(&params, 0).expect("broadcast");
-                    for _ in 0..2 {
+                    for _ in 0..STEPS {
                         sgd.zero_grad();
                         let mut extra = [0.0f32];
+                        sync.before_backward(len as f32).expect("arm");
                         if len > 0 {
                             let logits = model.forward_t(&images, false);
                             let loss = cross_entropy_smoothed(&logits, &labels, 0.1);
@@ -175,6 +188,7 @@ fn data_parallel(images: &Tensor, labels: &Tensor, split: i64, path: Path) -> [V
                         assert!(stats.finite);
                         sgd.step(LR);
                     }
+                    assert_eq!(sync.overlapping(), path == Path::Overlap);
                     params.iter().map(|p| p.copy()).collect::<Vec<Tensor>>()
                 })
             })
@@ -196,11 +210,23 @@ fn data_parallel_steps_equal_the_single_process_step() {
     let labels = Tensor::randint(CLASSES, [8], (Kind::Int64, Device::Cpu));
     let want = single(&images, &labels);
     let start: Vec<Tensor> = model().parameters().into_iter().map(|(_, t)| t).collect();
-    for (split, path) in [4, 6, 8]
-        .into_iter()
-        .flat_map(|split| [(split, Path::Ring), (split, Path::Device)])
-    {
+    for (split, path) in [4, 6, 8].into_iter().flat_map(|split| {
+        [
+            (split, Path::Ring),
+            (split, Path::Device),
+            (split, Path::Overlap),
+        ]
+    }) {
         let [rank0, rank1] = data_parallel(&images, &labels, split, path);
+        if path == Path::Overlap {
+            let [ring, _] = data_parallel(&images, &labels, split, Path::Ring);
+            for (i, (a, b)) in rank0.iter().zip(&ring).enumerate() {
+                assert!(
+                    a.equal(b),
+                    "split {split}: parameter {i} differs between the overlapped and the ring's steps"
+                );
+            }
+        }
         for (i, ((a, b), w)) in rank0.iter().zip(&rank1).zip(&want).enumerate() {
             assert!(
                 a.equal(b),
@@ -225,8 +251,10 @@ fn a_non_finite_gradient_counts_only_on_a_rank_with_samples() {
     let cases = [
         (Path::Ring, 2.0, false),
         (Path::Device, 2.0, false),
+        (Path::Overlap, 2.0, false),
         (Path::Ring, 0.0, true),
         (Path::Device, 0.0, true),
+        (Path::Overlap, 0.0, true),
     ];
     for (path, samples1, want) in cases {
         let groups = RingGroup::in_memory(2, CollectiveOptions::default());
@@ -240,12 +268,21 @@ fn a_non_finite_gradient_counts_only_on_a_rank_with_samples() {
                     scope.spawn(move || {
                         let weight =
                             Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                        let params = [weight.shallow_clone()];
+                        let mut sync = grad_sync(group, device, path, &params, 1 << 20);
+                        let samples = if rank == 0 { 2.0 } else { samples1 };
+                        if path == Path::Overlap {
+                            // A finite step first: the ranks agree on the buckets there.
+                            sync.before_backward(2.0).expect("arm");
+                            weight.sum(Kind::Float).backward();
+                            sync.average(&params, 2.0, &mut [0.0], 1.0).expect("first");
+                            assert!(sync.overlapping());
+                            let _ = params[0].grad().zero_();
+                        }
+                        sync.before_backward(samples).expect("arm");
                         // Rank 0's gradient is 4 (a loss scale of 2 on 2), rank 1's NaN.
                         let factor = if rank == 1 { f64::NAN } else { 4.0 };
                         (&weight * factor).sum(Kind::Float).backward();
-                        let params = [weight];
-                        let mut sync = grad_sync(group, device, path, &params, 1 << 20);
-                        let samples = if rank == 0 { 2.0 } else { samples1 };
                         let mut extra = [if rank == 0 { 3.0 } else { 5.0 }];
                         let stats = sync
                             .average(&params, samples, &mut extra, 0.5)

@@ -35,6 +35,11 @@ seconds, `perf record` samples one `imgrun worker` trainer process and the top s
 are printed grouped (libtorch conv/gemm, JPEG decode, resize, all-reduce/network, copies,
 allocator, kernel, ...).
 
+`--model resnet18 --image-size 64` runs ResNet-18 at 64 px on both sides instead (the
+shards are 64 px; one epoch takes minutes on 2 cores, so use --epochs 2 and
+--no-synthetic or --repeat 1). The table's fwd+bwd column is imgrun's forward and
+backward time per step (metrics.jsonl's compute_s); allred is its wait for the average.
+
 Command (4 to 8 minutes on 2 shared cores with these settings; `make bench` runs it):
 
     /root/.cache/imgrun/torch-2.11.0/bin/python actors/benches/python/compare_train.py \\
@@ -72,8 +77,10 @@ MISMATCHES = [
     "loader: imgrun 1 loader worker thread per rank inside the trainer process "
     "(queue_batches deep) vs one DataLoader worker *process* per rank (prefetch = "
     "queue_batches), so the PyTorch side has 4 busy processes on 2 cores",
-    "all-reduce: imgrun averages all gradients in one call after backward (plus a BN-buffer "
-    "broadcast); DDP buckets (25 MB) and overlaps with backward; DDP's time is not reported",
+    "all-reduce: imgrun averages 25 MB buckets after backward (with train.overlap=true, "
+    "e.g. --imgrun-set, during backward in the order gradients come); DDP buckets 25 MB after "
+    "a 1 MB first bucket and overlaps with backward; imgrun records its wait (allred), DDP "
+    "none; imgrun also broadcasts the BN buffers after each step",
     "timing: imgrun's epoch time is the driver's wall time of its train calls (RPC round trips "
     "included, ~1 s chunks); ddp's is the slowest rank's sum of step times",
     "steps/epoch: both floor(10000 / 128) = 78; ddp-syn uses 100 steps/epoch",
@@ -244,19 +251,50 @@ def profile(pid, seconds, out_dir):
 # ------------------------------------------------------------------------------- runners
 
 
-def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf):
+class CpuMeter:
+    """CPU seconds of a process and all its descendants, sampled every 0.2 s (the last
+    sample of each process before it ends; a share of the last 0.2 s is missed). On a
+    shared machine, images per CPU-second say more than images per second."""
+
+    def __init__(self, pid):
+        self.pid, self.seen, self.stop = pid, {}, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            for p in [self.pid] + descendants(self.pid):
+                cpu = cpu_seconds(p)
+                if cpu is not None:
+                    self.seen[p] = max(cpu, self.seen.get(p, 0.0))
+            self.stop.wait(0.2)
+
+    def total(self):
+        self.stop.set()
+        self.thread.join()
+        return sum(self.seen.values())
+
+
+def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf, variant=()):
     runs_dir = os.path.join(tmp, "runs")
-    name = f"cmp-{tag}"
+    name = f"cmp-{tag}" + ("-variant" if variant else "")
     cmd = [args.imgrun, "train", "--config", args.config, "--embedded", "--cpu-trainers", "2",
            "--epochs", str(args.epochs), "--no-plot", "--name", name,
            "--set", f'data.train="{train_spec}"', "--set", f'data.val="{val_spec}"',
            "--set", f'train.runs_dir="{runs_dir}"',
            "--set", f"train.threads={args.threads}", "--set", f"data.loader_workers={args.loader_workers}"]
+    if args.model:
+        cmd += ["--set", f'model.name="{args.model}"']
+    if args.image_size:
+        cmd += ["--set", f"data.image_size={args.image_size}", "--set", f"data.eval_size={args.image_size}"]
+    cmd += [item for pair in (("--set", x) for x in list(args.imgrun_set) + list(variant))
+            for item in pair]
     log = os.path.join(tmp, f"{name}.log")
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 start_new_session=True)
+        meter = CpuMeter(proc.pid)
         prof = {}
         if do_perf:
             def sampler():
@@ -282,6 +320,7 @@ def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf):
             rc = "timeout"
         if do_perf:
             th.join(timeout=args.perf + 30)
+    cpu = meter.total()
     wall = time.perf_counter() - t0
     if rc != 0:
         with open(log) as f:
@@ -306,13 +345,15 @@ def run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf):
     per_epoch_images = [sum(s["samples"] for s in steps if s["epoch"] == e["epoch"]) for e in epochs]
     train_s = sum(n / r for n, r in zip(per_epoch_images, ips) if r)
     return {
-        "side": "imgrun", "tag": tag, "rc": rc,
+        "side": "imgrun-variant" if variant else "imgrun", "tag": tag, "rc": rc,
         "ips_all": steady(ips), "ips_steady": steady(ips[1:]) if len(ips) > 1 else None,
         "wait_all": time_weighted(dw, ips), "wait_steady": time_weighted(dw[1:], ips[1:]),
         "allreduce_ms": 1000 * mean([s["allreduce_s"] for s in later]),
         "step_ms": 1000 * mean([s["step_s"] for s in later]),
+        "compute_ms": 1000 * mean([s.get("compute_s", 0.0) for s in later]),
         "top1": evals[-1]["top1"] if evals else None,
-        "train_s": train_s, "wall_s": wall, "epochs": len(epochs),
+        "train_s": train_s, "wall_s": wall, "cpu_s": cpu, "epochs": len(epochs),
+        "images": sum(per_epoch_images),
         "steps_per_epoch": len(steps) // max(1, len(epochs)),
         "history": [round(x, 1) for x in ips], "log": log, "profile": prof or None,
     }
@@ -322,7 +363,7 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
     d, m, t = cfg["data"], cfg["model"], cfg["train"]
     cmd = [args.python, DDP, "--world-size", "2", "--threads", str(args.threads),
            "--workers", str(args.loader_workers), "--prefetch", str(d.get("queue_batches", 2)),
-           "--width", str(m["width"]), "--size", str(d["image_size"]),
+           "--model", m["name"], "--width", str(m["width"]), "--size", str(d["image_size"]),
            "--batch", str(t["batch_size"]),
            "--base-lr", str(t["lr"] * 256 / t.get("reference_batch", 256)),
            "--warmup-epochs", str(t["warmup_epochs"]),
@@ -345,13 +386,20 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
     log = os.path.join(tmp, f"ddp-{tag}{'-syn' if synthetic else ''}.log")
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                              timeout=args.timeout)
+        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        meter = CpuMeter(child.pid)
+        try:
+            child.wait(timeout=args.timeout)
+        finally:
+            cpu = meter.total()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     wall = time.perf_counter() - t0
     with open(log) as f:
         text = f.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"ddp_train.py failed ({proc.returncode}); log {log}:\n{text[-3000:]}")
+    if child.returncode != 0:
+        raise SystemExit(f"ddp_train.py failed ({child.returncode}); log {log}:\n{text[-3000:]}")
     summary = next(json.loads(line) for line in text.splitlines() if line.startswith('{"summary"'))
     hist = summary["history"]
     ips = [h["images_per_s"] for h in hist]
@@ -361,9 +409,10 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
         "side": "ddp-syn" if synthetic else "ddp", "tag": tag, "rc": 0,
         "ips_all": steady(ips), "ips_steady": steady(ips[1:]) if len(ips) > 1 else None,
         "wait_all": time_weighted(dw, ips), "wait_steady": time_weighted(dw[1:], ips[1:]),
-        "allreduce_ms": None,
+        "allreduce_ms": None, "compute_ms": None,
         "step_ms": 1000 * 2 * 64 / steady(ips[1:] or ips) if ips else None,
         "top1": summary.get("top1"), "train_s": summary["train_seconds"], "wall_s": wall,
+        "cpu_s": cpu, "images": summary["steps"] * 2 * args_batch(cfg),
         "epochs": len(hist), "steps_per_epoch": steps_per_epoch,
         "history": [round(x, 1) for x in ips], "log": log, "profile": None,
         "command": " ".join(cmd),
@@ -373,18 +422,31 @@ def run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic):
 # --------------------------------------------------------------------------------- main
 
 
+def args_batch(cfg):
+    return cfg["train"]["batch_size"]
+
+
+def per_cpu(row):
+    """Training images (all epochs; evaluation and start-up are in the CPU time too) per
+    CPU-second of every process of the run."""
+    images = row.get("images")
+    return images / row["cpu_s"] if images and row.get("cpu_s") else None
+
+
 def table(rows):
     head = ("run", "side", "img/s all", "img/s steady", "wait all", "wait steady", "allred ms/step",
-            "step ms", "top1", "train s", "wall s", "load before", "load after")
+            "fwd+bwd ms", "step ms", "top1", "train s", "wall s", "cpu s", "img/cpu-s", "load before",
+            "load after")
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     lines = [head]
     for r in rows:
         lines.append((r["tag"], r["side"], fmt(r["ips_all"], ".0f"), fmt(r["ips_steady"], ".0f"),
                       fmt(r["wait_all"] and 100 * r["wait_all"], ".1f") + "%",
                       fmt(r["wait_steady"] and 100 * r["wait_steady"], ".1f") + "%",
-                      fmt(r["allreduce_ms"], ".1f"), fmt(r["step_ms"], ".1f"),
+                      fmt(r["allreduce_ms"], ".1f"), fmt(r["compute_ms"], ".1f"), fmt(r["step_ms"], ".1f"),
                       fmt(r["top1"] and 100 * r["top1"], ".2f"), fmt(r["train_s"], ".1f"),
-                      fmt(r["wall_s"], ".1f"), fmt_load(r["load_before"]), fmt_load(r["load_after"])))
+                      fmt(r["wall_s"], ".1f"), fmt(r.get("cpu_s"), ".1f"), fmt(per_cpu(r), ".1f"),
+                      fmt_load(r["load_before"]), fmt_load(r["load_after"])))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     out = []
     for k, line in enumerate(lines):
@@ -401,7 +463,15 @@ def main():
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (steady state: 2nd on)")
     p.add_argument("--repeat", type=int, default=2, help="runs of each side, interleaved")
     p.add_argument("--no-synthetic", action="store_true", help="skip the ddp --synthetic runs")
+    p.add_argument("--sides", help="comma-separated subset of imgrun,ddp,ddp-syn to run")
     p.add_argument("--config", default="examples/demo.toml")
+    p.add_argument("--model", help="model.name for both sides (small_cnn, resnet18); default the config's")
+    p.add_argument("--image-size", type=int, help="data.image_size (and eval_size) for both sides")
+    p.add_argument("--imgrun-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra `--set` for imgrun only (e.g. train.overlap=false)")
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                   help="also run imgrun with these `--set`s (side imgrun-variant), e.g. "
+                        "train.overlap=false")
     p.add_argument("--imgrun", default=os.path.join(ROOT, "target", "release", "imgrun"))
     p.add_argument("--python", default=sys.executable, help="python of the torch venv")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "imgrun-compare-data"),
@@ -424,6 +494,10 @@ def main():
         raise SystemExit(f"{args.imgrun} is missing: cargo build --release --bin imgrun")
     cfg = read_toml(args.config)
     cfg.setdefault("data", {}).setdefault("queue_batches", 2)
+    if args.model:
+        cfg["model"]["name"] = args.model
+    if args.image_size:
+        cfg["data"]["image_size"] = cfg["data"]["eval_size"] = args.image_size
     d = cfg["data"]
     if d.get("image_size") != d.get("eval_size", d.get("image_size")) or d.get("resize_ratio", 1.0) != 1.0:
         print("# warning: eval transform is not a plain resize to image_size; ddp --eval-mode resize differs")
@@ -449,6 +523,9 @@ def main():
     rows = []
     for rep in range(args.repeat):
         sides = ["imgrun", "ddp"] + ([] if args.no_synthetic else ["ddp-syn"])
+        if args.variant:
+            sides.insert(1, "imgrun-variant")
+        sides = [s for s in sides if not args.sides or s in args.sides.split(",")]
         if rep % 2 == 1:
             sides.reverse()
         for side in sides:
@@ -458,6 +535,9 @@ def main():
             if side == "imgrun":
                 row = run_imgrun(args, cfg, train_spec, val_spec, tmp, tag,
                                  do_perf=args.perf > 0 and rep == 0)
+            elif side == "imgrun-variant":
+                row = run_imgrun(args, cfg, train_spec, val_spec, tmp, tag, do_perf=False,
+                                 variant=args.variant)
             else:
                 row = run_ddp(args, cfg, train_dir, val_dir, tmp, tag, synthetic=side == "ddp-syn")
             row["load_before"], row["load_after"] = before, load()
@@ -475,16 +555,29 @@ def main():
         vals = [r[key] for r in rows if r["side"] == side and r[key] is not None]
         return sum(vals) / len(vals) if vals else None
 
-    for key, label in (("ips_steady", "images/s steady"), ("ips_all", "images/s all epochs")):
+    for r in rows:
+        r["images_per_cpu_s"] = per_cpu(r)
+    for key, label in (("ips_steady", "images/s steady"), ("ips_all", "images/s all epochs"),
+                       ("images_per_cpu_s", "training images per CPU-second of the whole run")):
         a, b, c = mean_of("imgrun", key), mean_of("ddp", key), mean_of("ddp-syn", key)
+        if a is None or b is None:
+            print(f"{label}: imgrun {a}, PyTorch DDP {b}")
+            continue
         line = f"{label}: imgrun {a:.0f}, PyTorch DDP {b:.0f} -> imgrun/PyTorch = {a / b:.2f}"
         if c:
             line += f"; PyTorch compute-only {c:.0f} (imgrun at {a / c:.0%} of it, DDP at {b / c:.0%})"
         print(line)
+    if args.variant:
+        a, v = mean_of("imgrun", "ips_steady"), mean_of("imgrun-variant", "ips_steady")
+        if a and v:
+            print(f"images/s steady: imgrun {a:.0f}, imgrun with {' '.join(args.variant)} {v:.0f} "
+                  f"-> {a / v:.2f}x; allreduce wait per step {mean_of('imgrun', 'allreduce_ms'):.1f} "
+                  f"against {mean_of('imgrun-variant', 'allreduce_ms'):.1f} ms")
     a, b = mean_of("imgrun", "top1"), mean_of("ddp", "top1")
     if a is not None and b is not None:
         print(f"val top-1 after {args.epochs} epochs: imgrun {100 * a:.2f}%, PyTorch {100 * b:.2f}%")
-    print(f"wall: imgrun {mean_of('imgrun', 'wall_s'):.1f}s, PyTorch {mean_of('ddp', 'wall_s'):.1f}s "
+    one = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    print(f"wall: imgrun {one(mean_of('imgrun', 'wall_s'))}s, PyTorch {one(mean_of('ddp', 'wall_s'))}s "
           "(start-up, eval and imgrun's per-epoch checkpoints included)")
     print("\nMismatches that remain:")
     for item in MISMATCHES:

@@ -27,7 +27,8 @@ worker by default; reached 95.2% val top-1 in 121 s of training on a 2-core mach
 
 It also runs under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set): then it does not spawn.
 
-Model (must match the Rust SmallCnn): block(cin, cout) = Conv2d 3x3 s1 p1 no bias ->
+Models: `--model small_cnn` (the default) or `--model resnet18` (tch's ResNet-18, which is
+torchvision's). The small CNN (must match the Rust SmallCnn): block(cin, cout) = Conv2d 3x3 s1 p1 no bias ->
 BatchNorm2d -> ReLU; block(3,w) pool block(w,2w) pool block(2w,4w) pool block(4w,8w)
 -> global average pool -> Linear(8w, classes). Plain (per-rank) BatchNorm; DDP
 broadcasts rank 0's BN buffers each forward.
@@ -98,6 +99,47 @@ class SmallCnn(nn.Module):
 
     def forward(self, x):
         return self.head(torch.flatten(self.features(x), 1))
+
+
+class BasicBlock(nn.Module):
+    """torchvision's (and tch's) ResNet basic block: two 3x3 convs, a 1x1 projection when
+    the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        return torch.relu((x if self.downsample is None else self.downsample(x)) + y)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 as tch::vision::resnet::resnet18 builds it (torchvision's layout: 7x7 s2
+    stem, max-pool, 4 stages of 2 basic blocks, global average pool, linear)."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        stages, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layers = nn.Sequential(*stages)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        x = nn.functional.adaptive_avg_pool2d(self.layers(x), 1)
+        return self.fc(torch.flatten(x, 1))
 
 
 def param_groups(model, weight_decay):
@@ -323,7 +365,7 @@ def run(rank, world, args):
     if not args.synthetic and os.path.exists(os.path.join(args.train, "classes.txt")):
         with open(os.path.join(args.train, "classes.txt")) as f:
             classes = len([line for line in f if line.strip()])
-    model = SmallCnn(args.width, classes)
+    model = SmallCnn(args.width, classes) if args.model == "small_cnn" else ResNet18(classes)
     if args.init == "tch":
         # imgrun's (tch's) default: Kaiming-uniform with the ReLU gain, fan-in, for conv
         # and linear weights (bound sqrt(6/fan_in), PyTorch's is 1/sqrt(fan_in)); linear
@@ -481,6 +523,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--prefetch", type=int, default=4, help="batches prefetched per worker")
+    p.add_argument("--model", choices=("small_cnn", "resnet18"), default="small_cnn",
+                   help="imgrun's model of that name (--width is the small CNN's)")
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--classes", type=int, default=10, help="used when classes.txt is absent")
     p.add_argument("--size", type=int, default=48, help="image size S fed to the network")

@@ -392,11 +392,13 @@ pub(super) fn steps_until(global_step: u64, chunk: u64, every: &[u64]) -> u64 {
 }
 
 /// One step's figures for metrics.jsonl, from every rank's record of it: a step lasts
-/// as long as its slowest rank; the data wait and the allreduce are the ranks' means.
+/// as long as its slowest rank; the data wait, the compute and the allreduce are the
+/// ranks' means.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct StepFigures {
     pub(super) step_s: f64,
     pub(super) data_wait_s: f64,
+    pub(super) compute_s: f64,
     pub(super) allreduce_s: f64,
     pub(super) images_per_s: f64,
 }
@@ -411,6 +413,7 @@ pub(super) fn step_figures(samples: u64, ranks: &[&StepRecord]) -> StepFigures {
     StepFigures {
         step_s,
         data_wait_s: ranks.iter().map(|r| r.timing.data_wait_s).sum::<f64>() / n,
+        compute_s: ranks.iter().map(|r| r.timing.compute_s).sum::<f64>() / n,
         allreduce_s: ranks.iter().map(|r| r.timing.allreduce_s).sum::<f64>() / n,
         images_per_s: samples as f64 / step_s,
     }
@@ -582,6 +585,7 @@ pub(super) async fn train_loop(
                     samples: step.samples,
                     images_per_s: figures.images_per_s,
                     data_wait_s: figures.data_wait_s,
+                    compute_s: figures.compute_s,
                     allreduce_s: figures.allreduce_s,
                     step_s: figures.step_s,
                     elapsed_s: step_end_s,
@@ -784,6 +788,7 @@ mod tests {
             StepFigures {
                 step_s: 0.5,
                 data_wait_s: 0.2,
+                compute_s: 0.0,
                 allreduce_s: 0.1,
                 images_per_s: 128.0,
             }

@@ -117,6 +117,12 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
             .map_err(|_| SyncError::ThreadGone)
     }
 
+    /// Another handle on the job queue (for gradient hooks that send from within
+    /// backward). While one lives, dropping this thread waits for it to go.
+    pub(super) fn sender(&self) -> Result<mpsc::Sender<J>, SyncError> {
+        self.jobs.clone().ok_or(SyncError::ThreadGone)
+    }
+
     /// The answer to the oldest job not yet received.
     pub(super) fn receive(&self) -> Result<R, SyncError> {
         self.done.recv().map_err(|_| SyncError::ThreadGone)

@@ -12,7 +12,9 @@
 //!
 //! Buckets hold parameters in a fixed order (the model's sorted names), so every rank
 //! cuts the same buckets, and every rank receives the same reduced bytes: the replicas
-//! stay bit-identical.
+//! stay bit-identical. With [`GradSync::overlap_backward`] (CPU parameters on the ring),
+//! buckets are cut in the order backward produces gradients instead, one the ranks agree
+//! on, and leave for the ring during backward (`overlap.rs`).
 
 use std::future::Future;
 use std::ops::Range;
@@ -23,6 +25,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::comm::CommThread;
 use super::nccl::{Communicator, NcclError};
+use super::overlap::{Overlap, Sent};
 
 /// Why a synchronisation failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,15 +42,21 @@ pub enum SyncError {
     Nccl(#[from] NcclError),
     #[error(transparent)]
     Mix(#[from] runtime::MixError),
+    #[error("overlapped allreduce: {0}")]
+    Overlap(String),
 }
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
 #[derive(Debug)]
 pub struct GradSync {
+    /// The gradient-ready hooks, when averaging overlaps backward. Declared before
+    /// `comm`: dropping it first lets go of its handle on the communication thread.
+    overlap: Option<Overlap>,
     comm: Comm,
     /// Parameter index ranges, one per bucket.
     buckets: Vec<Range<usize>>,
     numels: Vec<usize>,
+    bucket_elems: usize,
     /// Buffers handed back by the communication thread, reused.
     spare: Vec<Vec<f32>>,
     /// Averages and broadcasts on the device, when every rank has one (NCCL).
@@ -90,9 +99,53 @@ impl GradSync {
             comm,
             buckets,
             numels,
+            bucket_elems: bucket_bytes / 4,
             spare: Vec::new(),
             device: None,
+            overlap: None,
         })
+    }
+
+    /// From now on, [`GradSync::average`] overlaps backward: hooks on `parameters`
+    /// (those `average` gets, in the same order) send each bucket to the ring as soon
+    /// as backward has produced its gradients. Steps need [`GradSync::before_backward`]
+    /// then. Does nothing for parameters off the CPU or with a device collective (NCCL
+    /// averages after backward). Every rank must make the same call at the same point;
+    /// the first step where rank 0 has data is not overlapped: it records the order in
+    /// which gradients come, which all ranks then take from rank 0.
+    pub fn overlap_backward(&mut self, parameters: &[Tensor]) -> Result<(), SyncError> {
+        self.overlap = None;
+        if self.device.is_some() || parameters.iter().any(|p| p.device() != Device::Cpu) {
+            return Ok(());
+        }
+        self.overlap = Some(Overlap::install(
+            parameters,
+            &self.numels,
+            self.bucket_elems,
+        )?);
+        Ok(())
+    }
+
+    /// Whether steps overlap backward (the buckets agreed).
+    pub fn overlapping(&self) -> bool {
+        self.overlap.as_ref().is_some_and(Overlap::agreed)
+    }
+
+    /// Before a step's backward, with this rank's weight (`samples`, as `average`
+    /// gets it): arms the hooks of [`GradSync::overlap_backward`]; otherwise nothing.
+    pub fn before_backward(&mut self, samples: f32) -> Result<(), SyncError> {
+        if let Some(overlap) = &self.overlap {
+            overlap.arm(self.comm.thread.sender()?, samples, &mut self.spare);
+        }
+        Ok(())
+    }
+
+    /// After a step whose backward failed (before `average`): disarms the hooks. A
+    /// bucket already sent stays in flight; the ranks' ring is no use after that.
+    pub fn abandon_step(&mut self) {
+        if let Some(overlap) = &self.overlap {
+            overlap.finish_abandoned();
+        }
     }
 
     /// From now on, gradients are averaged and tensors broadcast on the device through
@@ -137,6 +190,80 @@ impl GradSync {
                 unscale,
             );
         }
+        if let Some(overlap) = self.overlap.take() {
+            let result = self.average_overlapped(&overlap, parameters, samples, extra, unscale);
+            self.overlap = Some(overlap);
+            return result;
+        }
+        self.average_after(parameters, samples, extra, unscale)
+    }
+
+    /// `average` with the hooks of `overlap_backward`: the buckets backward filled are
+    /// on the ring already; the rest leave now. Before the ranks agree on buckets, the
+    /// step averages after backward and then takes rank 0's order of gradients.
+    fn average_overlapped(
+        &mut self,
+        overlap: &Overlap,
+        parameters: &[Tensor],
+        samples: f32,
+        extra: &mut [f32],
+        unscale: f32,
+    ) -> Result<SyncStats, SyncError> {
+        let started = Instant::now();
+        let finished = match overlap.finish(extra) {
+            // The thread ended (on an abort): its last answer says why.
+            Err(SyncError::ThreadGone) => Err(self.comm.why_gone()),
+            other => other,
+        };
+        let Some(sent) = finished? else {
+            let stats = self.average_after(parameters, samples, extra, unscale)?;
+            let mut order = overlap.proposal(self.rank);
+            self.broadcast_values(&mut order, 0)?;
+            overlap.agree(&order)?;
+            return Ok(stats);
+        };
+        let Sent { buckets } = sent;
+        let count = buckets.len();
+        let (mut total, mut finite) = (0.0, true);
+        for (b, members) in buckets.iter().enumerate() {
+            super::phase::averaging(b, count);
+            let Done {
+                mut buffer,
+                total: t,
+            } = self.comm.receive()?;
+            total = t;
+            let grads = buffer.len() - if b + 1 == count { extra.len() } else { 0 };
+            if unscale != 1.0 {
+                buffer[..grads].iter_mut().for_each(|x| *x *= unscale);
+            }
+            finite &= buffer[..grads].iter().all(|x| x.is_finite());
+            let mut offset = 0;
+            for &p in members {
+                let n = self.numels[p];
+                write_grad(&parameters[p], &buffer[offset..offset + n])?;
+                offset += n;
+            }
+            if b + 1 == count {
+                extra.copy_from_slice(&buffer[offset..]);
+            }
+            overlap.reuse(b, buffer);
+        }
+        Ok(SyncStats {
+            samples: total,
+            wait: started.elapsed(),
+            buckets: count,
+            finite,
+        })
+    }
+
+    /// `average` after backward: buckets of the model's order, flattened now.
+    fn average_after(
+        &mut self,
+        parameters: &[Tensor],
+        samples: f32,
+        extra: &mut [f32],
+        unscale: f32,
+    ) -> Result<SyncStats, SyncError> {
         let started = Instant::now();
         let count = self.buckets.len();
         let on_device = parameters
@@ -398,7 +525,7 @@ pub(super) fn scatter_values(flat: &Tensor, tensors: &[Tensor]) -> Result<(), Sy
 
 /// Consecutive index ranges whose sizes add up to about `limit` elements (at least one
 /// parameter per bucket, at least one bucket).
-fn cut_buckets(numels: &[usize], limit: usize) -> Vec<Range<usize>> {
+pub(super) fn cut_buckets(numels: &[usize], limit: usize) -> Vec<Range<usize>> {
     let mut buckets = Vec::new();
     let (mut start, mut size) = (0, 0);
     for (i, &n) in numels.iter().enumerate() {
@@ -464,7 +591,8 @@ fn write_values(tensor: &Tensor, values: &[f32]) -> Result<(), SyncError> {
     Ok(())
 }
 
-enum Job {
+/// Work for the communication thread.
+pub(super) enum Job {
     Mean { buffer: Vec<f32>, weight: f32 },
     Broadcast { buffer: Vec<f32>, root: usize },
     Sum { buffer: Vec<f32> },
@@ -517,7 +645,19 @@ impl Comm {
     }
 
     fn send(&self, job: Job) -> Result<(), SyncError> {
-        self.thread.send(job)
+        self.thread.send(job).map_err(|_| self.why_gone())
+    }
+
+    /// Why the thread stopped taking jobs: the error it answered last (an abort, which
+    /// says a peer failed), else that it is gone.
+    fn why_gone(&self) -> SyncError {
+        loop {
+            match self.thread.receive() {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => return error.into(),
+                Err(error) => return error,
+            }
+        }
     }
 
     fn receive(&self) -> Result<Done, SyncError> {

@@ -12,6 +12,7 @@ mod model;
 pub(crate) mod nccl;
 mod negotiate;
 mod optim;
+mod overlap;
 pub mod phase;
 mod protocol;
 mod records;

@@ -108,6 +108,9 @@ pub struct StepMetrics {
     pub images_per_s: f64,
     #[serde(default)]
     pub data_wait_s: f64,
+    /// Forward and backward (the ranks' mean).
+    #[serde(default)]
+    pub compute_s: f64,
     #[serde(default)]
     pub allreduce_s: f64,
     /// The step's wall time: its slowest rank's.

@@ -178,6 +178,10 @@ pub struct OptimSpec {
     pub schedule: ScheduleSpec,
     /// Gradient bucket size in bytes.
     pub bucket_bytes: usize,
+    /// Average buckets during backward, as soon as their gradients are ready
+    /// (`train.overlap`; CPU trainers on the ring; NCCL averages after backward).
+    #[serde(default)]
+    pub overlap: bool,
     /// Mixed precision (autocast) on CUDA.
     pub amp: bool,
     pub loss_scaling: LossScaling,

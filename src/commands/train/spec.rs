@@ -70,6 +70,7 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
             warmup_start_fraction: train.warmup_start_fraction,
             schedule,
             bucket_bytes: (train.bucket_mb.max(0.001) * 1e6) as usize,
+            overlap: train.overlap,
             amp,
             loss_scaling,
             loss_scale_init: train.loss_scale_init,
