@@ -226,26 +226,10 @@ impl GradSync {
         let count = buckets.len();
         let (mut total, mut finite) = (0.0, true);
         for (b, members) in buckets.iter().enumerate() {
-            super::phase::averaging(b, count);
-            let Done {
-                mut buffer,
-                total: t,
-            } = self.comm.receive()?;
-            total = t;
-            let grads = buffer.len() - if b + 1 == count { extra.len() } else { 0 };
-            if unscale != 1.0 {
-                buffer[..grads].iter_mut().for_each(|x| *x *= unscale);
-            }
-            finite &= buffer[..grads].iter().all(|x| x.is_finite());
-            let mut offset = 0;
-            for &p in members {
-                let n = self.numels[p];
-                write_grad(&parameters[p], &buffer[offset..offset + n])?;
-                offset += n;
-            }
-            if b + 1 == count {
-                extra.copy_from_slice(&buffer[offset..]);
-            }
+            let at = (b, count);
+            let (buffer, t, f) =
+                self.receive_bucket(at, members.iter().copied(), parameters, extra, unscale)?;
+            (total, finite) = (t, finite && f);
             overlap.reuse(b, buffer);
         }
         Ok(SyncStats {
@@ -291,26 +275,9 @@ impl GradSync {
         let mut total = 0.0;
         let mut finite = true;
         for (b, range) in self.buckets.clone().into_iter().enumerate() {
-            super::phase::averaging(b, count);
-            let Done {
-                mut buffer,
-                total: t,
-            } = self.comm.receive()?;
-            total = t;
-            let grads = buffer.len() - if b + 1 == count { extra.len() } else { 0 };
-            if unscale != 1.0 {
-                buffer[..grads].iter_mut().for_each(|x| *x *= unscale);
-            }
-            finite &= buffer[..grads].iter().all(|x| x.is_finite());
-            let mut offset = 0;
-            for p in range {
-                let n = self.numels[p];
-                write_grad(&parameters[p], &buffer[offset..offset + n])?;
-                offset += n;
-            }
-            if b + 1 == count {
-                extra.copy_from_slice(&buffer[offset..]);
-            }
+            let (buffer, t, f) =
+                self.receive_bucket((b, count), range, parameters, extra, unscale)?;
+            (total, finite) = (t, finite && f);
             self.spare.push(buffer);
         }
         Ok(SyncStats {
@@ -319,6 +286,38 @@ impl GradSync {
             buckets: count,
             finite,
         })
+    }
+
+    /// Receives the average of bucket `b` of `count` (`at`), which holds the parameters
+    /// `members` (and, the last one, the `extra` values after them), and writes it,
+    /// unscaled, into their gradients. Returns the buffer (for reuse), the ranks' total
+    /// weight, and whether every averaged gradient is finite.
+    fn receive_bucket(
+        &mut self,
+        (b, count): (usize, usize),
+        members: impl IntoIterator<Item = usize>,
+        parameters: &[Tensor],
+        extra: &mut [f32],
+        unscale: f32,
+    ) -> Result<(Vec<f32>, f32, bool), SyncError> {
+        super::phase::averaging(b, count);
+        let Done { mut buffer, total } = self.comm.receive()?;
+        let last = b + 1 == count;
+        let grads = buffer.len() - if last { extra.len() } else { 0 };
+        if unscale != 1.0 {
+            buffer[..grads].iter_mut().for_each(|x| *x *= unscale);
+        }
+        let finite = buffer[..grads].iter().all(|x| x.is_finite());
+        let mut offset = 0;
+        for p in members {
+            let n = self.numels[p];
+            write_grad(&parameters[p], &buffer[offset..offset + n])?;
+            offset += n;
+        }
+        if last {
+            extra.copy_from_slice(&buffer[offset..]);
+        }
+        Ok((buffer, total, finite))
     }
 
     /// Copies rank `root`'s values of `tensors` into every rank's (parameters at the
