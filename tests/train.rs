@@ -1174,15 +1174,8 @@ fn a_job_with_fails_when_its_node_loses(victim: Victim, sets: &[&str]) {
 fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_each_sample_once() {
     let cluster = TrainCluster::start_with(1);
     let total: u64 = cluster.train_counts().iter().sum();
-    let slow = cluster.data.slow_train_sets();
-    let sets = [
-        "data.mode=\"split\"",
-        "train.elastic=true",
-        "train.min_world=2",
-        "train.sample_log=true",
-        slow[0].as_str(),
-        slow[1].as_str(),
-    ];
+    let sets = cluster.data.audited_elastic_sets(&["train.min_world=2"]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let epochs = 4;
     let mut job = cluster.job("elastic", epochs, &sets, false);
     let run = cluster.runs.join("elastic");
@@ -1343,14 +1336,8 @@ fn an_elastic_job_that_loses_a_survivor_while_its_ring_forms_again_goes_on() {
     let failpoint = [(FAILPOINTS_VARIABLE, "trainer.connect=exit@2")];
     let cluster = TrainCluster::start_with_env(1, &failpoint);
     let total: u64 = cluster.train_counts().iter().sum();
-    let slow = cluster.data.slow_train_sets();
-    let sets = [
-        "data.mode=\"split\"",
-        "train.elastic=true",
-        "train.sample_log=true",
-        slow[0].as_str(),
-        slow[1].as_str(),
-    ];
+    let sets = cluster.data.audited_elastic_sets(&[]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let epochs = 3;
     let mut job = cluster.job("twice", epochs, &sets, false);
     cluster.wait_for_steps(&mut job, "twice", 2);
@@ -1408,14 +1395,8 @@ fn an_elastic_job_that_loses_a_survivor_while_its_ring_forms_again_goes_on() {
 fn an_elastic_job_whose_node_daemon_is_paused_goes_on_and_the_node_comes_back_fenced() {
     let cluster = TrainCluster::start();
     let total: u64 = cluster.train_counts().iter().sum();
-    let slow = cluster.data.slow_train_sets();
-    let sets = [
-        "data.mode=\"split\"",
-        "train.elastic=true",
-        "train.sample_log=true",
-        slow[0].as_str(),
-        slow[1].as_str(),
-    ];
+    let sets = cluster.data.audited_elastic_sets(&[]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let epochs = 3;
     let mut job = cluster.job("paused", epochs, &sets, false);
     cluster.wait_for_steps(&mut job, "paused", 2);

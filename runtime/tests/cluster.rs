@@ -23,7 +23,7 @@ use runtime::wire::{
 };
 use runtime::{
     ActorHosting, CONNECT_TIMEOUT, CaHash, Client, ClientTls, ClusterCa, ClusterClient,
-    ClusterEvent, ClusterStatus, DaemonError, Head, HeadConfig, JoinToken, LossReason,
+    ClusterEvent, ClusterStatus, Connection, DaemonError, Head, HeadConfig, JoinToken, LossReason,
     MembershipConfig, Node, NodeConfig, NodeId, NodeState, Peer, Resources, StateDir, Strategy,
     TransportOptions,
 };
@@ -251,26 +251,8 @@ async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
     }
 
     // Without a certificate, nothing but a join with the token is answered.
-    let stranger = ClientTls::join(cluster.head.ca_hash()).expect("join tls");
-    let connection = within(
-        "connect",
-        Client::connect(cluster.head.local_addr(), &stranger),
-    )
-    .await
-    .expect("connect");
-    let join = Message::JoinRequest {
-        token: JoinToken::generate().as_str().to_owned(),
-        node: NodeDescription {
-            hostname: "intruder".into(),
-            address: "127.0.0.1:1".into(),
-            version: "0".into(),
-            resources: ResourcesWire {
-                cpus: 1,
-                memory_bytes: None,
-                gpus: vec![],
-            },
-        },
-    };
+    let connection = connect_to_join(&cluster.head).await;
+    let join = join_request(&JoinToken::generate(), "intruder", "0");
     let heartbeat = Message::Heartbeat {
         node_id: one.node_id().0,
         session: one.session().0,
@@ -435,26 +417,8 @@ async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
     assert_ne!(port, 0, "the head has a heartbeat port");
     // A node of our own making, as `fake_nodes.rs` in the cluster bench: a join with the
     // token, which hands out the session's heartbeat key.
-    let stranger = ClientTls::join(cluster.head.ca_hash()).expect("join tls");
-    let connection = within(
-        "connect",
-        Client::connect(cluster.head.local_addr(), &stranger),
-    )
-    .await
-    .expect("connect");
-    let join = Message::JoinRequest {
-        token: cluster.head.token().as_str().to_owned(),
-        node: NodeDescription {
-            hostname: "beater".into(),
-            address: "127.0.0.1:1".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            resources: ResourcesWire {
-                cpus: 1,
-                memory_bytes: None,
-                gpus: vec![],
-            },
-        },
-    };
+    let connection = connect_to_join(&cluster.head).await;
+    let join = join_request(cluster.head.token(), "beater", env!("CARGO_PKG_VERSION"));
     let answer = within("join", connection.request(&join, LIMIT))
         .await
         .expect("join answer");
@@ -787,4 +751,29 @@ async fn the_join_command_is_what_nodes_type() {
     assert!(head.token().matches(token.as_str()));
     assert_eq!(words[6].parse::<CaHash>().ok(), Some(head.ca_hash()));
     assert_eq!(head.join_address(), head.local_addr().to_string());
+}
+
+/// A connection to `head` with no certificate: what a machine about to join has.
+async fn connect_to_join(head: &Head) -> Connection {
+    let tls = ClientTls::join(head.ca_hash()).expect("join tls");
+    within("connect", Client::connect(head.local_addr(), &tls))
+        .await
+        .expect("connect")
+}
+
+/// A join with `token` from a one-CPU machine named `hostname`, of `version`.
+fn join_request(token: &JoinToken, hostname: &str, version: &str) -> Message {
+    Message::JoinRequest {
+        token: token.as_str().to_owned(),
+        node: NodeDescription {
+            hostname: hostname.into(),
+            address: "127.0.0.1:1".into(),
+            version: version.into(),
+            resources: ResourcesWire {
+                cpus: 1,
+                memory_bytes: None,
+                gpus: vec![],
+            },
+        },
+    }
 }

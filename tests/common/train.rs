@@ -289,6 +289,23 @@ impl Dataset {
         ]
     }
 
+    /// An elastic job in `split` mode whose samples are logged, over the slow training
+    /// set ([`Dataset::slow_train_sets`]), as `--set`s, then `more`: what the elastic tests
+    /// that audit every sample run.
+    pub fn audited_elastic_sets(&self, more: &[&str]) -> Vec<String> {
+        let mut sets: Vec<String> = [
+            "data.mode=\"split\"",
+            "train.elastic=true",
+            "train.sample_log=true",
+        ]
+        .iter()
+        .chain(more)
+        .map(|s| s.to_string())
+        .collect();
+        sets.extend(self.slow_train_sets());
+        sets
+    }
+
     /// The arguments of a small job on this data: the small CNN of width 8 on 32-pixel
     /// images, one loader worker, batches of 16, no warm-up.
     pub fn args(&self, runs: &Path, name: &str, epochs: u64) -> Vec<String> {
