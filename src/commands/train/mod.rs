@@ -210,21 +210,25 @@ fn shell_quote(word: &str) -> String {
     }
 }
 
-/// Ctrl-C and SIGTERM, as one stream of signal names.
+/// Ctrl-C and SIGTERM, as one stream of signal names. Both are listened to from the
+/// start: a signal that arrives while nobody awaits `next` (the caller busy with another
+/// branch of its `select!`) is kept for the next call, not lost.
 pub(super) struct StopSignals {
+    int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
     fn new() -> anyhow::Result<Self> {
-        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("listening for SIGTERM")?;
-        Ok(StopSignals { term })
+        use tokio::signal::unix::{SignalKind, signal};
+        let int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        let term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        Ok(StopSignals { int, term })
     }
 
     pub(super) async fn next(&mut self) -> &'static str {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = self.int.recv() => "SIGINT",
             _ = self.term.recv() => "SIGTERM",
         }
     }
