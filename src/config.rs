@@ -310,6 +310,8 @@ pub struct ClusterConfig {
     pub advertise: String,
     pub heartbeat_ms: u64,
     pub dead_after_ms: u64,
+    /// The head's UDP heartbeat port; 0 for any free port.
+    pub beat_port: u16,
     /// Empty for the per-user default.
     pub state_dir: String,
     pub start_timeout_secs: u64,

@@ -59,6 +59,8 @@ pub enum DaemonError {
         address: SocketAddr,
         source: Box<TransportError>,
     },
+    #[error("cannot bind the heartbeat port {address} (UDP): {reason}")]
+    BeatPort { address: SocketAddr, reason: String },
     #[error("cannot reach head {head} within {after:?}")]
     Unreachable { head: String, after: Duration },
     #[error(

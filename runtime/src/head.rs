@@ -71,6 +71,11 @@ pub struct HeadConfig {
     pub transport: TransportOptions,
     /// The kinds of actor the head hosts as a node, and how it starts worker processes.
     pub actors: ActorHosting,
+    /// The UDP port of the nodes' heartbeats, on the bound address; 0: any free port (a
+    /// port that cannot be bound then only costs a warning, and nodes beat over QUIC).
+    /// Behind a firewall or NAT, give one and let it through: a node that cannot reach
+    /// it beats over QUIC, which costs the head more.
+    pub beat_port: u16,
 }
 
 /// A running head. Dropping it without [`Head::stop`] is like killing the process: its
@@ -110,6 +115,7 @@ impl Head {
         let server_tls = ServerTls::head(credentials.ca.certificate(), &credentials.head)?;
         let own_tls = ClientTls::mutual(credentials.ca.certificate(), &credentials.head)?;
         let server = bind(config.bind, &server_tls, &config.transport).await?;
+        let beat_socket = bind_beats(&config).await?;
         let local_addr = server.local_addr().map_err(|source| DaemonError::Listen {
             address: config.bind,
             source: Box::new(source),
@@ -142,13 +148,6 @@ impl Head {
             started: unix_seconds(),
         };
         config.state.write_record(HEAD_RECORD, &record)?;
-        let beat_socket = match beats::bind(config.bind.ip()) {
-            Ok(socket) => Some(socket),
-            Err(error) => {
-                warn!(%error, ip = %config.bind.ip(), "cannot bind a heartbeat port; nodes beat over QUIC");
-                None
-            }
-        };
         let beat_port = beat_socket
             .as_ref()
             .and_then(|socket| socket.local_addr().ok())
@@ -404,6 +403,45 @@ async fn bind(
                 return Err(DaemonError::Listen {
                     address,
                     source: Box::new(source),
+                });
+            }
+        }
+    }
+}
+
+/// The heartbeat port: the one asked for (its failure is the head's), else any free one
+/// (its failure a warning: nodes then beat over QUIC).
+async fn bind_beats(config: &HeadConfig) -> Result<Option<std::net::UdpSocket>, DaemonError> {
+    let address = SocketAddr::new(config.bind.ip(), config.beat_port);
+    if config.beat_port == 0 {
+        return Ok(beats::bind(address)
+            .inspect_err(|error| {
+                warn!(%error, ip = %address.ip(), "cannot bind a heartbeat port; nodes beat over QUIC");
+            })
+            .ok());
+    }
+    if config.beat_port == config.bind.port() {
+        return Err(DaemonError::BeatPort {
+            address,
+            reason: "it is the head's QUIC port; give another".to_owned(),
+        });
+    }
+    let deadline = tokio::time::Instant::now() + BIND_RETRY;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match beats::bind(address) {
+            Ok(socket) => return Ok(Some(socket)),
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(error) => {
+                return Err(DaemonError::BeatPort {
+                    address,
+                    reason: error.to_string(),
                 });
             }
         }

@@ -138,6 +138,7 @@ impl Cluster {
             },
             transport: TransportOptions::default(),
             actors: hosting(),
+            beat_port: 0,
         };
         let head = within("head start", Head::start(config))
             .await

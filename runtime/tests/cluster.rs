@@ -86,6 +86,7 @@ fn head_config(dir: &TempDir, port: u16) -> HeadConfig {
         },
         transport: TransportOptions::default(),
         actors: ActorHosting::default(),
+        beat_port: 0,
     }
 }
 
@@ -410,6 +411,63 @@ async fn nodes_come_back_to_a_restarted_head() {
 /// replayed, foreign and garbage datagrams are counted by reason and never answered, and
 /// do not disturb the session; once the session is over (the node went silent and was
 /// declared dead), even a well-tagged beat of it is refused.
+/// A free UDP port on loopback (free when this returns; taken by nobody in the meantime on
+/// a test machine, in practice).
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|socket| socket.local_addr())
+        .expect("a free udp port")
+        .port()
+}
+
+#[tokio::test]
+async fn a_head_beats_on_the_port_it_is_given_and_refuses_one_it_cannot_have() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_udp_port();
+    let config = HeadConfig {
+        beat_port: port,
+        ..head_config(&dir, 0)
+    };
+    let head = within("head start", Head::start(config))
+        .await
+        .expect("head starts");
+    assert_eq!(head.beat_port(), port);
+    let cluster = Cluster { dir, head };
+    let _node = cluster.join("one", 0).await;
+    within("a beat taken on the given port", async {
+        while cluster.head.beat_counts().accepted == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // A port held by another socket, and the head's own QUIC port: the head does not start,
+    // and says which port.
+    let held = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket");
+    let held_port = held.local_addr().expect("address").port();
+    let quic_port = free_udp_port();
+    for (what, bind_port, beat_port) in [("held", 0, held_port), ("quic", quic_port, quic_port)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = HeadConfig {
+            beat_port,
+            ..head_config(&dir, bind_port)
+        };
+        let error = within(what, Head::start(config))
+            .await
+            .expect_err("a head on a port it cannot have");
+        assert!(
+            matches!(&error, DaemonError::BeatPort { address, .. } if address.port() == beat_port),
+            "{what}: {error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("heartbeat port 127.0.0.1:{beat_port}")),
+            "{what}: {text}"
+        );
+    }
+    drop(held);
+}
+
 #[tokio::test]
 async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
     let cluster = Cluster::start().await;

@@ -706,6 +706,7 @@ async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
             worker: Some(WorkerCommand::current_exe(["worker"])?),
             ..ActorHosting::default()
         },
+        beat_port: 0,
     };
     let _head = Head::start(config).await?;
     let client = ClusterClient::connect(&state, None).await?;

@@ -29,6 +29,9 @@ pub struct StartArgs {
     /// `imgrun join` it).
     #[arg(long)]
     head: bool,
+    /// UDP port of the nodes' heartbeats [default: cluster.beat_port, 0: any free port].
+    #[arg(long)]
+    beat_port: Option<u16>,
     #[command(flatten)]
     daemon: DaemonArgs,
 }
@@ -123,6 +126,7 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
         membership: membership(cluster),
         transport: runtime::TransportOptions::default(),
         actors: actor_hosting(),
+        beat_port: args.beat_port.unwrap_or(cluster.beat_port),
     };
     let tokio = async_runtime()?;
     tokio.block_on(async {
@@ -131,11 +135,15 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
             .context("starting the head")?;
         let record = daemon_record(runtime::DaemonRole::Head, &head.join_address(), &state)?;
         let message = format!(
-            "imgrun head started at {} (pid {})\n\nTo add a machine to this cluster, run on \
-             it:\n\n  {}\n\nSee the cluster with `imgrun status`; stop it with `imgrun stop \
+            "imgrun head started at {} (pid {}; {})\n\nTo add a machine to this cluster, run \
+             on it:\n\n  {}\n\nSee the cluster with `imgrun status`; stop it with `imgrun stop \
              --all`.",
             head.join_address(),
             std::process::id(),
+            match head.beat_port() {
+                0 => "heartbeats over QUIC".to_owned(),
+                port => format!("heartbeats on UDP port {port}"),
+            },
             head.join_command()
         );
         ready(daemon, &message)?;

@@ -184,6 +184,7 @@ async fn cluster(nodes: usize, warm_up: Duration, window: Duration) -> Result<Ro
         membership: MembershipConfig::default(),
         transport: TransportOptions::default(),
         actors: ActorHosting::default(),
+        beat_port: 0,
     })
     .await
     .context("starting the head")?;

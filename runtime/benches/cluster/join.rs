@@ -42,6 +42,7 @@ pub async fn run(options: &Options) -> Result<Figures> {
         membership: MembershipConfig::default(),
         transport: TransportOptions::default(),
         actors: ActorHosting::default(),
+        beat_port: 0,
     })
     .await
     .context("starting the head")?;

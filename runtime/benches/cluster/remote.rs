@@ -60,6 +60,7 @@ pub async fn run(options: &Options) -> Result<Figures> {
         membership: MembershipConfig::default(),
         transport: TransportOptions::default(),
         actors: hosting(),
+        beat_port: 0,
     })
     .await
     .context("starting the head")?;

@@ -81,9 +81,9 @@ impl BeatCounters {
     }
 }
 
-/// Binds the heartbeat port on `ip` (any free port).
-pub(super) fn bind(ip: std::net::IpAddr) -> std::io::Result<UdpSocket> {
-    let socket = UdpSocket::bind(SocketAddr::new(ip, 0))?;
+/// Binds the heartbeat port at `address` (port 0: any free port).
+pub(super) fn bind(address: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(address)?;
     socket.set_read_timeout(Some(POLL))?;
     Ok(socket)
 }

@@ -58,6 +58,7 @@ impl Cluster {
             membership: crate::commands::cluster::membership(&config.cluster),
             transport: runtime::TransportOptions::default(),
             actors: crate::commands::cluster::actor_hosting(),
+            beat_port: 0,
         })
         .await
         .context("starting the embedded cluster")?;

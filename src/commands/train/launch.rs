@@ -371,6 +371,7 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
         membership: crate::commands::cluster::membership(&config.cluster),
         transport: runtime::TransportOptions::default(),
         actors: crate::commands::cluster::actor_hosting(),
+        beat_port: config.cluster.beat_port,
     })
     .await
     .with_context(|| {
