@@ -140,6 +140,20 @@ fn a_loader_actor_killed_mid_epoch_loses_and_repeats_no_sample() {
             })
         },
     );
+    // Worker processes run with imgrun's malloc settings, or the user's own. (glibc parses
+    // GLIBC_TUNABLES in place at start, turning its `:`s into NULs.)
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_else(|_| {
+        "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824".to_owned()
+    });
+    let environ = String::from_utf8_lossy(
+        &std::fs::read(format!("/proc/{loader}/environ")).unwrap_or_default(),
+    )
+    .replace('\0', ":");
+    let environ = format!(":{environ}");
+    assert!(
+        environ.contains(&format!(":GLIBC_TUNABLES={tunables}:")),
+        "the loader's worker has no GLIBC_TUNABLES={tunables}: {environ}"
+    );
     let pid = common::pid_of(loader).expect("the loader's pid");
     kill_process(pid, Signal::KILL).expect("kill the loader");
     let killed = job.finish(JOB_LIMIT);

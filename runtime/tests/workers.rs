@@ -36,6 +36,7 @@ macro_rules! cases {
 const CASES: &[(&str, Case)] = cases![
     actors_of_a_group_share_its_process,
     the_worker_sees_the_gpus_of_its_group,
+    the_worker_has_the_environment_of_its_command,
     the_worker_reaches_the_cluster_its_daemon_is_in,
     sigkill_fails_every_actor_of_the_worker,
     an_exit_fails_with_its_code_and_last_stderr,
@@ -143,6 +144,10 @@ impl Actor for Probe {
                     Err(_) => format!("{name} unset"),
                 })
                 .join(" "),
+            "env" => {
+                let name = std::str::from_utf8(payload)?;
+                std::env::var(name).unwrap_or_else(|_| format!("{name} unset"))
+            }
             "ordinals" => format!("{:?}", self.ctx.cuda_ordinals()),
             "cluster" => match self.ctx.cluster() {
                 Some(access) => format!("{} {}", access.state_dir.display(), access.head),
@@ -349,6 +354,26 @@ async fn the_worker_sees_the_gpus_of_its_group() -> Result<()> {
     let want = "worker process for group 'gpu': it runs with CUDA_VISIBLE_DEVICES=3,1 (the GPUs \
                 of its first actor); actor 4 needs gpu 5";
     ensure!(format!("{:#}", error).ends_with(want), "{error:#}");
+    Ok(())
+}
+
+async fn the_worker_has_the_environment_of_its_command() -> Result<()> {
+    let command = WorkerCommand::current_exe(["worker"])
+        .context("finding this test binary")?
+        .with_env("IMGRUN_TEST_SETTING", "from the command")
+        // The pool's own variables win over the command's.
+        .with_env("CUDA_DEVICE_ORDER", "FASTEST_FIRST");
+    let (pool, _ended) = pool_of(command);
+    start(&pool, "env", 1, "probe", &[]).await?;
+    for (name, want) in [
+        ("IMGRUN_TEST_SETTING", "from the command"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        // Inherited from this process.
+        ("PATH", std::env::var("PATH")?.as_str()),
+    ] {
+        let got = call(&pool, 1, "env", name).await?;
+        ensure!(got == want, "{name}: {got}, want {want}");
+    }
     Ok(())
 }
 

@@ -49,6 +49,8 @@ pub(crate) const FRAME_OVERHEAD: usize = 4096;
 pub struct WorkerCommand {
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Environment variables set for the worker, over those it inherits.
+    pub env: Vec<(String, String)>,
 }
 
 impl WorkerCommand {
@@ -61,7 +63,15 @@ impl WorkerCommand {
         Self {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
         }
+    }
+
+    /// The same command with `key=value` in its workers' environment.
+    #[must_use]
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
     }
 
     /// This process's own executable with `args`.

@@ -71,6 +71,7 @@ pub(crate) fn spawn(
     let mut process = Command::new(&command.program);
     process
         .args(&command.args)
+        .envs(command.env.iter().map(|(key, value)| (key, value)))
         .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         .env("CUDA_VISIBLE_DEVICES", gpus)
         .env(GROUP_VARIABLE, group)
