@@ -9,11 +9,14 @@
 //! reconnects and joins again on its own when the head restarts or forgets it, and the
 //! reports of ended actors to the head.
 //!
-//! The server's port is on a thread of its own ([`Server::bind_on_thread`]), where calls
-//! and tells are answered: an actor's answer then wakes that one thread, not the workers
-//! of a multi-threaded runtime, which on a few busy cores halved the calls a caller gets
-//! per second. Every other request (starts, stops, the head's stop) is answered on the
-//! runtime the node was started on, where the worker processes and their tasks live.
+//! The server's port is on a thread of its own ([`Server::bind_on_thread`]), where every
+//! request is answered, and where the tasks that drive worker processes run (a start
+//! spawns them): an actor's answer, from its actix thread or its worker's socket, wakes
+//! that one thread, not the workers of a multi-threaded runtime, which on a few busy cores
+//! cost a caller up to half its calls per second. The thread ends once the port is closed
+//! and its connections are gone; the worker processes then see their socket close and
+//! exit, as when the daemon exits. The heartbeats and the reports of ended actors run on
+//! the runtime that started the node.
 //!
 //! Actors: `actors.rs` hosts the node's actors ([`NodeConfig::actors`]) and answers actor
 //! requests (starts and stops from the head, calls and tells from anyone in the cluster),
@@ -111,11 +114,6 @@ pub(crate) struct Shared {
     life: Lifecycle,
     /// The node's own actors, which it fences when its session ends.
     actors: Arc<NodeActors>,
-    /// The runtime the node was started on. The server runs on a thread of its own and
-    /// answers calls and tells there; every other request is answered here, since it may
-    /// start worker processes and the tasks that drive them, which must not depend on the
-    /// server's thread.
-    main: tokio::runtime::Handle,
 }
 
 impl Node {
@@ -177,7 +175,6 @@ impl Node {
             connection: Mutex::new(None),
             life: Lifecycle::new(Some(actor_handler(actors.clone()))),
             actors: actors.clone(),
-            main: tokio::runtime::Handle::current(),
         });
         shared.write_record()?;
         let span = info_span!("node", address = %address);
@@ -380,29 +377,9 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// Answers a request to the node on the server's thread: calls and tells there, every
-/// other request on the node's own runtime ([`Shared::main`]).
-async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
-    if matches!(
-        request,
-        Message::ActorCall { .. } | Message::ActorTell { .. }
-    ) {
-        return answer(shared, peer, request).await;
-    }
-    let main = shared.main.clone();
-    let name = message_name(&request);
-    match main.spawn(answer(shared, peer, request)).await {
-        Ok(answer) => answer,
-        // Cancelled by the node's runtime shutting down, or a panic in the handler.
-        Err(error) => Message::Error {
-            message: format!("the node could not answer a {name}: {error}"),
-        },
-    }
-}
-
 /// Answers a request to the node: a stop from the head, actor requests through the actor
-/// handler, and nothing else.
-async fn answer(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
+/// handler, and nothing else. Runs on the server's thread.
+async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
     match request {
         Message::StopRequest { .. } if peer.name() == Some(HEAD_NAME) => {
             info!(peer = %peer.address, "the head asked this node to stop");
