@@ -7,9 +7,9 @@
 //! back makes the worker that takes it wake another worker to look for work too (tokio's
 //! rule for a worker leaving the search), and the packet that carries the request wakes
 //! one as well; on a machine of a few busy cores every such wake is a context switch
-//! (`cargo bench -p runtime --bench cluster -- --only remote`: twice the calls per second
-//! with the tokio runtime pinned to one worker). On one thread, the answer wakes that
-//! thread and nothing else.
+//! (`cargo bench -p runtime --bench cluster -- --only remote`: 1.7 times the calls per
+//! second of one caller with the whole tokio runtime on one worker). On one thread, the
+//! answer wakes that thread and nothing else.
 //!
 //! The thread ends when quinn drops the last handle on its [`ThreadRuntime`]: once the
 //! endpoint is closed and every connection, stream and driver on it is gone.
