@@ -13,10 +13,10 @@
 //! request is answered, and where the tasks that drive worker processes run (a start
 //! spawns them): an actor's answer, from its actix thread or its worker's socket, wakes
 //! that one thread, not the workers of a multi-threaded runtime, which on a few busy cores
-//! wake each other for nothing (`transport/thread.rs`). The thread ends once the port is closed
-//! and its connections are gone; the worker processes then see their socket close and
-//! exit, as when the daemon exits. The heartbeats and the reports of ended actors run on
-//! the runtime that started the node.
+//! wake each other for nothing (`transport/thread.rs`). The thread ends once the port is
+//! closed and its connections are gone; the worker processes then see their socket close
+//! and exit, as when the daemon exits. The heartbeats and the reports of ended actors run
+//! on the runtime that started the node.
 //!
 //! Actors: `actors.rs` hosts the node's actors ([`NodeConfig::actors`]) and answers actor
 //! requests (starts and stops from the head, calls and tells from anyone in the cluster),
