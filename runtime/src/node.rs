@@ -9,6 +9,15 @@
 //! reconnects and joins again on its own when the head restarts or forgets it, and the
 //! reports of ended actors to the head.
 //!
+//! The server's port is on a thread of its own ([`Server::bind_on_thread`]), where every
+//! request is answered, and where the tasks that drive worker processes run (a start
+//! spawns them): an actor's answer, from its actix thread or its worker's socket, wakes
+//! that one thread, not the workers of a multi-threaded runtime, which on a few busy cores
+//! wake each other for nothing (`transport/thread.rs`). The thread ends once the port is
+//! closed and its connections are gone; the worker processes then see their socket close
+//! and exit, as when the daemon exits. The heartbeats and the reports of ended actors run
+//! on the runtime that started the node.
+//!
 //! Actors: `actors.rs` hosts the node's actors ([`NodeConfig::actors`]) and answers actor
 //! requests (starts and stops from the head, calls and tells from anyone in the cluster),
 //! and reports each actor that ended to the head. [`Node::set_actor_handler`] replaces it.
@@ -139,13 +148,16 @@ impl Node {
         joined.save(&config.state)?;
         let server_tls = ServerTls::node(&joined.ca, &joined.credentials)?;
         let tls = ClientTls::mutual(&joined.ca, &joined.credentials)?;
-        let server =
-            Server::bind_with(listen, &server_tls, config.transport.clone()).map_err(|source| {
-                DaemonError::Listen {
-                    address: listen,
-                    source: Box::new(source),
-                }
-            })?;
+        let server = Server::bind_on_thread(
+            listen,
+            &server_tls,
+            config.transport.clone(),
+            "imgrun-node-quic",
+        )
+        .map_err(|source| DaemonError::Listen {
+            address: listen,
+            source: Box::new(source),
+        })?;
         let local_addr = server.local_addr().map_err(|source| DaemonError::Listen {
             address: listen,
             source: Box::new(source),
@@ -366,7 +378,7 @@ impl std::fmt::Debug for Shared {
 }
 
 /// Answers a request to the node: a stop from the head, actor requests through the actor
-/// handler, and nothing else.
+/// handler, and nothing else. Runs on the server's thread.
 async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
     match request {
         Message::StopRequest { .. } if peer.name() == Some(HEAD_NAME) => {

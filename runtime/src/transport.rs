@@ -26,6 +26,9 @@ use crate::tls::{ClientTls, SERVER_NAME, ServerTls, certificate_name};
 use crate::wire::{
     DEFAULT_MAX_FRAME, Message, WireError, decode_with_limit, encode, read_frame, write_frame,
 };
+use thread::ThreadRuntime;
+
+mod thread;
 
 /// Stream and connection error codes this layer sends.
 const CODE_OK: u32 = 0;
@@ -182,6 +185,9 @@ fn datagram_limit(max: Option<usize>) -> String {
 pub struct Server {
     endpoint: Endpoint,
     options: TransportOptions,
+    /// The endpoint's own thread ([`Server::bind_on_thread`]), where connections are
+    /// served; `None`: the runtime that bound it.
+    thread: Option<Arc<ThreadRuntime>>,
 }
 
 /// Outgoing connections from a fresh UDP socket of their own (a daemon that also serves
@@ -213,15 +219,45 @@ impl Server {
         tls: &ServerTls,
         options: TransportOptions,
     ) -> Result<Self, TransportError> {
-        let crypto =
-            QuicServerConfig::try_from(tls.rustls()).map_err(|error| TransportError::Config {
-                reason: error.to_string(),
-            })?;
-        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-        config.transport_config(transport_config(&options)?);
+        let config = server_config(tls, &options)?;
         let endpoint = Endpoint::server(config, address)
             .map_err(|source| TransportError::Bind { address, source })?;
-        Ok(Self { endpoint, options })
+        Ok(Self {
+            endpoint,
+            options,
+            thread: None,
+        })
+    }
+
+    /// Listens on `address` with `options`, on a thread of its own named `name`: the
+    /// endpoint, its connections and the tasks that serve their streams (the handler's
+    /// futures included) run there, on a single-threaded runtime, whatever runtime calls
+    /// this. For a daemon whose requests hand work to other threads (actor calls), whose
+    /// answers then wake this one thread rather than a pool's workers. The thread ends
+    /// once the server is closed and all its connections are gone.
+    pub fn bind_on_thread(
+        address: SocketAddr,
+        tls: &ServerTls,
+        options: TransportOptions,
+        name: &str,
+    ) -> Result<Self, TransportError> {
+        let config = server_config(tls, &options)?;
+        let bind_error = |source| TransportError::Bind { address, source };
+        let thread = ThreadRuntime::start(name).map_err(bind_error)?;
+        let socket = std::net::UdpSocket::bind(address).map_err(bind_error)?;
+        let runtime: Arc<dyn quinn::Runtime> = thread.clone();
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(config),
+            socket,
+            runtime,
+        )
+        .map_err(bind_error)?;
+        Ok(Self {
+            endpoint,
+            options,
+            thread: Some(thread),
+        })
     }
 
     /// The address the server listens on.
@@ -241,7 +277,10 @@ impl Server {
         while let Some(incoming) = self.endpoint.accept().await {
             let span = info_span!("connection", peer = %incoming.remote_address());
             let connection = serve_connection(incoming, handler.clone(), self.options.clone());
-            tokio::spawn(connection.instrument(span));
+            match &self.thread {
+                Some(thread) => thread.spawn(connection.instrument(span)),
+                None => drop(tokio::spawn(connection.instrument(span))),
+            }
         }
         debug!("server closed");
     }
@@ -411,6 +450,19 @@ async fn connect_from(
         datagrams: options.datagrams,
         _endpoint: endpoint,
     })
+}
+
+fn server_config(
+    tls: &ServerTls,
+    options: &TransportOptions,
+) -> Result<quinn::ServerConfig, TransportError> {
+    let crypto =
+        QuicServerConfig::try_from(tls.rustls()).map_err(|error| TransportError::Config {
+            reason: error.to_string(),
+        })?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(transport_config(options)?);
+    Ok(config)
 }
 
 fn transport_config(

@@ -34,6 +34,7 @@ fn registry() -> ActorRegistry {
             Ok(Box::new(Probe {
                 context: context.clone(),
                 total,
+                log: Vec::new(),
             }) as Box<dyn Actor>)
         })
         .register("broken", |_, _| {
@@ -45,6 +46,8 @@ fn registry() -> ActorRegistry {
 struct Probe {
     context: ActorContext,
     total: i64,
+    /// What `append` was given, in the order the messages ran.
+    log: Vec<String>,
 }
 
 impl Actor for Probe {
@@ -58,6 +61,11 @@ impl Actor for Probe {
                 self.total.to_string()
             }
             "get" => self.total.to_string(),
+            "append" => {
+                self.log.push(text.to_owned());
+                self.log.len().to_string()
+            }
+            "log" => self.log.join(","),
             "sleep" => {
                 std::thread::sleep(Duration::from_millis(text.parse()?));
                 String::new()
@@ -434,6 +442,56 @@ async fn calls_and_tells_reach_actors_on_any_node_and_time_out() {
         error.to_string().contains("belongs to another owner"),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_callers_messages_run_in_the_order_sent_under_concurrent_callers() {
+    const CALLERS: usize = 8;
+    const MESSAGES: usize = 40;
+    let cluster = Cluster::start().await;
+    let [head, one, _] = cluster.ids();
+    // On a node (answered on the node's server thread) and on the head.
+    for node in [one, head] {
+        let actor = cluster.spawn(probe(1, Strategy::Node(node))).await;
+        let mut callers = tokio::task::JoinSet::new();
+        for caller in 0..CALLERS {
+            let actor = actor.clone();
+            // Tells and calls mixed: a tell is answered once it is in the mailbox, so the
+            // message after it must run after it.
+            callers.spawn(async move {
+                for n in 0..MESSAGES {
+                    let entry = format!("{caller}:{n}");
+                    if n % 2 == 0 {
+                        within("tell", actor.tell("append", entry)).await?;
+                    } else {
+                        call(&actor, "append", &entry).await?;
+                    }
+                }
+                Ok::<_, ActorCallError>(())
+            });
+        }
+        while let Some(done) = within("callers", callers.join_next()).await {
+            done.expect("caller task").expect("append");
+        }
+        let log = call(&actor, "log", "").await.expect("log");
+        let mut next = [0usize; CALLERS];
+        for entry in log.split(',') {
+            let (caller, n) = entry.split_once(':').expect("caller:n");
+            let (caller, n): (usize, usize) = (
+                caller.parse().expect("caller"),
+                n.parse().expect("message number"),
+            );
+            assert_eq!(
+                n, next[caller],
+                "on node {node}: caller {caller}'s message {n} ran out of order: {log}"
+            );
+            next[caller] += 1;
+        }
+        assert_eq!(
+            next, [MESSAGES; CALLERS],
+            "on node {node}: messages lost: {log}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The secure transport on loopback: who gets through which configuration, that bad
 //! peers (wrong CA, garbage datagrams, garbage frames) close their own stream or
 //! connection and never the server, and QUIC datagrams: answered, dropped when bad,
-//! refused where a side takes none.
+//! refused where a side takes none. A server on a thread of its own serves there, and
+//! the thread ends with it.
 
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
@@ -379,6 +380,72 @@ async fn closing_ends_the_accept_loop_and_its_connections() {
         matches!(result, Err(TransportError::Closed { .. })),
         "{result:?}"
     );
+}
+
+#[tokio::test]
+async fn a_server_on_a_thread_of_its_own_serves_there_and_the_thread_ends_with_it() {
+    // At most 15 bytes: what Linux keeps of a thread's name.
+    const THREAD: &str = "quic-test-own";
+    let cluster = cluster();
+    let server = Server::bind_on_thread(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &cluster.node_tls(),
+        TransportOptions::default(),
+        THREAD,
+    )
+    .expect("bind");
+    let address = server.local_addr().expect("local address");
+    let serving = server.clone();
+    // Answers a heartbeat with its ack and anything else with the thread it runs on.
+    let on_thread = |_peer: Peer, request: Message| async move {
+        match request {
+            Message::Heartbeat { seq, .. } => Message::HeartbeatAck { seq },
+            _ => Message::Error {
+                message: std::thread::current().name().unwrap_or("").to_owned(),
+            },
+        }
+    };
+    let accept_loop = tokio::spawn(async move { serving.accept_loop(on_thread).await });
+    let connection = within(
+        "connect",
+        Client::connect(address, &cluster.member("gpu-02")),
+    )
+    .await
+    .expect("connect");
+    assert_eq!(identity(&connection).await, THREAD);
+    let mut requests = tokio::task::JoinSet::new();
+    for seq in 0..1000u64 {
+        let connection = connection.clone();
+        requests.spawn(async move { (seq, heartbeat(&connection, seq).await) });
+    }
+    while let Some(done) = within("requests", requests.join_next()).await {
+        let (seq, ack) = done.expect("request task");
+        assert_eq!(ack.expect("answer"), Message::HeartbeatAck { seq });
+    }
+    assert_eq!(threads_named(THREAD), 1, "one thread serves");
+    server.close();
+    within("accept loop", accept_loop)
+        .await
+        .expect("accept loop ends");
+    drop((server, connection));
+    // The thread ends once its endpoint and connections are gone; nothing announces it,
+    // so this looks, within the test's limit.
+    within("the server's thread ends", async {
+        while threads_named(THREAD) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// How many threads of this process are named `name`.
+fn threads_named(name: &str) -> usize {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
 }
 
 /// [`handler`] on streams; on datagrams, a heartbeat's ack (refused for `seq` 0) and

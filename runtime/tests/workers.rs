@@ -3,7 +3,9 @@
 //! `WorkerPool` and bounded in time, and prints one line per case (`harness = false`, so
 //! that the re-executed binary has a `main` of its own). Arguments select cases by name
 //! as with libtest (`NAME`, `--skip NAME`). The last case runs a worker through a head,
-//! as the cluster does: spawned by a client, killed with SIGKILL, restarted.
+//! as the cluster does: spawned by a client, killed with SIGKILL, restarted; the one after
+//! it, through a node that joined a head (whose port, and the tasks that drive its worker
+//! processes, are on a thread of the node's own).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,9 +17,9 @@ use anyhow::{Context, Result, bail, ensure};
 use runtime::{
     Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
     ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, DiscoverOptions, ExitReason,
-    FailureOrigin, Head, HeadConfig, MembershipConfig, MethodError, PoolOptions, Resources,
-    SpawnOptions, StateDir, TransportOptions, VisibleDevices, WorkerCommand, WorkerPool, discover,
-    worker_main,
+    FailureOrigin, Head, HeadConfig, MembershipConfig, MethodError, Node, NodeConfig, PoolOptions,
+    Resources, SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, WorkerCommand,
+    WorkerPool, discover, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -50,6 +52,7 @@ const CASES: &[(&str, Case)] = cases![
     a_worker_ends_with_its_node,
     frames_follow_the_pools_limit,
     a_killed_worker_fails_its_cluster_actor_for_the_owner,
+    a_joined_nodes_worker_answers_calls_and_ends_with_the_node,
 ];
 
 fn main() -> ExitCode {
@@ -779,6 +782,74 @@ async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
         );
     }
     ensure!(client.status().await?.reservations.is_empty());
+    Ok(())
+}
+
+async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let machine = |name: &str| {
+        let mut resources = discover(&DiscoverOptions {
+            num_cpus: Some(2),
+            num_gpus: Some(0),
+            visible_devices: VisibleDevices::Set("-1".to_owned()),
+        });
+        resources.hostname = Some(name.to_owned());
+        resources
+    };
+    let head = Head::start(HeadConfig {
+        bind: "127.0.0.1:0".parse()?,
+        advertise: None,
+        state: StateDir::at(dir.path().join("head")),
+        resources: machine("head"),
+        membership: MembershipConfig::default(),
+        transport: TransportOptions::default(),
+        actors: ActorHosting::default(),
+    })
+    .await?;
+    let node = Node::start(NodeConfig {
+        head: head.join_address(),
+        token: head.token().clone(),
+        ca_hash: head.ca_hash(),
+        bind: "127.0.0.1:0".parse()?,
+        advertise: None,
+        state: StateDir::at(dir.path().join("node")),
+        resources: machine("node"),
+        transport: TransportOptions::default(),
+        actors: ActorHosting {
+            registry: registry(),
+            worker: Some(WorkerCommand::current_exe(["worker"])?),
+            ..ActorHosting::default()
+        },
+    })
+    .await?;
+    let client = ClusterClient::connect(&StateDir::at(dir.path().join("head")), None).await?;
+    let options = SpawnOptions::new("probe")
+        .strategy(Strategy::Node(node.node_id()))
+        .process_group("g");
+    let actor = client.spawn(options).await?;
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    let pid: u32 = text(actor.call("pid", "", LIMIT).await?).parse()?;
+    ensure!(
+        pid != std::process::id() && alive(pid),
+        "the actor runs in worker {pid}"
+    );
+    // Calls from several tasks at once, each answered with its own payload.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let actor = actor.clone();
+        calls.spawn(async move {
+            let sent = format!("call {i}");
+            let got = actor.call("echo", sent.clone(), LIMIT).await?;
+            ensure!(got == sent.as_bytes(), "{sent}: {got:?}");
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        done??;
+    }
+    node.stop().await;
+    drop(node);
+    gone(pid).await;
     Ok(())
 }
 
