@@ -804,6 +804,7 @@ async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<
         membership: MembershipConfig::default(),
         transport: TransportOptions::default(),
         actors: ActorHosting::default(),
+        beat_port: 0,
     })
     .await?;
     let node = Node::start(NodeConfig {
