@@ -15,9 +15,10 @@
 //! Python comes from `tools/pybench.sh` and runs `benches/python/loader_bench.py`;
 //! without it the output says why the Python rows were skipped.
 //!
-//! Every row is one pass over all samples after a warm-up of one batch per worker; worker
-//! `w` of `n` reads shards `w, w + n, ...`, as WebDataset splits shards between
-//! `DataLoader` workers. The goal is imgrun >= 3x Python's train images/s per worker
+//! Every row comes after a warm-up of one batch per worker: the decode and transform rows
+//! then time one pass over all samples, the loader rows and Python's `DataLoader` the rest
+//! of the epoch (the first batch of every worker untimed). Worker `w` of `n` reads shards
+//! `w, w + n, ...`, as WebDataset splits shards between `DataLoader` workers. The goal is imgrun >= 3x Python's train images/s per worker
 //! (per core). Timings are printed, never asserted. `--only-imgrun` skips Python, for
 //! profiling:
 //!
@@ -92,8 +93,8 @@ fn main() {
     println!("data: {}", shards.description);
     println!("machine: {machine_at_start} at start (shared with other work, so timings are noisy)");
     println!(
-        "each row: one pass over all samples after {WARMUP} warm-up images per worker; \
-         worker w of n reads shards w, w+n, ...; batches of {BATCH}"
+        "each row: after {WARMUP} warm-up images per worker, one pass over all samples \
+         (loaders: the rest of the epoch); worker w of n reads shards w, w+n, ...; batches of {BATCH}"
     );
     println!("rerun: {}", options.rerun());
 
@@ -189,7 +190,8 @@ fn imgrun_transform_rows(urls: &[String], workers: &[usize]) -> Vec<Row> {
 
 /// The whole loader at 224, `u8` and `f32`, for each worker count: one rank's epoch of a
 /// split plan over the shards (worker `w` of `n` reads shards `w, w + n, ...`), with the
-/// default shuffle buffer and queues, timed from start to the last batch.
+/// default shuffle buffer and queues, timed from the end of the first batch of every
+/// worker to the last batch (the rest of the epoch, as Python's row times its loader).
 fn imgrun_loader_rows(urls: &[String], workers: &[usize]) -> Vec<Row> {
     let mut rows = Vec::new();
     for (kind, output) in [
@@ -228,13 +230,18 @@ fn loader_epoch(urls: &[String], workers: usize, transform: Transform) -> Result
         .map_err(|e| e.to_string())?;
     let loader =
         Loader::new(LoaderConfig::default(), Sources::default()).map_err(|e| e.to_string())?;
+    let mut batches = loader
+        .epoch(&plan, Rank(0), transform, None)
+        .map_err(|e| e.to_string())?;
+    // Warm-up, as for the other rows and Python's: the first batch of every worker (they
+    // take turns), which also starts the threads and fills the shuffle buffer.
+    for batch in batches.by_ref().take(workers) {
+        batch.map_err(|e| e.to_string())?;
+    }
     let cpu_at_start = process_cpu_seconds();
     let start = Instant::now();
     let mut images = 0;
-    for batch in loader
-        .epoch(&plan, Rank(0), transform, None)
-        .map_err(|e| e.to_string())?
-    {
+    for batch in batches {
         images += batch.map_err(|e| e.to_string())?.len() as u64;
     }
     let seconds = start.elapsed().as_secs_f64();
