@@ -164,6 +164,8 @@ impl Link {
             secret,
             job,
         };
+        // Abstract socket names are Linux's alone; elsewhere the ring is TCP only.
+        let local_sockets = local_sockets && cfg!(target_os = "linux");
         let unix = if local_sockets {
             ring.bind_unix(&listener)
         } else {
@@ -252,6 +254,8 @@ impl fmt::Debug for Link {
         f.debug_struct("Link")
             .field("next", &self.next)
             .field("prev", &self.prev)
+            .field("next_transport", &self.next_transport)
+            .field("prev_transport", &self.prev_transport)
             .finish_non_exhaustive()
     }
 }
