@@ -485,29 +485,28 @@ async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
             let ring = tcp_ring(secrets, jobs, options).await?;
             let name = format!("{name}, local sockets {local_sockets}");
             let rank1_addr = ring[1].0;
-            match &ring[0].1 {
+            let refused_at = match &ring[0].1 {
                 Err(CollectiveError::Handshake {
                     rank: 0,
                     peer: 1,
-                    path: LinkPath::Tcp(addr),
+                    path,
                     ..
-                }) => assert_eq!(*addr, rank1_addr, "{name}"),
-                // Refused over rank 1's Unix socket (then rank 1 may be gone before
-                // the TCP retry): the error still names rank 1 and its address.
-                Err(CollectiveError::Handshake {
-                    rank: 0,
-                    peer: 1,
-                    path: LinkPath::Unix { beside: addr, .. },
-                    ..
-                })
-                | Err(CollectiveError::Connect {
+                }) => match path.as_ref() {
+                    LinkPath::Tcp(addr) => *addr,
+                    // Refused over rank 1's Unix socket (then rank 1 may be gone before
+                    // the TCP retry): the error still names rank 1 and its address.
+                    LinkPath::Unix { beside, .. } if local_sockets => *beside,
+                    other => panic!("{name}: rank 0 refused over {other}"),
+                },
+                Err(CollectiveError::Connect {
                     rank: 0,
                     peer: 1,
                     addr,
                     ..
-                }) if local_sockets => assert_eq!(*addr, rank1_addr, "{name}"),
+                }) if local_sockets => *addr,
                 other => panic!("{name}: rank 0 got {other:?}"),
-            }
+            };
+            assert_eq!(refused_at, rank1_addr, "{name}");
             match &ring[1].1 {
                 Err(CollectiveError::Handshake {
                     rank: 1, peer: 0, ..

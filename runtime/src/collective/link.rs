@@ -372,7 +372,7 @@ impl Ring<'_> {
         Err(Some(CollectiveError::Handshake {
             rank: self.rank,
             peer,
-            path,
+            path: Box::new(path),
             reason,
         }))
     }
@@ -407,7 +407,7 @@ impl Ring<'_> {
         let handshake_failed = |reason: String| CollectiveError::Handshake {
             rank: self.rank,
             peer,
-            path: LinkPath::Tcp(addr),
+            path: Box::new(LinkPath::Tcp(addr)),
             reason,
         };
         stream
@@ -494,7 +494,7 @@ impl Ring<'_> {
                     last_failure = Some(CollectiveError::Handshake {
                         rank: self.rank,
                         peer,
-                        path,
+                        path: Box::new(path),
                         reason,
                     });
                 }

@@ -146,7 +146,8 @@ pub enum CollectiveError {
     Handshake {
         rank: usize,
         peer: usize,
-        path: LinkPath,
+        /// Boxed: a Unix path's name would make every result of the collectives larger.
+        path: Box<LinkPath>,
         reason: String,
     },
     #[error("rank {rank}: rank {peer} closed the link during {what}")]
