@@ -386,25 +386,36 @@ async fn bind(
     tls: &ServerTls,
     options: &TransportOptions,
 ) -> Result<Server, DaemonError> {
+    retry_while_in_use(
+        || Server::bind_with(address, tls, options.clone()),
+        |error| {
+            address.port() != 0
+                && matches!(error, TransportError::Bind { source, .. }
+                    if source.kind() == std::io::ErrorKind::AddrInUse)
+        },
+    )
+    .await
+    .map_err(|source| DaemonError::Listen {
+        address,
+        source: Box::new(source),
+    })
+}
+
+/// Calls `bind` again while `in_use` says its error is a port still held, for up to
+/// [`BIND_RETRY`]; then returns what it gave last.
+async fn retry_while_in_use<T, E>(
+    mut bind: impl FnMut() -> Result<T, E>,
+    in_use: impl Fn(&E) -> bool,
+) -> Result<T, E> {
     let deadline = tokio::time::Instant::now() + BIND_RETRY;
     let mut pause = Duration::from_millis(20);
     loop {
-        match Server::bind_with(address, tls, options.clone()) {
-            Ok(server) => return Ok(server),
-            Err(TransportError::Bind { source, .. })
-                if source.kind() == std::io::ErrorKind::AddrInUse
-                    && address.port() != 0
-                    && tokio::time::Instant::now() + pause < deadline =>
-            {
+        match bind() {
+            Err(error) if in_use(&error) && tokio::time::Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
-            Err(source) => {
-                return Err(DaemonError::Listen {
-                    address,
-                    source: Box::new(source),
-                });
-            }
+            result => return result,
         }
     }
 }
@@ -426,26 +437,16 @@ async fn bind_beats(config: &HeadConfig) -> Result<Option<std::net::UdpSocket>, 
             reason: "it is the head's QUIC port; give another".to_owned(),
         });
     }
-    let deadline = tokio::time::Instant::now() + BIND_RETRY;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        match beats::bind(address) {
-            Ok(socket) => return Ok(Some(socket)),
-            Err(error)
-                if error.kind() == std::io::ErrorKind::AddrInUse
-                    && tokio::time::Instant::now() + pause < deadline =>
-            {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            Err(error) => {
-                return Err(DaemonError::BeatPort {
-                    address,
-                    reason: error.to_string(),
-                });
-            }
-        }
-    }
+    retry_while_in_use(
+        || beats::bind(address),
+        |error| error.kind() == std::io::ErrorKind::AddrInUse,
+    )
+    .await
+    .map(Some)
+    .map_err(|error| DaemonError::BeatPort {
+        address,
+        reason: error.to_string(),
+    })
 }
 
 /// The first membership session of this head: microseconds since the Unix epoch, so a

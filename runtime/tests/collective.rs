@@ -312,6 +312,16 @@ async fn tcp_ring(
     tcp_ring_with(secrets, jobs, per_rank).await
 }
 
+/// The groups of a [`tcp_ring`] that every rank formed (the first rank's error if not).
+fn formed(
+    ring: Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>,
+) -> Result<Vec<RingGroup>> {
+    Ok(ring
+        .into_iter()
+        .map(|(_, group)| group)
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
 /// [`tcp_ring`] with each rank's own options.
 async fn tcp_ring_with(
     secrets: Vec<RingSecret>,
@@ -361,10 +371,7 @@ async fn tcp_ring_allreduces_megabytes() -> Result<()> {
                 ..CollectiveOptions::default()
             };
             let ring = tcp_ring(vec![secret; world], vec!["job-1"; world], options).await?;
-            let groups = ring
-                .into_iter()
-                .map(|(_, group)| group)
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let groups = formed(ring)?;
             for group in &groups {
                 assert_eq!(transports(group), (transport, transport), "world {world}");
             }
@@ -399,10 +406,7 @@ async fn tcp_ring_falls_back_to_tcp_without_a_unix_socket() -> Result<()> {
         per_rank,
     )
     .await?;
-    let groups = ring
-        .into_iter()
-        .map(|(_, group)| group)
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let groups = formed(ring)?;
     let expected = [
         (Transport::Tcp, Transport::Unix),
         (Transport::Tcp, Transport::Tcp),
@@ -440,10 +444,7 @@ async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
             per_rank,
         )
         .await?;
-        let groups = ring
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let groups = formed(ring)?;
         let outputs = run_ranks(groups, move |mut group| async move {
             let first = group.allreduce_sum(&mut vec![1.0; len]).await;
             let after = group.barrier().await;
@@ -897,10 +898,7 @@ async fn random_buckets_over_tcp() -> Result<()> {
             },
         )
         .await?;
-        let groups = ring
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let groups = formed(ring)?;
         let case = format!("seed {seed} tcp chunk_bytes {chunk_bytes}");
         check_schedule(&case, groups, schedule).await?;
     }
