@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# A fresh clone builds everything once: incremental caches would only double the disk the
+# build takes. A developer rerunning the suite can set CARGO_INCREMENTAL=1.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+
 # A test whose precondition is missing here fails, unless IMGRUN_ALLOW_SKIP=1 (local runs
 # only; CI never sets it). Each skip appends a `SKIPPED test: why` line to this log, and
 # the run ends, passed or failed, by counting them.
@@ -19,6 +23,8 @@ skipped() {
     if [ "$n" = 1 ]; then echo "1 test skipped"; else echo "$n tests skipped"; fi
     sed 's/^SKIPPED /  /' "$IMGRUN_SKIP_LOG"
     rm -f "$IMGRUN_SKIP_LOG"
+    step "disk taken by the build"
+    du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null || true
 }
 trap skipped EXIT
 
