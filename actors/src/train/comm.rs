@@ -24,6 +24,15 @@ pub(crate) fn abort_all() {
     aborts().send_modify(|n| *n += 1);
 }
 
+/// What a communication thread started now listens to: every [`abort_all`] from now on.
+pub(super) fn abort_signal() -> AbortSignal {
+    AbortSignal(aborts().subscribe())
+}
+
+/// The aborts one communication thread obeys (a test gives its own).
+#[derive(Debug)]
+pub(super) struct AbortSignal(tokio::sync::watch::Receiver<u64>);
+
 /// A thread that owns a connection state and runs jobs `J` on it, answering `R` for each.
 pub(super) struct CommThread<J, R> {
     jobs: Option<mpsc::Sender<J>>,
@@ -41,9 +50,13 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
     /// Starts thread `name`. It forms its state with `connect` on its own runtime (where
     /// the state's sockets then live) and hands back `describe(&state)`, then runs every
     /// job sent with `run`; a job cut short by [`abort_all`] is answered
-    /// `aborted(&state)`.
+    /// `aborted(&state)`. `abort` is taken before connecting: an abort while the
+    /// connections form (a peer lost before it bound or answered) ends the forming with
+    /// [`SyncError::AbortedForming`], rather than leaving it to retry a dead peer until
+    /// the connect deadline.
     pub(super) fn start<S, E, T, F, Fut, D, H>(
         name: &str,
+        abort: AbortSignal,
         connect: F,
         describe: D,
         mut run: H,
@@ -64,6 +77,7 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                let AbortSignal(mut abort) = abort;
                 let tokio = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -74,15 +88,24 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
                         return;
                     }
                 };
-                let mut state = match tokio.block_on(connect()) {
-                    Ok(state) => state,
-                    Err(error) => {
+                let formed = tokio.block_on(async {
+                    tokio::select! {
+                        formed = connect() => Some(formed),
+                        _ = abort.changed() => None,
+                    }
+                });
+                let mut state = match formed {
+                    Some(Ok(state)) => state,
+                    Some(Err(error)) => {
                         let _ = ready_tx.send(Err(error.into()));
+                        return;
+                    }
+                    None => {
+                        let _ = ready_tx.send(Err(SyncError::AbortedForming));
                         return;
                     }
                 };
                 let _ = ready_tx.send(Ok(describe(&state)));
-                let mut abort = aborts().subscribe();
                 while let Ok(job) = job_rx.recv() {
                     let result = tokio.block_on(async {
                         tokio::select! {
@@ -137,5 +160,77 @@ impl<J, R> Drop for CommThread<J, R> {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A signal of the test's own, so that other tests' threads are not aborted.
+    fn own_signal() -> (tokio::sync::watch::Sender<u64>, AbortSignal) {
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        (tx, AbortSignal(rx))
+    }
+
+    fn abort_after(tx: tokio::sync::watch::Sender<u64>, wait: Duration) {
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            tx.send_modify(|n| *n += 1);
+            // Kept until the thread under test has seen it.
+            std::thread::sleep(Duration::from_secs(5));
+        });
+    }
+
+    #[test]
+    fn an_abort_while_the_connections_form_ends_the_forming() {
+        let (tx, signal) = own_signal();
+        abort_after(tx, Duration::from_millis(50));
+        let started = Instant::now();
+        // A ring that would form only after 20 s (a peer retried until the deadline).
+        let result = CommThread::<u32, u32>::start(
+            "test-comm",
+            signal,
+            || async {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                Ok::<_, SyncError>(())
+            },
+            |_: &()| (),
+            async |_: &mut (), job| job,
+            |_: &()| 0,
+        );
+        assert!(
+            matches!(result, Err(SyncError::AbortedForming)),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(15));
+    }
+
+    #[test]
+    fn an_abort_during_a_job_answers_it_aborted_and_ends_the_thread() {
+        let (tx, signal) = own_signal();
+        let (comm, described) = CommThread::<u32, u32>::start(
+            "test-comm",
+            signal,
+            || async { Ok::<_, SyncError>(7u32) },
+            |state: &u32| *state,
+            async |state: &mut u32, job: u32| {
+                if job == 0 {
+                    std::future::pending::<()>().await;
+                }
+                *state + job
+            },
+            |_: &u32| u32::MAX,
+        )
+        .expect("formed");
+        assert_eq!(described, 7);
+        comm.send(1).expect("send");
+        assert_eq!(comm.receive().expect("answer"), 8);
+        comm.send(0).expect("send");
+        abort_after(tx, Duration::from_millis(50));
+        assert_eq!(comm.receive().expect("answer"), u32::MAX);
+        // The thread ended: its answers channel is closed.
+        assert!(matches!(comm.receive(), Err(SyncError::ThreadGone)));
     }
 }

@@ -44,6 +44,10 @@ pub enum SyncError {
     Mix(#[from] runtime::MixError),
     #[error("overlapped allreduce: {0}")]
     Overlap(String),
+    /// [`abort_all`](super::comm::abort_all) came while the connections still formed:
+    /// the job lost a peer meanwhile.
+    #[error("the connections were still forming when the job aborted them (a peer was lost)")]
+    AbortedForming,
 }
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
@@ -626,6 +630,7 @@ impl Comm {
     {
         let (thread, (rank, world)) = CommThread::start(
             "ddp-comm",
+            super::comm::abort_signal(),
             connect,
             |group: &RingGroup| (group.rank(), group.world()),
             async |group: &mut RingGroup, job| run(group, job).await,

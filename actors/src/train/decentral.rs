@@ -44,6 +44,7 @@ impl MixSync {
     {
         let (thread, ()) = CommThread::start(
             "mix-comm",
+            super::comm::abort_signal(),
             connect,
             |_: &Mixer| (),
             async |mixer: &mut Mixer, (step, mut buffer): (u64, Vec<f32>)| {

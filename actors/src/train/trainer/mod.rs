@@ -1063,7 +1063,10 @@ pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodEr
                 | CollectiveError::Poisoned { .. }
                 | CollectiveError::Aborted { .. }
         )
-    ) || matches!(error, SyncError::Mix(runtime::MixError::Aborted));
+    ) || matches!(
+        error,
+        SyncError::Mix(runtime::MixError::Aborted) | SyncError::AbortedForming
+    );
     if peer {
         MethodError::fatal(format!("rank {rank}: {what} ({PEER_FAILURE}): {error}"))
             .caused_elsewhere()
