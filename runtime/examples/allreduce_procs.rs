@@ -1,4 +1,4 @@
-//! Benchmarks imgrun's TCP ring allreduce against torch.distributed's gloo side by side,
+//! Benchmarks imgrun's ring allreduce against torch.distributed's gloo side by side,
 //! every rank its own process on loopback, as real trainers are:
 //!
 //! ```text
@@ -6,8 +6,11 @@
 //! env -u LIBTORCH -u LIBTORCH_USE_PYTORCH \
 //!     cargo run --locked --release -p runtime --example allreduce_procs -- [--worlds 2,4]
 //!     [--max-bytes 268435456] [--target-bytes 268435456] [--chunk-bytes 1048576]
-//!     [--inline-bytes 131072] [--block-bytes 524288] [--python PATH]
+//!     [--inline-bytes 131072] [--block-bytes 524288] [--local-sockets 1] [--python PATH]
 //! ```
+//!
+//! The ranks link over Unix domain sockets, as ranks on one host do by default;
+//! `--local-sockets 0` links them over TCP loopback instead (gloo always uses TCP).
 //!
 //! For each world size the driver starts the ranks of this binary (`rank ...`), then the
 //! ranks of `benches/python/allreduce_gloo.py` with `$VIRTUAL_ENV/bin/python` (else
@@ -18,7 +21,7 @@
 //! slowest rank's median, and busbw = 2 (n - 1) / n * bytes / time, as in nccl-tests.
 //!
 //! The ceiling printed first is this machine's memcpy bandwidth on one thread (buffers of
-//! the largest size, at least 64 MiB): over loopback TCP every byte a rank sends is copied twice by the
+//! the largest size, at least 64 MiB): over a local socket every byte a rank sends is copied twice by the
 //! kernel (into the socket, out of it) and reduced once, so the busbw columns are also
 //! shown as a share of it.
 
@@ -57,6 +60,7 @@ struct Flags {
     chunk_bytes: usize,
     inline_bytes: usize,
     block_bytes: usize,
+    local_sockets: bool,
     rank: usize,
     ports: Vec<u16>,
 }
@@ -70,6 +74,7 @@ impl Flags {
             chunk_bytes: runtime::DEFAULT_CHUNK_BYTES,
             inline_bytes: runtime::DEFAULT_INLINE_BYTES,
             block_bytes: runtime::DEFAULT_BLOCK_BYTES,
+            local_sockets: true,
             ..Flags::default()
         };
         let mut args = args.iter();
@@ -90,6 +95,13 @@ impl Flags {
                 "--chunk-bytes" => flags.chunk_bytes = value.parse().context("--chunk-bytes")?,
                 "--inline-bytes" => flags.inline_bytes = value.parse().context("--inline-bytes")?,
                 "--block-bytes" => flags.block_bytes = value.parse().context("--block-bytes")?,
+                "--local-sockets" => {
+                    flags.local_sockets = match value.as_str() {
+                        "1" | "true" => true,
+                        "0" | "false" => false,
+                        other => bail!("--local-sockets: {other:?} is not 1 or 0"),
+                    }
+                }
                 "--rank" => flags.rank = value.parse().context("--rank")?,
                 "--ports" => {
                     flags.ports = list(value)?
@@ -139,7 +151,12 @@ fn driver(flags: &Flags) -> Result<()> {
         ),
     }
     println!(
-        "# imgrun: ring over TCP loopback, chunk {} KiB, blocks of {} KiB, inline up to {} KiB x (n - 1), one current-thread tokio runtime per rank",
+        "# imgrun: ring over {}, chunk {} KiB, blocks of {} KiB, inline up to {} KiB x (n - 1), one current-thread tokio runtime per rank",
+        if flags.local_sockets {
+            "Unix sockets (TCP loopback where they fail)"
+        } else {
+            "TCP loopback"
+        },
         flags.chunk_bytes >> 10,
         flags.block_bytes >> 10,
         flags.inline_bytes >> 10
@@ -218,6 +235,10 @@ fn run_imgrun(flags: &Flags, world: usize) -> Result<Vec<Value>> {
                 .args(["--chunk-bytes", &flags.chunk_bytes.to_string()])
                 .args(["--inline-bytes", &flags.inline_bytes.to_string()])
                 .args(["--block-bytes", &flags.block_bytes.to_string()])
+                .args([
+                    "--local-sockets",
+                    &u8::from(flags.local_sockets).to_string(),
+                ])
                 .env(SECRET_ENV, &secret)
                 .stdout(if rank == 0 {
                     Stdio::piped()
@@ -381,10 +402,20 @@ async fn rank_body(flags: &Flags) -> Result<()> {
             chunk_bytes: flags.chunk_bytes,
             inline_bytes: flags.inline_bytes,
             block_bytes: flags.block_bytes,
+            local_sockets: flags.local_sockets,
             ..CollectiveOptions::default()
         },
     )
     .await?;
+    if let (0, Some(link)) = (rank, group.link()) {
+        eprintln!(
+            "# rank 0: to rank {} over {:?}, from rank {} over {:?}",
+            link.next(),
+            link.next_transport(),
+            link.prev(),
+            link.prev_transport()
+        );
+    }
 
     let sizes = flags.sizes();
     let mut buffer = vec![0.0f32; sizes.last().copied().unwrap_or(0) / 4];

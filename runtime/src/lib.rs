@@ -45,8 +45,8 @@ pub use client::{
 };
 pub use collective::{
     CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,
-    DEFAULT_INLINE_BYTES, Link, MixError, Mixer, RingGroup, RingPurpose, RingSecret, Topology,
-    UnknownTopology, node_of_each_rank,
+    DEFAULT_INLINE_BYTES, Link, LinkPath, MixError, Mixer, RingGroup, RingPurpose, RingSecret,
+    Topology, Transport, UnknownTopology, node_of_each_rank,
 };
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use failpoint::{FAILPOINT_EXIT, FAILPOINTS_VARIABLE, failpoint};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use runtime::{CollectiveError, CollectiveOptions, RingGroup, RingSecret};
+use runtime::{CollectiveError, CollectiveOptions, LinkPath, RingGroup, RingSecret, Transport};
 use tokio::net::TcpListener;
 
 /// Bound on every test's ring, so a hang fails instead of stalling the suite.
@@ -23,6 +23,7 @@ fn options(chunk_bytes: usize) -> CollectiveOptions {
         block_bytes: 0,
         op_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
+        local_sockets: true,
     }
 }
 
@@ -311,6 +312,16 @@ async fn tcp_ring(
     tcp_ring_with(secrets, jobs, per_rank).await
 }
 
+/// The groups of a [`tcp_ring`] that every rank formed (the first rank's error if not).
+fn formed(
+    ring: Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>,
+) -> Result<Vec<RingGroup>> {
+    Ok(ring
+        .into_iter()
+        .map(|(_, group)| group)
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
 /// [`tcp_ring`] with each rank's own options.
 async fn tcp_ring_with(
     secrets: Vec<RingSecret>,
@@ -351,22 +362,60 @@ async fn tcp_ring_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_ring_allreduces_megabytes() -> Result<()> {
-    for world in [2, 4] {
-        let secret = RingSecret::random();
-        let ring = tcp_ring(
-            vec![secret; world],
-            vec!["job-1"; world],
-            CollectiveOptions::default(),
-        )
-        .await?;
-        let groups = ring
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        // 1 Mi floats (4 MiB) and a size that is not a multiple of anything.
-        check_allreduce(groups, &[1 << 20, 1_000_003, 0, 5], 42).await?;
+    // On one host, neighbours link over Unix sockets unless told not to.
+    for (local_sockets, transport) in [(false, Transport::Tcp), (true, Transport::Unix)] {
+        for world in [2, 4] {
+            let secret = RingSecret::random();
+            let options = CollectiveOptions {
+                local_sockets,
+                ..CollectiveOptions::default()
+            };
+            let ring = tcp_ring(vec![secret; world], vec!["job-1"; world], options).await?;
+            let groups = formed(ring)?;
+            for group in &groups {
+                assert_eq!(transports(group), (transport, transport), "world {world}");
+            }
+            // 1 Mi floats (4 MiB) and a size that is not a multiple of anything.
+            check_allreduce(groups, &[1 << 20, 1_000_003, 0, 5], 42).await?;
+        }
     }
     Ok(())
+}
+
+/// How `group`'s link sends to its next rank and receives from its previous one.
+fn transports(group: &RingGroup) -> (Transport, Transport) {
+    let link = group.link().expect("a ring of two or more has a link");
+    (link.next_transport(), link.prev_transport())
+}
+
+/// A rank that does not listen on a Unix socket (so its previous rank finds none) still
+/// joins the ring: the links to and from it fall back to TCP, the others stay on Unix
+/// sockets, and the sums are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_ring_falls_back_to_tcp_without_a_unix_socket() -> Result<()> {
+    let world = 3;
+    let per_rank = (0..world)
+        .map(|rank| CollectiveOptions {
+            local_sockets: rank != 1,
+            ..CollectiveOptions::default()
+        })
+        .collect();
+    let ring = tcp_ring_with(
+        vec![RingSecret::random(); world],
+        vec!["job"; world],
+        per_rank,
+    )
+    .await?;
+    let groups = formed(ring)?;
+    let expected = [
+        (Transport::Tcp, Transport::Unix),
+        (Transport::Tcp, Transport::Tcp),
+        (Transport::Unix, Transport::Tcp),
+    ];
+    for (rank, group) in groups.iter().enumerate() {
+        assert_eq!(transports(group), expected[rank], "rank {rank}");
+    }
+    check_allreduce(groups, &[1 << 20, 1_000_003, 5], 7).await
 }
 
 /// Ranks whose options put the same allreduce on different paths (inline or ring) or cut
@@ -395,10 +444,7 @@ async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
             per_rank,
         )
         .await?;
-        let groups = ring
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let groups = formed(ring)?;
         let outputs = run_ranks(groups, move |mut group| async move {
             let first = group.allreduce_sum(&mut vec![1.0; len]).await;
             let after = group.barrier().await;
@@ -430,31 +476,52 @@ async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
             vec!["other", "job"],
         ),
     ];
-    for (name, secrets, jobs) in cases {
-        let ring = tcp_ring(secrets, jobs, quick.clone()).await?;
-        let rank1_addr = ring[1].0;
-        match &ring[0].1 {
-            Err(CollectiveError::Handshake {
-                rank: 0,
-                peer: 1,
-                addr,
-                ..
-            }) => assert_eq!(*addr, rank1_addr, "{name}"),
-            other => panic!("{name}: rank 0 got {other:?}"),
+    // Over TCP only, then with Unix sockets first.
+    for local_sockets in [false, true] {
+        for (name, secrets, jobs) in cases.clone() {
+            let options = CollectiveOptions {
+                local_sockets,
+                ..quick.clone()
+            };
+            let ring = tcp_ring(secrets, jobs, options).await?;
+            let name = format!("{name}, local sockets {local_sockets}");
+            let rank1_addr = ring[1].0;
+            let refused_at = match &ring[0].1 {
+                Err(CollectiveError::Handshake {
+                    rank: 0,
+                    peer: 1,
+                    path,
+                    ..
+                }) => match path.as_ref() {
+                    LinkPath::Tcp(addr) => *addr,
+                    // Refused over rank 1's Unix socket (then rank 1 may be gone before
+                    // the TCP retry): the error still names rank 1 and its address.
+                    LinkPath::Unix { beside, .. } if local_sockets => *beside,
+                    other => panic!("{name}: rank 0 refused over {other}"),
+                },
+                Err(CollectiveError::Connect {
+                    rank: 0,
+                    peer: 1,
+                    addr,
+                    ..
+                }) if local_sockets => *addr,
+                other => panic!("{name}: rank 0 got {other:?}"),
+            };
+            assert_eq!(refused_at, rank1_addr, "{name}");
+            match &ring[1].1 {
+                Err(CollectiveError::Handshake {
+                    rank: 1, peer: 0, ..
+                }) => {}
+                other => panic!("{name}: rank 1 got {other:?}"),
+            }
+            let message = ring[0].1.as_ref().err().map(ToString::to_string);
+            assert!(
+                message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(&rank1_addr.to_string())),
+                "{name}: {message:?}"
+            );
         }
-        match &ring[1].1 {
-            Err(CollectiveError::Handshake {
-                rank: 1, peer: 0, ..
-            }) => {}
-            other => panic!("{name}: rank 1 got {other:?}"),
-        }
-        let message = ring[0].1.as_ref().err().map(ToString::to_string);
-        assert!(
-            message
-                .as_deref()
-                .is_some_and(|m| m.contains(&rank1_addr.to_string())),
-            "{name}: {message:?}"
-        );
     }
     Ok(())
 }
@@ -831,10 +898,7 @@ async fn random_buckets_over_tcp() -> Result<()> {
             },
         )
         .await?;
-        let groups = ring
-            .into_iter()
-            .map(|(_, group)| group)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let groups = formed(ring)?;
         let case = format!("seed {seed} tcp chunk_bytes {chunk_bytes}");
         check_schedule(&case, groups, schedule).await?;
     }

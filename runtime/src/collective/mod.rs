@@ -3,7 +3,8 @@
 //!
 //! A [`RingGroup`] holds this rank's [`Link`]: an ordered, reliable byte pipe to the next
 //! rank and from the previous one. Links are in memory ([`RingGroup::in_memory`], for
-//! tests) or TCP ([`RingGroup::connect`]), where both ends of every connection prove that
+//! tests) or TCP ([`RingGroup::connect`]; between ranks on one host a Unix domain socket
+//! where it can, see [`CollectiveOptions::local_sockets`]), where both ends of every connection prove that
 //! they know the job's [`RingSecret`] (HMAC-SHA256 over nonces from both sides, the job id
 //! and both ranks). Data after the handshake is **not encrypted or authenticated**, as
 //! with gloo and NCCL: the ring is meant for a trusted cluster network.
@@ -27,7 +28,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use link::Link;
+pub use link::{Link, LinkPath, Transport};
 pub use mix::{MixError, Mixer};
 pub use ring::RingGroup;
 pub use topology::{Topology, UnknownTopology, node_of_each_rank};
@@ -69,6 +70,10 @@ pub struct CollectiveOptions {
     pub op_timeout: Duration,
     /// Longest [`RingGroup::connect`] may take, retries and handshakes included.
     pub connect_timeout: Duration,
+    /// Links a rank to a neighbour on the same host over a Unix domain socket instead of
+    /// TCP loopback (less kernel work per byte), falling back to TCP where that fails.
+    /// Off: this rank neither listens on nor tries one. On by default.
+    pub local_sockets: bool,
 }
 
 impl Default for CollectiveOptions {
@@ -79,6 +84,7 @@ impl Default for CollectiveOptions {
             block_bytes: DEFAULT_BLOCK_BYTES,
             op_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(60),
+            local_sockets: true,
         }
     }
 }
@@ -136,11 +142,12 @@ pub enum CollectiveError {
         addr: SocketAddr,
         source: io::Error,
     },
-    #[error("rank {rank}: handshake with rank {peer} at {addr} failed: {reason}")]
+    #[error("rank {rank}: handshake with rank {peer} {path} failed: {reason}")]
     Handshake {
         rank: usize,
         peer: usize,
-        addr: SocketAddr,
+        /// Boxed: a Unix path's name would make every result of the collectives larger.
+        path: Box<LinkPath>,
         reason: String,
     },
     #[error("rank {rank}: rank {peer} closed the link during {what}")]

@@ -66,8 +66,13 @@ impl RingGroup {
             });
         }
         let link = if world > 1 {
-            let timeout = options.connect_timeout;
-            Some(Link::tcp(rank, world, listener, next_addr, secret, job, timeout).await?)
+            let (timeout, local) = (options.connect_timeout, options.local_sockets);
+            Some(
+                Link::tcp(
+                    rank, world, listener, next_addr, secret, job, timeout, local,
+                )
+                .await?,
+            )
         } else {
             None
         };
@@ -95,6 +100,11 @@ impl RingGroup {
 
     pub fn world(&self) -> usize {
         self.world
+    }
+
+    /// This rank's link to its neighbours; `None` in a world of one.
+    pub fn link(&self) -> Option<&Link> {
+        self.link.as_ref()
     }
 
     /// Replaces `buffer` on every rank with the element-wise sum over all ranks.
@@ -271,7 +281,9 @@ impl RingGroup {
             ..
         } = self;
         let rank = *rank;
-        let Link { next, prev, tx, rx } = link_of(rank, link)?;
+        let Link {
+            next, prev, tx, rx, ..
+        } = link_of(rank, link)?;
         let (next, prev) = (*next, *prev);
         let (outgoing, incoming) = split_disjoint(rank, buffer, &send, &recv)?;
         let sending = async {
