@@ -322,6 +322,22 @@ fn formed(
         .collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
+/// The formed groups of a ring of `job` with one secret and each rank's own options.
+async fn formed_with(
+    job: &'static str,
+    per_rank: Vec<CollectiveOptions>,
+) -> Result<Vec<RingGroup>> {
+    let world = per_rank.len();
+    formed(
+        tcp_ring_with(
+            vec![RingSecret::random(); world],
+            vec![job; world],
+            per_rank,
+        )
+        .await?,
+    )
+}
+
 /// [`tcp_ring`] with each rank's own options.
 async fn tcp_ring_with(
     secrets: Vec<RingSecret>,
@@ -400,13 +416,7 @@ async fn tcp_ring_falls_back_to_tcp_without_a_unix_socket() -> Result<()> {
             ..CollectiveOptions::default()
         })
         .collect();
-    let ring = tcp_ring_with(
-        vec![RingSecret::random(); world],
-        vec!["job"; world],
-        per_rank,
-    )
-    .await?;
-    let groups = formed(ring)?;
+    let groups = formed_with("job", per_rank).await?;
     let expected = [
         (Transport::Tcp, Transport::Unix),
         (Transport::Tcp, Transport::Tcp),
@@ -438,13 +448,7 @@ async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
                 }
             })
             .collect();
-        let ring = tcp_ring_with(
-            vec![RingSecret::random(); world],
-            vec!["odd"; world],
-            per_rank,
-        )
-        .await?;
-        let groups = formed(ring)?;
+        let groups = formed_with("odd", per_rank).await?;
         let outputs = run_ranks(groups, move |mut group| async move {
             let first = group.allreduce_sum(&mut vec![1.0; len]).await;
             let after = group.barrier().await;

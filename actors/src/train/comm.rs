@@ -33,6 +33,22 @@ pub(super) fn abort_signal() -> AbortSignal {
 #[derive(Debug)]
 pub(super) struct AbortSignal(tokio::sync::watch::Receiver<u64>);
 
+impl AbortSignal {
+    /// Runs `work` on `tokio` to its end, or `None` once an abort comes first.
+    fn unless_aborted<F: Future>(
+        &mut self,
+        tokio: &tokio::runtime::Runtime,
+        work: F,
+    ) -> Option<F::Output> {
+        tokio.block_on(async {
+            tokio::select! {
+                output = work => Some(output),
+                _ = self.0.changed() => None,
+            }
+        })
+    }
+}
+
 /// A thread that owns a connection state and runs jobs `J` on it, answering `R` for each.
 pub(super) struct CommThread<J, R> {
     jobs: Option<mpsc::Sender<J>>,
@@ -77,7 +93,7 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let AbortSignal(mut abort) = abort;
+                let mut abort = abort;
                 let tokio = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -88,32 +104,19 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
                         return;
                     }
                 };
-                let formed = tokio.block_on(async {
-                    tokio::select! {
-                        formed = connect() => Some(formed),
-                        _ = abort.changed() => None,
-                    }
-                });
+                let formed = abort
+                    .unless_aborted(&tokio, connect())
+                    .map_or(Err(SyncError::AbortedForming), |f| f.map_err(Into::into));
                 let mut state = match formed {
-                    Some(Ok(state)) => state,
-                    Some(Err(error)) => {
-                        let _ = ready_tx.send(Err(error.into()));
-                        return;
-                    }
-                    None => {
-                        let _ = ready_tx.send(Err(SyncError::AbortedForming));
+                    Ok(state) => state,
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(error));
                         return;
                     }
                 };
                 let _ = ready_tx.send(Ok(describe(&state)));
                 while let Ok(job) = job_rx.recv() {
-                    let result = tokio.block_on(async {
-                        tokio::select! {
-                            result = run(&mut state, job) => Some(result),
-                            _ = abort.changed() => None,
-                        }
-                    });
-                    let Some(result) = result else {
+                    let Some(result) = abort.unless_aborted(&tokio, run(&mut state, job)) else {
                         let _ = done_tx.send(aborted(&state));
                         break;
                     };

@@ -35,8 +35,8 @@ pub struct Link {
     pub(crate) next_transport: Transport,
     /// How the bytes from the previous rank travel.
     pub(crate) prev_transport: Transport,
-    pub(crate) tx: Box<dyn AsyncWrite + Send + Unpin>,
-    pub(crate) rx: Box<dyn AsyncRead + Send + Unpin>,
+    pub(crate) tx: WriteHalf,
+    pub(crate) rx: ReadHalf,
 }
 
 /// Bytes buffered by each in-memory pipe.
@@ -175,14 +175,8 @@ impl Link {
             ring.connect_next(next_addr, local_sockets, deadline, timeout),
             ring.accept_prev(&listener, unix.as_ref(), deadline, timeout),
         )?;
-        let (next_transport, tx): (_, Box<dyn AsyncWrite + Send + Unpin>) = match outgoing {
-            Stream::Tcp(stream) => (Transport::Tcp, Box::new(stream.into_split().1)),
-            Stream::Unix(stream) => (Transport::Unix, Box::new(stream.into_split().1)),
-        };
-        let (prev_transport, rx): (_, Box<dyn AsyncRead + Send + Unpin>) = match incoming {
-            Stream::Tcp(stream) => (Transport::Tcp, Box::new(stream.into_split().0)),
-            Stream::Unix(stream) => (Transport::Unix, Box::new(stream.into_split().0)),
-        };
+        let (next_transport, _, tx) = outgoing.into_halves();
+        let (prev_transport, rx, _) = incoming.into_halves();
         Ok(Link {
             next: ring.next(),
             prev: ring.prev(),
@@ -200,12 +194,33 @@ enum Stream {
     Unix(UnixStream),
 }
 
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+impl Stream {
+    /// How its bytes travel, and its two halves (a half dropped shuts its direction).
+    fn into_halves(self) -> (Transport, ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(stream) => {
+                let (rx, tx) = stream.into_split();
+                (Transport::Tcp, Box::new(rx), Box::new(tx))
+            }
+            Stream::Unix(stream) => {
+                let (rx, tx) = stream.into_split();
+                (Transport::Unix, Box::new(rx), Box::new(tx))
+            }
+        }
+    }
+}
+
 /// The abstract Unix socket name of `rank` of `job` whose TCP listener has `port`: the
 /// job id enters hashed, so any id fits the 107 bytes a name may have.
 pub(crate) fn unix_name(job: &str, rank: usize, port: u16) -> String {
     let digest = Sha256::digest(job.as_bytes());
-    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("imgrun-ring/{hash}/{rank}/{port}")
+    format!(
+        "imgrun-ring/{}/{rank}/{port}",
+        auth::encode_hex(&digest[..8])
+    )
 }
 
 /// Whether `ip` is loopback, unspecified or assigned to this host (in this network
