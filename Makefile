@@ -1,15 +1,25 @@
-# The two commands of the README. Both install what they need on first use.
-.PHONY: demo test doctor bench bench-gpu
+# The two commands of the README. Both install what they need on first use, after
+# tools/preflight.sh has checked the toolchain (Rust at the workspace's rust-version, a
+# C and a C++ compiler, python3 with venv) and named whatever is missing.
+.PHONY: demo test install doctor bench bench-gpu preflight
 
-# Runs the main job on the embedded default dataset.
-demo:
+preflight:
+	@bash tools/preflight.sh
+
+# Runs the main job on the embedded default dataset; the binary is target/release/imgrun.
+demo: preflight
 	eval "$$(bash tools/libtorch.sh)" && cargo run --locked --release -- demo
 
 # Runs the whole test suite (format, dependency direction, clippy, tests).
-test:
+test: preflight
 	bash tools/test.sh
 
-doctor:
+# Puts `imgrun` on PATH (~/.cargo/bin, or $$CARGO_INSTALL_ROOT/bin), linked against the
+# cached libtorch: it carries an rpath to that folder, which must stay where it is.
+install: preflight
+	eval "$$(bash tools/libtorch.sh)" && cargo install --locked --path .
+
+doctor: preflight
 	eval "$$(bash tools/libtorch.sh)" && cargo run --locked --release -- doctor
 
 # Benchmarks print figures and ratios: raw shard reading against cat and Python
@@ -18,7 +28,7 @@ doctor:
 # the control plane: actor messages, QUIC round trips, joins, heartbeats of 1,000 nodes,
 # remote actor calls. Then the ring allreduce against torch.distributed with gloo (2 and 4
 # processes, 4 KB to 256 MB), and training throughput against PyTorch DDP.
-bench:
+bench: preflight
 	bash tools/libtorch.sh > /dev/null
 	cargo bench --locked -p pipelines --bench read
 	cargo bench --locked -p pipelines --bench loader
@@ -29,6 +39,6 @@ bench:
 # One trainer on one GPU: ResNet-50 at 224 px with mixed precision, images/s on real
 # shards against a fixed random batch, and whether NCCL ran (tools/gpu_bench.sh). Without
 # a GPU, `tools/gpu_bench.sh small_cnn 48 32 fp32` checks the script on the CPU.
-bench-gpu:
+bench-gpu: preflight
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release -p imgrun -p actors --bin imgrun --example train_step
 	bash tools/gpu_bench.sh resnet50 224 128 amp
