@@ -11,7 +11,7 @@
 #
 # Needs target/release/imgrun (`cargo build --release --bin imgrun`). DATA (default
 # /tmp/imgrun-loader-bench) holds the shards, made once: JPEGs of 256 px from
-# ../shared/data/photos (each photo many times over, 4 classes), else synthetic ones.
+# assets/photos/ (each photo many times over, 4 classes), else synthetic ones.
 # SIZE (default 32) is the train crop, EPOCHS (default 3) the epochs per run; the first
 # epoch is left out of the figures. Both nodes are daemons on this machine, so the
 # cores they use are the same ones: this measures what placing the loaders in other
@@ -31,7 +31,7 @@ epochs=${EPOCHS:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 imgrun=${IMGRUN:-$root/target/release/imgrun}
 data=${DATA:-/tmp/imgrun-loader-bench}
-photos=${PHOTOS:-$root/../shared/data/photos}
+photos=${PHOTOS:-$root/assets/photos}
 work=$(mktemp -d)
 export IMGRUN_CLUSTER__HEARTBEAT_MS=200 IMGRUN_CLUSTER__DEAD_AFTER_MS=3000
 

@@ -12,12 +12,13 @@ step() { printf '\n== %s\n' "$*"; }
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 # A test whose precondition is missing here fails, unless IMGRUN_ALLOW_SKIP=1 (local runs
-# only; CI never sets it). Each skip appends a `SKIPPED test: why` line to this log, and
-# the run ends, passed or failed, by counting them.
+# only; .ci/run unsets it). Each skip appends a `SKIPPED test: why` line to this log, and
+# the run ends, passed or failed, by counting them: a run that skipped any test fails
+# unless IMGRUN_ALLOW_SKIP=1 was set, so a skip cannot pass as a pass.
 IMGRUN_SKIP_LOG=$(mktemp)
 export IMGRUN_SKIP_LOG
 skipped() {
-    local n
+    local status=$? n
     n=$(grep -c '^SKIPPED ' "$IMGRUN_SKIP_LOG" || true)
     step "skipped tests"
     if [ "$n" = 1 ]; then echo "1 test skipped"; else echo "$n tests skipped"; fi
@@ -25,6 +26,11 @@ skipped() {
     rm -f "$IMGRUN_SKIP_LOG"
     step "disk taken by the build"
     du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null || true
+    if [ "$n" -gt 0 ] && [ "${IMGRUN_ALLOW_SKIP:-}" != 1 ]; then
+        echo "make test: FAILED: $n test(s) skipped without IMGRUN_ALLOW_SKIP=1" >&2
+        [ "$status" != 0 ] || status=1
+    fi
+    exit "$status"
 }
 trap skipped EXIT
 
@@ -32,6 +38,12 @@ trap skipped EXIT
 if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     step "iproute2 (for the network-namespace test)"
     apt-get install -y -qq iproute2 || { apt-get update -qq && apt-get install -y -qq iproute2; }
+fi
+
+# Tests read shards through `pipe:curl`; as root, install curl if missing.
+if ! command -v curl >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "curl (for the pipe:curl shard tests)"
+    apt-get install -y -qq curl || { apt-get update -qq && apt-get install -y -qq curl; }
 fi
 
 # The loader decodes JPEG crops through libjpeg-turbo when its headers are there (the

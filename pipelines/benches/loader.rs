@@ -4,7 +4,7 @@
 //!
 //!     cargo bench -p pipelines --bench loader [-- --samples N --shards N --workers 1,2]
 //!
-//! The shards are made once from the real photos in `../shared/data/photos` (without
+//! The shards are made once from the real photos in `assets/photos/` (without
 //! them the benchmark says so and exits): each sample is a random crop of a photo resized
 //! to an ImageNet-like size (mostly 500x375 or 500x333; some portrait, square or smaller),
 //! JPEG quality 90 with 4:2:0 chroma, plus a `cls`. 3,000 samples (`--samples`, or
@@ -58,10 +58,10 @@ fn main() {
     let options = Options::parse().unwrap_or_else(|error| fail(&error));
     let machine_at_start = machine_line();
     let root = repo_root();
-    let photos = root.join("../shared/data/photos");
+    let photos = root.join("assets/photos");
     if !photos.is_dir() {
         println!(
-            "loader bench: skipped: no photos in {} (the shared data folder is absent)",
+            "loader bench: skipped: no photos in {} (the checkout's assets/photos/)",
             photos.display()
         );
         return;

@@ -718,17 +718,15 @@ mod tests {
         }
     }
 
-    /// Real photographs from the shared data folder (a skip only where allowed).
+    /// Real photographs, shipped in the repository (`assets/photos/`).
     #[test]
     fn photos_convert_with_resize() {
-        let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
-        if !photos.is_dir() {
-            crate::skip::skip_or_fail(&format!(
-                "no photos at {} (see its PROVENANCE.md)",
-                photos.display()
-            ));
-            return;
-        }
+        let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/photos");
+        assert!(
+            photos.is_dir(),
+            "no photos at {} (the checkout's assets/photos/, see its PROVENANCE.md)",
+            photos.display()
+        );
         let dir = tempfile::tempdir().expect("temp dir");
         let src = dir.path().join("src");
         let picks = [

@@ -31,11 +31,6 @@ mod synth;
 mod transform;
 mod writer;
 
-// The workspace's one rule for a test whose precondition is missing here.
-#[cfg(test)]
-#[path = "../tests/common/skip.rs"]
-mod skip;
-
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
 pub use cache::{CacheCounts, CacheOptions, CacheStats};
 pub use error::{ErrorPolicy, ShardError, escaped};

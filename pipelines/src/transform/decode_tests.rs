@@ -44,10 +44,9 @@ pub(crate) fn jpeg_420(image: &RgbImage, progressive: bool) -> Vec<u8> {
     jpeg
 }
 
-/// The shared photos (`../shared/data/photos`), each as a 4:2:0 JPEG, with its name; a
-/// skip where allowed, and an empty list then.
+/// The repository's photos (`assets/photos/`), each as a 4:2:0 JPEG, with its name.
 pub(crate) fn photos_as_jpeg() -> Vec<(String, Vec<u8>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
+    let dir = photos_dir();
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
         .into_iter()
         .flatten()
@@ -62,9 +61,11 @@ pub(crate) fn photos_as_jpeg() -> Vec<(String, Vec<u8>)> {
         })
         .collect();
     paths.sort();
-    if paths.is_empty() {
-        crate::skip::skip_or_fail(&format!("no photos under {}", dir.display()));
-    }
+    assert!(
+        !paths.is_empty(),
+        "no photos under {} (the checkout's assets/photos/)",
+        dir.display()
+    );
     paths
         .iter()
         .map(|path| {
@@ -284,11 +285,15 @@ pub(crate) fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
     sum as f64 / a.len() as f64
 }
 
-/// Decodes one real photo at reduced scale, from the shared photos (a skip only where
-/// allowed).
+/// The photos shipped in the repository, with their provenance (`assets/photos/`).
+fn photos_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/photos")
+}
+
+/// Decodes one real photo at reduced scale, from the repository's photos.
 #[test]
 fn real_photo_decodes_at_scale() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/photos");
+    let dir = photos_dir();
     let mut photos: Vec<_> = std::fs::read_dir(&dir)
         .into_iter()
         .flatten()
@@ -300,10 +305,9 @@ fn real_photo_decodes_at_scale() {
         })
         .collect();
     photos.sort();
-    let Some(path) = photos.first() else {
-        crate::skip::skip_or_fail(&format!("no JPEG under {}", dir.display()));
-        return;
-    };
+    let path = photos
+        .first()
+        .unwrap_or_else(|| panic!("no JPEG under {} (assets/photos/)", dir.display()));
     let bytes = std::fs::read(path).expect("reading a listed photo");
     let limits = DecodeLimits::default();
     let header = read_header(&bytes, &limits).expect("photo header");

@@ -1,11 +1,12 @@
-//! The one way a test gives up when something it needs is missing here (a folder of
-//! photos, network namespaces, a Python venv): it fails, unless the person running the
+//! The one way a test gives up when something it needs is missing here (network
+//! namespaces, a Python venv): it fails, unless the person running the
 //! tests has allowed skipping with `IMGRUN_ALLOW_SKIP=1`. CI never sets it, so a test
 //! cannot pass there without having run.
 //!
 //! One file for the whole workspace, so that every test crate prints and logs skips in
-//! the form `tools/test.sh` counts: `pipelines` includes it in its unit tests
-//! (`src/lib.rs`) and integration tests, the binary's tests through `tests/common`.
+//! the form `tools/test.sh` counts: `pipelines` includes it in its integration tests,
+//! the binary's tests through `tests/common`. (The photos the tests read are in the
+//! repository, `assets/photos/`: a test that misses them fails.)
 
 use std::io::Write;
 
