@@ -2,6 +2,8 @@
 //! loopback.
 
 mod common;
+#[path = "cli/examples.rs"]
+mod examples;
 
 use common::Server;
 
@@ -590,12 +592,9 @@ fn four_decentralized_trainers_reach_allreduces_accuracy_on_the_demo() {
 }
 
 #[test]
-fn create_from_the_shared_photos() {
-    let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/photos");
-    if !photos.is_dir() {
-        common::skip::skip_or_fail(&format!("{} is absent", photos.display()));
-        return;
-    }
+fn create_from_the_repository_photos() {
+    let photos = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/photos");
+    assert!(photos.is_dir(), "{} is absent", photos.display());
     let dir = tempfile::tempdir().expect("temp dir");
     let src = dir.path().join("src");
     let mut copied = 0;
