@@ -3,6 +3,8 @@
 
 mod commands;
 mod config;
+#[cfg(test)]
+mod readme_tests;
 mod serve;
 mod units;
 
@@ -112,10 +114,25 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", said_once(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, as `{:#}` writes them, but each cause said once:
+/// a cause whose words its error already holds (an error that writes its `source` into
+/// its own message, as many library errors do) is not written again.
+fn said_once(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// Says which configuration file a command read, on standard error. The demo says it
@@ -175,5 +192,35 @@ fn exit_quietly_on_closed_pipe() {
     // disposition for SIGPIPE.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::said_once;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read {path}: {source}")]
+    struct Repeats {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        // A library error that writes its source into its message, under a context.
+        let error = anyhow::Error::from(Repeats {
+            path: "runs/a/state.json",
+            source: io(),
+        })
+        .context("resuming run a");
+        assert_eq!(
+            said_once(&error),
+            "resuming run a: cannot read runs/a/state.json: no such file"
+        );
+        // Causes that add words are all said, in order.
+        let error = anyhow::Error::from(io()).context("reading x").context("planning");
+        assert_eq!(said_once(&error), "planning: reading x: no such file");
     }
 }
