@@ -654,14 +654,6 @@ fn validate(config: &Config) -> Result<(), Invalid> {
              \"/local/ssd/imgrun\"",
         ));
     }
-    if config.data.preload && config.data.loaders == Loaders::Remote {
-        return Err(invalid(
-            "data.preload",
-            "is true and data.loaders is \"remote\": a preload copies shards to the \
-             trainers' nodes, and remote loaders read on theirs. Use the shard cache \
-             (shards.cache_dir) on the loaders' nodes instead, or local loaders",
-        ));
-    }
     let cluster = &config.cluster;
     cluster
         .bind
@@ -813,28 +805,16 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
         86_400.0,
     )?;
     whole("train.min_world", train.min_world.into(), 1, 1 << 20)?;
-    if train.elastic && train.sync == SyncChoice::Decentralized {
-        return Err(invalid(
-            "train.elastic",
-            "is true and train.sync is \"decentralized\": an elastic job re-forms the ring \
-             over the survivors, not yet the mixing groups; use train.sync = \"allreduce\"",
-        ));
-    }
-    if train.elastic && train.allreduce == AllreduceChoice::Nccl {
-        return Err(invalid(
-            "train.elastic",
-            "is true and train.allreduce is \"nccl\": an NCCL call waiting for a lost peer \
-             cannot be aborted yet, so elastic jobs average over imgrun's ring; use \
-             train.allreduce = \"auto\" or \"ring\"",
-        ));
-    }
-    if train.elastic && config.data.loaders == Loaders::Remote {
-        return Err(invalid(
-            "train.elastic",
-            "is true and data.loaders is \"remote\": the survivors of a lost rank take \
-             over its loader workers in their own processes; use data.loaders = \"local\"",
-        ));
-    }
+    // The rules between a job's choices live with the job (`actors::job::check_choices`),
+    // which every job request is checked against too.
+    actors::job::check_choices(&actors::job::JobChoices {
+        elastic: train.elastic,
+        sync: train.sync,
+        allreduce: train.allreduce,
+        loaders: config.data.loaders,
+        preload: config.data.preload,
+    })
+    .map_err(|error| invalid(error.key, error.problem))?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@ mod loaders;
 mod metrics;
 mod output;
 mod ranks;
+mod rules;
 mod steps;
 mod watch;
 mod world;
@@ -40,6 +41,7 @@ pub use driver::{RankCallError, RankFailure, elastic_line, newest_run, run, sync
 pub use error::{HeadLost, Interrupted, JobError};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
+pub use rules::{JobChoices, RuleError, check_choices};
 pub use steps::{Progress, Saved, StopControl, StopRequest};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
@@ -53,6 +55,25 @@ pub struct JobRequest {
     /// Continue from this checkpoint: its folder, a run folder, or `latest` (the newest
     /// run's latest checkpoint under the runs folder).
     pub resume: Option<PathBuf>,
+}
+
+impl JobRequest {
+    /// The choices the job's rules relate ([`check_choices`]).
+    pub fn choices(&self) -> JobChoices {
+        JobChoices {
+            elastic: self.settings.elastic.is_some(),
+            sync: self.spec.optim.sync,
+            allreduce: self.spec.optim.allreduce,
+            loaders: self.spec.data.loaders,
+            preload: self.spec.data.sources.preload_dir.is_some(),
+        }
+    }
+
+    /// Whether the job keeps every rule of [`check_choices`]; [`run`] refuses one that
+    /// does not, however it was built.
+    pub fn validate(&self) -> Result<(), JobError> {
+        check_choices(&self.choices()).map_err(|error| JobError::Refused(error.to_string()))
+    }
 }
 
 /// How the job is run: its world, its run folder and the cadence of its evaluations and
