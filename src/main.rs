@@ -220,7 +220,9 @@ mod tests {
             "resuming run a: cannot read runs/a/state.json: no such file"
         );
         // Causes that add words are all said, in order.
-        let error = anyhow::Error::from(io()).context("reading x").context("planning");
+        let error = anyhow::Error::from(io())
+            .context("reading x")
+            .context("planning");
         assert_eq!(said_once(&error), "planning: reading x: no such file");
     }
 }

@@ -357,7 +357,7 @@ fn an_actor_on_a_killed_node_restarts_elsewhere_and_its_handle_follows() {
                 continue;
             }
             if event.kind == ActorEventKind::Restarting {
-                assert!(event.reason.contains("lost"), "{event:?}");
+                assert_eq!(event.origin, runtime::FailureOrigin::NodeLost, "{event:?}");
                 eprintln!(
                     "owner told of the loss {:?} after SIGKILL (window {DEAD_AFTER_MS} ms)",
                     killed_at.elapsed()

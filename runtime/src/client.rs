@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use crate::status::{
     ActorStatus, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
 };
-pub use actor_errors::{ActorCallError, is_loss_reason};
+pub use actor_errors::ActorCallError;
 pub use actors::ActorRef;
 pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
 

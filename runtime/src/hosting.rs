@@ -29,7 +29,7 @@ use crate::actor::{
     WorkerCommand, WorkerPool, visible_gpus,
 };
 use crate::transport::Peer;
-use crate::wire::Message;
+use crate::wire::{self, Message};
 
 /// How often a fence looks whether what it killed has ended.
 const FENCE_POLL: Duration = Duration::from_millis(20);
@@ -341,7 +341,7 @@ impl NodeActors {
                         cause: "error".to_owned(),
                         message: start_reason(&error),
                         delivered: false,
-                        elsewhere: false,
+                        origin: wire::ORIGIN_HERE,
                     },
                 }
             }
@@ -384,11 +384,15 @@ fn lock_set(set: &Mutex<HashSet<ActorId>>) -> MutexGuard<'_, HashSet<ActorId>> {
 /// The wire's `ActorError` for a request that did not reach a running actor. The message
 /// leaves out the actor's id, which the caller names.
 pub(crate) fn error_reply(actor: ActorId, error: &ActorError) -> Message {
-    let mut elsewhere = false;
+    let mut origin = FailureOrigin::Here;
     let (cause, message) = match error {
         ActorError::NotFound(_) => ("unknown", "no such actor on this node".to_owned()),
-        ActorError::Failed { reason, origin, .. } => {
-            elsewhere = origin.is_elsewhere();
+        ActorError::Failed {
+            reason,
+            origin: failed,
+            ..
+        } => {
+            origin = *failed;
             ("failed", reason.clone())
         }
         ActorError::Killed(_) => ("killed", "killed".to_owned()),
@@ -408,7 +412,7 @@ pub(crate) fn error_reply(actor: ActorId, error: &ActorError) -> Message {
         cause: cause.to_owned(),
         message,
         delivered: false,
-        elsewhere,
+        origin: origin.to_wire(),
     }
 }
 

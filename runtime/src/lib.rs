@@ -41,7 +41,7 @@ pub use actor::{
 };
 pub use client::{
     ActorCallError, ActorEvent, ActorEvents, ActorRef, ActorStatus, ClusterClient, ClusterStatus,
-    GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals, is_loss_reason,
+    GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
     CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,

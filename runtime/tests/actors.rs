@@ -607,18 +607,20 @@ async fn a_failure_caused_elsewhere_arrives_typed_at_callers_and_in_events() {
     let mut seen = 0;
     // On a node (its end report crosses to the head) and on the head itself; the first
     // with a restart, so its `Restarting` event carries the origin too.
+    let elsewhere = (FailureOrigin::Elsewhere, "fail_elsewhere");
     let cases = [
-        (one, 1, ActorEventKind::Restarting, FailureOrigin::Elsewhere),
-        (head, 0, ActorEventKind::Failed, FailureOrigin::Elsewhere),
-        (one, 0, ActorEventKind::Failed, FailureOrigin::Here),
+        (one, 1, ActorEventKind::Restarting, elsewhere),
+        (head, 0, ActorEventKind::Failed, elsewhere),
+        (
+            one,
+            0,
+            ActorEventKind::Failed,
+            (FailureOrigin::Here, "fail"),
+        ),
     ];
-    for (node, restarts, kind, origin) in cases {
+    for (node, restarts, kind, (origin, method)) in cases {
         let options = probe(1, Strategy::Node(node)).restart(restarts, Duration::from_millis(20));
         let actor = cluster.spawn(options).await;
-        let method = match origin {
-            FailureOrigin::Here => "fail",
-            FailureOrigin::Elsewhere => "fail_elsewhere",
-        };
         let error = call(&actor, method, "peer gone").await.expect_err("fails");
         assert_eq!(error.failure_origin(), Some(origin), "{error}");
         assert_eq!(

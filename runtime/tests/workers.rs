@@ -253,6 +253,14 @@ async fn exits(ended: &mut UnboundedReceiver<ActorExit>, count: usize) -> Result
     Ok(exits)
 }
 
+/// Where a failed actor's failure started; `None` for a stop or a kill.
+fn origin(exit: &ActorExit) -> Option<FailureOrigin> {
+    match &exit.reason {
+        ExitReason::Failed { origin, .. } => Some(*origin),
+        _ => None,
+    }
+}
+
 fn failure(exit: &ActorExit) -> Result<&str> {
     match &exit.reason {
         ExitReason::Failed { reason, .. } => Ok(reason),
@@ -418,13 +426,19 @@ async fn sigkill_fails_every_actor_of_the_worker() -> Result<()> {
     ensure!(status.success(), "kill -9 {pid}: {status}");
     let signal = format!("worker process for group 'k' (pid {pid}) killed by signal 9 (SIGKILL)");
     match hang.await {
-        Err(ActorError::Failed { reason, .. }) if reason.starts_with(&signal) => {}
+        Err(ActorError::Failed {
+            reason,
+            origin: FailureOrigin::WorkerExit,
+            ..
+        }) if reason.starts_with(&signal) => {}
         other => bail!("the pending call got {other:?}"),
     }
     let exits = exits(&mut ended, 2).await?;
     for (exit, id) in exits.iter().zip([1, 2]) {
         ensure!(
-            exit.actor_id == ActorId(id) && failure(exit)?.starts_with(&signal),
+            exit.actor_id == ActorId(id)
+                && failure(exit)?.starts_with(&signal)
+                && origin(exit) == Some(FailureOrigin::WorkerExit),
             "{exit:?}"
         );
     }
@@ -453,11 +467,16 @@ async fn an_exit_fails_with_its_code_and_last_stderr() -> Result<()> {
          crash: checkpoint missing"
     );
     match call(&pool, 1, "crash", "").await {
-        Err(ActorError::Failed { reason, .. }) if reason == want => {}
+        Err(ActorError::Failed {
+            reason,
+            origin: FailureOrigin::WorkerExit,
+            ..
+        }) if reason == want => {}
         other => bail!("the call got {other:?}, want the reason {want:?}"),
     }
     let exit = exits(&mut ended, 1).await?.remove(0);
     ensure!(failure(&exit)? == want, "{exit:?}");
+    ensure!(origin(&exit) == Some(FailureOrigin::WorkerExit), "{exit:?}");
     Ok(())
 }
 
@@ -473,6 +492,8 @@ async fn a_panic_fails_only_that_actor() -> Result<()> {
     );
     let exit = exits(&mut ended, 1).await?.remove(0);
     ensure!(exit.actor_id == ActorId(1) && failure(&exit)? == "panicked in panic: kaboom");
+    // A panic is the actor's own failure, though it ends it as a process exit would.
+    ensure!(origin(&exit) == Some(FailureOrigin::Here), "{exit:?}");
     ensure!(pid_of(&pool, 2).await? == pid, "the worker carried on");
     Ok(())
 }

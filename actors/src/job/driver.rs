@@ -14,7 +14,7 @@ use super::elastic::{self, Regrouped, World};
 use super::loaders;
 use super::metrics::{Metrics, rewind};
 use super::steps::{Grow, LoopEnd, Position, RunningJob, Saved, StopControl, train_loop};
-use super::watch::{FailureWatcher, LOST_HEAD, head_lost};
+use super::watch::{FailureWatcher, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
 use super::{
     Elastic, HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary,
@@ -41,6 +41,7 @@ pub async fn run(
     stop: &StopControl,
     trainers: &Trainers,
 ) -> Result<JobSummary, JobError> {
+    request.validate()?;
     let JobRequest {
         spec: mut job,
         settings,
@@ -343,10 +344,9 @@ pub async fn run(
         break Err(explain_failure(client, error, &mut watcher, &settings).await);
     };
     let mut summary = loop_result.map(|()| summary).map_err(|error| {
-        let text = error.to_string();
-        if text.starts_with(LOST_HEAD) {
+        if error.is_head_gone() {
             JobError::HeadLost(Box::new(HeadLost {
-                message: text,
+                message: error.to_string(),
                 progress: stop.progress().clone(),
             }))
         } else {
@@ -393,14 +393,14 @@ async fn explain_failure(
     watcher: &mut FailureWatcher,
     settings: &JobSettings,
 ) -> JobError {
-    let lost_head = if error.interrupted().is_none() && !error.to_string().starts_with(LOST_HEAD) {
+    let lost_head = if error.interrupted().is_none() && !error.is_head_gone() {
         head_lost(client).await
     } else {
         None
     };
     let explained = match lost_head {
         // Without the head the job cannot go on, whatever the ranks saw first.
-        Some(lost) => JobError::Refused(format!("{lost}\n  (the trainers saw: {error})")),
+        Some(lost) => JobError::HeadGone(format!("{lost}\n  (the trainers saw: {error})")),
         // A lost node takes `dead_after_ms` to be named.
         None if error.failure_origin() == Some(FailureOrigin::Elsewhere) => {
             let wait = Duration::from_millis(settings.dead_after_ms + 2000);

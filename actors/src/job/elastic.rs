@@ -109,7 +109,7 @@ pub(super) async fn find_losses(
     if let JobError::RankFailed(failure) = &error
         && let Some(rank) = failure.rank
     {
-        if failure.loss {
+        if failure.is_loss() {
             lost.push((rank, failure.message.clone()));
         } else if failure.origin == runtime::FailureOrigin::Here {
             return Err(own_error(failure.message.clone()));
@@ -187,7 +187,7 @@ fn judge(failure: &RankFailure, lost: &[(u32, String)], survivors: &[u32]) -> Ve
     if lost.iter().any(|(r, _)| *r == rank) {
         return Verdict::Nothing;
     }
-    if failure.loss {
+    if failure.is_loss() {
         if survivors.contains(&rank) {
             Verdict::Nothing
         } else {
@@ -533,26 +533,28 @@ pub(super) async fn grow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runtime::FailureOrigin;
 
-    fn failure(rank: u32, reason: &str) -> RankFailure {
+    fn failure(rank: u32, reason: &str, origin: FailureOrigin) -> RankFailure {
         RankFailure {
             message: format!("rank {rank} (node 2) stopped: {reason}"),
-            origin: runtime::FailureOrigin::Here,
+            origin,
             rank: Some(rank),
-            loss: runtime::is_loss_reason(reason),
         }
     }
 
     #[test]
     fn a_fenced_ranks_end_after_its_loss_is_no_error_of_its_own() {
         // The rollback call found rank 1 gone and the job fenced it; the head then told
-        // of its stop, the fence first (seen in CI: the job failed here).
+        // of its stop, the fence first (seen in CI: the job failed here). A stop is no
+        // failure: its event carries the origin `Here`.
         let fenced = failure(
             1,
             "killed by its owner; worker process for group 'g' (pid 7) killed by signal 9 \
              (SIGKILL); no stderr output",
+            FailureOrigin::Here,
         );
-        assert!(!fenced.loss);
+        assert!(!fenced.is_loss());
         let lost = vec![(1, "rank 1: gone".to_string())];
         assert_eq!(judge(&fenced, &lost, &[0]), Verdict::Nothing);
         // Before the job knew, the same words are a rank's own end, and fail the job.
@@ -561,26 +563,47 @@ mod tests {
 
     #[test]
     fn losses_and_own_errors_are_told_apart_once_per_rank() {
-        let crashed = failure(
-            2,
-            "worker process for group 'g' (pid 7) killed by signal 9 (SIGKILL); no stderr output",
-        );
-        assert_eq!(judge(&crashed, &[], &[0]), Verdict::Lost(2));
-        let lost = vec![(2, "rank 2: gone".to_string())];
-        assert_eq!(judge(&crashed, &lost, &[0]), Verdict::Nothing);
-        // A survivor answered its rollback: a late word of its loss changes nothing now.
-        assert_eq!(judge(&crashed, &[], &[2]), Verdict::Nothing);
-        let bad_shard = failure(0, "rank 0 epoch 1: bad shard");
+        for origin in [FailureOrigin::WorkerExit, FailureOrigin::NodeLost] {
+            let crashed = failure(2, "killed by signal 9 (SIGKILL)", origin);
+            assert_eq!(judge(&crashed, &[], &[0]), Verdict::Lost(2));
+            let lost = vec![(2, "rank 2: gone".to_string())];
+            assert_eq!(judge(&crashed, &lost, &[0]), Verdict::Nothing);
+            // A survivor answered its rollback: a late word of its loss changes nothing.
+            assert_eq!(judge(&crashed, &[], &[2]), Verdict::Nothing);
+        }
+        let bad_shard = failure(0, "rank 0 epoch 1: bad shard", FailureOrigin::Here);
         assert_eq!(judge(&bad_shard, &[], &[]), Verdict::OwnError);
-        let elsewhere = RankFailure {
-            origin: runtime::FailureOrigin::Elsewhere,
-            ..failure(0, "a ring peer went away")
-        };
+        let elsewhere = failure(0, "a ring peer went away", FailureOrigin::Elsewhere);
         assert_eq!(judge(&elsewhere, &[], &[]), Verdict::Nothing);
         let head = RankFailure {
             rank: None,
-            ..failure(0, "lost the head")
+            ..failure(0, "lost the head", FailureOrigin::Here)
         };
         assert_eq!(judge(&head, &[], &[]), Verdict::Nothing);
+    }
+
+    #[test]
+    fn the_verdict_reads_the_origin_never_the_words() {
+        // Words that once decided a loss ("node N lost:", "worker process for group"), and
+        // words that mean nothing, under every origin: the verdict follows the origin.
+        let words = [
+            "node 3 lost: no heartbeat for 3000 ms",
+            "worker process for group 'rank0' (pid 9) exited with code 1",
+            "the loss diverged",
+            "Knoten 3 verloren",
+            "",
+        ];
+        let want = [
+            (FailureOrigin::Here, Verdict::OwnError),
+            (FailureOrigin::Elsewhere, Verdict::Nothing),
+            (FailureOrigin::WorkerExit, Verdict::Lost(1)),
+            (FailureOrigin::NodeLost, Verdict::Lost(1)),
+        ];
+        for reason in words {
+            for (origin, verdict) in &want {
+                let seen = judge(&failure(1, reason, *origin), &[], &[0]);
+                assert_eq!(&seen, verdict, "{origin:?} {reason:?}");
+            }
+        }
     }
 }

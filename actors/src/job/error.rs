@@ -24,7 +24,7 @@ pub enum JobError {
         error: runtime::DaemonError,
     },
     /// A checkpoint could not be read.
-    #[error("{0}")]
+    #[error(transparent)]
     Checkpoint(#[from] crate::train::checkpoint::CheckpointError),
     /// A call to a rank failed.
     #[error("{0}")]
@@ -39,6 +39,10 @@ pub enum JobError {
     /// The head went away: the job cannot go on.
     #[error("{0}")]
     HeadLost(Box<HeadLost>),
+    /// The head went away, found after a failure of the step loop (the text says how, and
+    /// what the trainers saw); the job makes it a [`JobError::HeadLost`] with its progress.
+    #[error("{0}")]
+    HeadGone(String),
     /// What the job was doing when `cause` happened.
     #[error("{what}: {cause}")]
     While { what: String, cause: Box<JobError> },
@@ -80,6 +84,16 @@ impl JobError {
             JobError::HeadLost(lost) => Some(lost),
             JobError::While { cause, .. } => cause.head_lost(),
             _ => None,
+        }
+    }
+
+    /// Whether this error is the loss of the head, found by the watcher or after a failed
+    /// step, before the job's progress is attached to it.
+    pub(crate) fn is_head_gone(&self) -> bool {
+        match self {
+            JobError::RankFailed(failure) => failure.is_head(),
+            JobError::HeadGone(_) => true,
+            _ => false,
         }
     }
 

@@ -8,8 +8,6 @@ use runtime::{ClusterClient, FailureOrigin, NodeId};
 
 use super::calls::Rank;
 
-/// How a lost head's error begins.
-pub(crate) const LOST_HEAD: &str = "lost the head node at";
 /// How long the head may take to answer a status request before a job that failed calls
 /// it lost.
 const HEAD_PROBE: Duration = Duration::from_secs(5);
@@ -35,7 +33,7 @@ pub async fn head_lost(client: &ClusterClient) -> Option<String> {
         }
     };
     client.connection().close();
-    Some(format!("{LOST_HEAD} {}: {why}", client.head()))
+    Some(format!("lost the head node at {}: {why}", client.head()))
 }
 
 /// Watches the head's events for the job's trainers: any failure or stop we did not ask
@@ -50,12 +48,23 @@ pub(crate) struct FailureWatcher {
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct RankFailure {
+    /// For people only: no decision reads it.
     pub message: String,
     pub origin: FailureOrigin,
-    /// The rank it is about (none: the head).
+    /// The rank it is about (none: the head, whose connection ended).
     pub rank: Option<u32>,
+}
+
+impl RankFailure {
     /// Whether the rank is gone with its process or node, not by its own error.
-    pub loss: bool,
+    pub fn is_loss(&self) -> bool {
+        self.origin.is_loss()
+    }
+
+    /// Whether this is the loss of the head rather than of a rank.
+    pub fn is_head(&self) -> bool {
+        self.rank.is_none()
+    }
 }
 
 impl FailureWatcher {
@@ -71,13 +80,11 @@ impl FailureWatcher {
                 let page = match client.events(after, Duration::from_secs(30)).await {
                     Ok(page) => page,
                     Err(error) if client.connection().is_closed() => {
-                        let message = format!("{LOST_HEAD} {}: {error}", client.head());
-                        let origin = FailureOrigin::Here;
+                        let message = format!("lost the head node at {}: {error}", client.head());
                         let failure = RankFailure {
                             message,
-                            origin,
+                            origin: FailureOrigin::Here,
                             rank: None,
-                            loss: false,
                         };
                         let _ = tx.send(failure).await;
                         return;
@@ -97,7 +104,6 @@ impl FailureWatcher {
                             message,
                             origin: event.origin,
                             rank: Some(*rank),
-                            loss: runtime::is_loss_reason(&event.reason),
                         };
                         let _ = tx.send(failure).await;
                     }
@@ -108,14 +114,15 @@ impl FailureWatcher {
     }
 
     /// Within `wait`, the failure of a rank that did not fail because a ring peer went
-    /// away (a trainer that crashed, or one on a lost node), if the head reports one.
+    /// away (a trainer that crashed, or one on a lost node), or the loss of the head, if
+    /// the head reports one.
     pub(crate) async fn root_cause(&mut self, wait: Duration) -> Option<String> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let failure = tokio::time::timeout_at(deadline, self.failures.recv())
                 .await
                 .ok()??;
-            if failure.origin == FailureOrigin::Here {
+            if !failure.origin.is_elsewhere() {
                 return Some(failure.message);
             }
         }

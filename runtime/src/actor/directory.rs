@@ -45,29 +45,17 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 
 use super::error::FailureOrigin;
+use super::id::ActorId;
 use crate::membership::NodeId;
 use crate::placement::{PlacementError, ReservationId, ResourceTable, Resources, Strategy};
 
-/// The origin of every failure the directory finds itself (a lost node, a start that
-/// failed or could not be placed): they start where they are seen.
+/// The origin of the failures the directory finds itself other than a lost node's (a
+/// start that failed or could not be placed): they start where they are seen.
 const HERE: FailureOrigin = FailureOrigin::Here;
-
-/// Said of the actors of a node the head lost: `node N lost: why`.
-pub(crate) const NODE_LOST: &str = "lost";
 
 /// The owner of detached actors: no connection's, so none's end kills them, and any
 /// client may stop them.
 pub(crate) const DETACHED_OWNER: &str = "detached";
-
-/// An actor, unique for the life of its head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ActorId(pub u64);
-
-impl fmt::Display for ActorId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// Limits of the directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -686,7 +674,7 @@ impl ActorDirectory {
         table: &ResourceTable,
     ) {
         let lost: HashSet<ReservationId> = lost.into_iter().collect();
-        let reason = format!("node {node} {NODE_LOST}: {why}");
+        let reason = format!("node {node} lost: {why}");
         let holders: Vec<ActorId> = self
             .actors_on(node)
             .filter(|record| record.reservation.is_some_and(|id| lost.contains(&id)))
@@ -700,7 +688,7 @@ impl ActorDirectory {
             if stopping {
                 self.finish_stop(now, actor, Some(&reason), table);
             } else {
-                self.fail(now, actor, reason.clone(), HERE, table);
+                self.fail(now, actor, reason.clone(), FailureOrigin::NodeLost, table);
             }
         }
     }

@@ -177,8 +177,14 @@ fn show_event(event: &ActorEvent) -> String {
     let node = event
         .node
         .map_or("-".to_string(), |node| format!("n{node}"));
+    let origin = match event.origin {
+        FailureOrigin::Here => "",
+        FailureOrigin::Elsewhere => " [elsewhere]",
+        FailureOrigin::WorkerExit => " [worker exit]",
+        FailureOrigin::NodeLost => " [node lost]",
+    };
     format!(
-        "#{} {} a{} {} {node}: {}",
+        "#{} {} a{} {} {node}{origin}: {}",
         event.seq, event.owner, event.actor, event.kind, event.reason
     )
 }
@@ -301,7 +307,9 @@ fn a_lost_node_restarts_its_actors_elsewhere_after_a_doubling_backoff() {
             (Started(5, 1, 1), &[]),
             (
                 Lost(1000, 1, "dead"),
-                &["#1 alice a1 restarting n1: node 1 lost: dead; restart 1 of 3 in 100 ms"],
+                &[
+                    "#1 alice a1 restarting n1 [node lost]: node 1 lost: dead; restart 1 of 3 in 100 ms",
+                ],
             ),
             (Locate(1), &["restarting - attempt 1 at 1100"]),
             (Used, &["used nothing by 0 reservations"]),
@@ -374,8 +382,8 @@ fn actors_without_restarts_fail_with_the_reason() {
             (
                 Lost(500, 1, "silent for 3000 ms"),
                 &[
-                    "#1 alice a1 failed n1: node 1 lost: silent for 3000 ms",
-                    "#2 bob a2 failed n1: node 1 lost: silent for 3000 ms",
+                    "#1 alice a1 failed n1 [node lost]: node 1 lost: silent for 3000 ms",
+                    "#2 bob a2 failed n1 [node lost]: node 1 lost: silent for 3000 ms",
                 ],
             ),
             (
@@ -417,7 +425,9 @@ fn a_first_start_that_fails_ends_the_actor_whatever_its_policy() {
             ),
             (
                 Lost(30, 1, "left"),
-                &["#2 alice a2 restarting n1: node 1 lost: left; restart 1 of 3 in 100 ms"],
+                &[
+                    "#2 alice a2 restarting n1 [node lost]: node 1 lost: left; restart 1 of 3 in 100 ms",
+                ],
             ),
             (
                 SpawnFailed(40, 2, "node 1 lost"),
@@ -442,7 +452,9 @@ fn a_restart_that_cannot_be_placed_uses_up_a_restart() {
             (Started(0, 1, 1), &[]),
             (
                 Lost(10, 1, "left"),
-                &["#1 alice a1 restarting n1: node 1 lost: left; restart 1 of 3 in 1000 ms"],
+                &[
+                    "#1 alice a1 restarting n1 [node lost]: node 1 lost: left; restart 1 of 3 in 1000 ms",
+                ],
             ),
             (
                 Tick(1010),
@@ -458,7 +470,9 @@ fn a_restart_that_cannot_be_placed_uses_up_a_restart() {
             ),
             (
                 Lost(4000, 2, "dead"),
-                &["#4 alice a1 restarting n2: node 2 lost: dead; restart 3 of 3 in 4000 ms"],
+                &[
+                    "#4 alice a1 restarting n2 [node lost]: node 2 lost: dead; restart 3 of 3 in 4000 ms",
+                ],
             ),
             (
                 Tick(8000),
@@ -508,7 +522,9 @@ fn a_restart_that_cannot_be_placed_uses_up_a_restart() {
             ),
             (
                 Lost(200, 3, "replaced"),
-                &["#3 bob a3 restarting n3: node 3 lost: replaced; restart 1 of 1 in 50 ms"],
+                &[
+                    "#3 bob a3 restarting n3 [node lost]: node 3 lost: replaced; restart 1 of 1 in 50 ms",
+                ],
             ),
             (
                 Tick(250),
@@ -604,8 +620,8 @@ fn restarts_due_together_are_placed_in_deadline_then_id_order() {
             (
                 Lost(0, 1, "dead"),
                 &[
-                    "#1 alice a2 restarting n1: node 1 lost: dead; restart 1 of 1 in 100 ms",
-                    "#2 alice a3 restarting n1: node 1 lost: dead; restart 1 of 1 in 100 ms",
+                    "#1 alice a2 restarting n1 [node lost]: node 1 lost: dead; restart 1 of 1 in 100 ms",
+                    "#2 alice a3 restarting n1 [node lost]: node 1 lost: dead; restart 1 of 1 in 100 ms",
                 ],
             ),
             (
@@ -1113,6 +1129,7 @@ fn a_restart_carries_the_same_kind_args_and_group_with_new_gpus() {
     let record = directory.get(actor).expect("live");
     assert_eq!(record.restarts(), 1);
     assert_eq!(record.last_failure(), Some("node 1 lost: dead"));
+    assert_eq!(record.last_origin(), FailureOrigin::NodeLost);
     assert_eq!(record.reservation(), Some(ReservationId(2)));
 }
 

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
-use super::ActorId;
+use super::id::ActorId;
 
 /// Why a start, call, tell or stop of an actor failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -16,7 +16,7 @@ pub enum ActorError {
         message: String,
     },
     /// The actor failed for good: a fatal error, a panic, its worker process died.
-    /// `origin` says whether the failure started in this actor or follows from another's.
+    /// `origin` says where the failure started (this actor, another, its process).
     #[error("actor {actor_id} failed: {reason}")]
     Failed {
         actor_id: ActorId,
@@ -85,11 +85,13 @@ fn list(kinds: &[String]) -> String {
 }
 
 /// Where an actor's failure started, so that whoever watches several actors can tell
-/// the failure that came first from those that follow from it.
+/// the failure that came first from those that follow from it, and an actor that is
+/// gone with its process or node from one that failed by its own error. Decisions about
+/// a failure are made on this, never on the text of its reason (which is for people).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum FailureOrigin {
-    /// In the actor that failed: its own error, a panic, its process or node gone. What a
-    /// failure is unless the actor says otherwise.
+    /// In the actor that failed: its own error or a panic. What a failure is unless the
+    /// actor says otherwise.
     #[default]
     Here,
     /// In another actor this one depended on: a peer went away or stopped answering, and
@@ -97,6 +99,11 @@ pub enum FailureOrigin {
     ///
     /// [`MethodError::caused_elsewhere`]: crate::MethodError::caused_elsewhere
     Elsewhere,
+    /// Its worker process ended (it exited, was killed by a signal, or sent a bad frame)
+    /// without the actor reporting a failure of its own.
+    WorkerExit,
+    /// Its node was lost: no heartbeat in time, or the node left or was replaced.
+    NodeLost,
 }
 
 impl FailureOrigin {
@@ -105,12 +112,32 @@ impl FailureOrigin {
         self == FailureOrigin::Elsewhere
     }
 
-    /// From the wire's flag ([`is_elsewhere`](Self::is_elsewhere) is the other way).
-    pub(crate) fn from_elsewhere(elsewhere: bool) -> Self {
-        if elsewhere {
-            FailureOrigin::Elsewhere
-        } else {
-            FailureOrigin::Here
+    /// Whether the actor is gone with its worker process or its node rather than by an
+    /// error of its own: what a program that can go on without it (an elastic job)
+    /// survives, while an actor's own error would recur wherever its work went.
+    pub fn is_loss(self) -> bool {
+        matches!(self, FailureOrigin::WorkerExit | FailureOrigin::NodeLost)
+    }
+
+    /// Its code on the wire (`origin` of the wire's actor messages).
+    pub(crate) fn to_wire(self) -> u8 {
+        match self {
+            FailureOrigin::Here => 0,
+            FailureOrigin::Elsewhere => 1,
+            FailureOrigin::WorkerExit => 2,
+            FailureOrigin::NodeLost => 3,
+        }
+    }
+
+    /// From its code on the wire. A code this build does not know (a peer's frames carry
+    /// the same wire version, so only a bug sends one) is taken as the actor's own
+    /// failure: the choice that makes no program go on without it.
+    pub(crate) fn from_wire(code: u8) -> Self {
+        match code {
+            1 => FailureOrigin::Elsewhere,
+            2 => FailureOrigin::WorkerExit,
+            3 => FailureOrigin::NodeLost,
+            _ => FailureOrigin::Here,
         }
     }
 }

@@ -35,6 +35,7 @@ mod diagnostic;
 pub(crate) mod directory;
 mod error;
 mod host;
+mod id;
 mod local;
 mod pool;
 pub(crate) mod process;
@@ -45,10 +46,12 @@ pub use diagnostic::{ECHO_KIND, diagnostic_registry};
 pub(crate) use directory::{
     ActorAction, ActorDirectory, DETACHED_OWNER, DirectoryConfig, DirectoryError, SpawnRequest,
 };
-pub use directory::{ActorEventKind, ActorId, ActorLabel, RestartPolicy};
+pub use directory::{ActorEventKind, ActorLabel, RestartPolicy};
 pub use error::{ActorError, ActorExit, ExitReason, FailureOrigin};
+pub use id::ActorId;
 pub use local::{ActorSpec, DEFAULT_MAILBOX_CAPACITY, LocalActors, LocalOptions};
-pub use pool::{PoolOptions, WorkerCommand, WorkerPool};
+pub use pool::WorkerPool;
+pub use process::{PoolOptions, WorkerCommand};
 pub use registry::{Actor, ActorContext, ActorFactory, ActorRegistry, ClusterAccess, MethodError};
 pub(crate) use worker::visible_gpus;
 pub use worker::worker_main;

@@ -19,9 +19,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io;
-use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -34,86 +31,14 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::ActorId;
 use super::error::{ActorError, ActorExit, ExitReason, FailureOrigin, Tombstones};
 use super::local::{ActorSpec, join};
-use super::process::{self, Control, ReadEnd};
-use crate::wire::{self, DEFAULT_MAX_FRAME, Message, WireError};
+use super::process::{self, Control, PoolOptions, ReadEnd, WorkerCommand};
+use crate::wire::{self, Message, WireError};
 
 /// Frames that may wait to be written to one worker; senders wait beyond that.
 const OUTGOING_FRAMES: usize = 256;
 
 /// Room for a frame's header and fields around a payload.
 pub(crate) const FRAME_OVERHEAD: usize = 4096;
-
-/// The program a worker process runs: the `imgrun` binary passes its own executable and
-/// its hidden `worker` subcommand.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerCommand {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    /// Environment variables set for the worker, over those it inherits.
-    pub env: Vec<(String, String)>,
-}
-
-impl WorkerCommand {
-    /// `program` with `args`.
-    pub fn new<I, S>(program: impl Into<PathBuf>, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Self {
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            env: Vec::new(),
-        }
-    }
-
-    /// The same command with `key=value` in its workers' environment.
-    #[must_use]
-    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-
-    /// This process's own executable with `args`.
-    pub fn current_exe<I, S>(args: I) -> io::Result<Self>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Ok(Self::new(std::env::current_exe()?, args))
-    }
-}
-
-/// How a [`WorkerPool`] runs its processes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolOptions {
-    /// Lines of a worker's output (stdout and stderr) kept for its failure reason.
-    pub stderr_lines: usize,
-    /// How long a retired worker may take to exit before it is killed.
-    pub retire_grace: Duration,
-    /// The largest frame either way between the node and a worker (the worker is told);
-    /// payloads must leave 4 KiB of room for the frame around them.
-    pub max_frame: usize,
-    /// The address the node's daemon binds, which the workers' actors bind their own
-    /// listeners to ([`ActorContext::data_ip`](super::ActorContext::data_ip)); the daemon
-    /// sets it.
-    pub data_ip: IpAddr,
-    /// How the workers' actors reach the cluster ([`ActorContext::cluster`](super::ActorContext::cluster));
-    /// the daemon sets it.
-    pub cluster: Option<super::ClusterAccess>,
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        Self {
-            stderr_lines: 20,
-            retire_grace: Duration::from_secs(5),
-            max_frame: DEFAULT_MAX_FRAME,
-            data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            cluster: None,
-        }
-    }
-}
 
 /// The worker processes of a node and the actors in them. Cheap to clone; dropping the
 /// last clone kills every worker.
@@ -335,7 +260,7 @@ impl WorkerPool {
             .map_err(|_| ActorError::Failed {
                 actor_id: actor,
                 reason: "its worker process is gone".into(),
-                origin: FailureOrigin::Here,
+                origin: FailureOrigin::WorkerExit,
             })
     }
 
@@ -540,11 +465,11 @@ impl PoolInner {
             Message::ActorFailed {
                 actor_id,
                 reason,
-                elsewhere,
+                origin,
             } => {
                 let actor = ActorId(actor_id);
                 if state.generation_of(actor) == Some(generation) {
-                    let origin = FailureOrigin::from_elsewhere(elsewhere);
+                    let origin = FailureOrigin::from_wire(origin);
                     self.ended(&mut state, actor, ExitReason::Failed { reason, origin });
                 }
             }
@@ -596,7 +521,11 @@ impl PoolInner {
         actors.sort();
         warn!(%reason, actors = ?actors, "worker process ended; its actors failed");
         for actor in actors {
-            state.end(actor, ExitReason::failed(reason.clone()), &self.exits);
+            let exit = ExitReason::Failed {
+                reason: reason.clone(),
+                origin: FailureOrigin::WorkerExit,
+            };
+            state.end(actor, exit, &self.exits);
         }
     }
 }

@@ -5,12 +5,17 @@
 //! (libtorch does): stdout and stderr go to one other socket, whose lines are logged at
 //! debug level and the last [`PoolOptions::stderr_lines`] kept for the failure reason.
 //!
-//! [`PoolOptions::stderr_lines`]: super::PoolOptions::stderr_lines
+//! Below the pool (`pool.rs`): with [`WorkerCommand`] and [`PoolOptions`], what the pool
+//! is told about its processes.
+//!
+//! [`PoolOptions::stderr_lines`]: PoolOptions::stderr_lines
 
 use std::collections::VecDeque;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -23,7 +28,79 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::pool::{PoolOptions, WorkerCommand};
+use crate::wire::DEFAULT_MAX_FRAME;
+
+/// The program a worker process runs: the `imgrun` binary passes its own executable and
+/// its hidden `worker` subcommand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Environment variables set for the worker, over those it inherits.
+    pub env: Vec<(String, String)>,
+}
+
+impl WorkerCommand {
+    /// `program` with `args`.
+    pub fn new<I, S>(program: impl Into<PathBuf>, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The same command with `key=value` in its workers' environment.
+    #[must_use]
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// This process's own executable with `args`.
+    pub fn current_exe<I, S>(args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Ok(Self::new(std::env::current_exe()?, args))
+    }
+}
+
+/// How a [`WorkerPool`](super::WorkerPool) runs its processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Lines of a worker's output (stdout and stderr) kept for its failure reason.
+    pub stderr_lines: usize,
+    /// How long a retired worker may take to exit before it is killed.
+    pub retire_grace: Duration,
+    /// The largest frame either way between the node and a worker (the worker is told);
+    /// payloads must leave 4 KiB of room for the frame around them.
+    pub max_frame: usize,
+    /// The address the node's daemon binds, which the workers' actors bind their own
+    /// listeners to ([`ActorContext::data_ip`](super::ActorContext::data_ip)); the daemon
+    /// sets it.
+    pub data_ip: IpAddr,
+    /// How the workers' actors reach the cluster ([`ActorContext::cluster`](super::ActorContext::cluster));
+    /// the daemon sets it.
+    pub cluster: Option<super::ClusterAccess>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            stderr_lines: 20,
+            retire_grace: Duration::from_secs(5),
+            max_frame: DEFAULT_MAX_FRAME,
+            data_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            cluster: None,
+        }
+    }
+}
 
 /// The environment variable a worker finds its group in (for its own logs).
 pub(crate) const GROUP_VARIABLE: &str = "IMGRUN_WORKER_GROUP";
@@ -199,9 +276,6 @@ fn kill(child: &mut Child, why: &str) {
     }
 }
 
-/// How the failure of an actor whose worker process ended begins.
-pub(crate) const WORKER_ENDED: &str = "worker process for group";
-
 /// Why a worker's actors failed: how it ended and the last lines it wrote.
 pub(crate) fn describe_end(
     group: &str,
@@ -210,7 +284,7 @@ pub(crate) fn describe_end(
     bad_frame: Option<&str>,
     lines: &[String],
 ) -> String {
-    let mut reason = format!("{WORKER_ENDED} '{group}' (pid {pid}) ");
+    let mut reason = format!("worker process for group '{group}' (pid {pid}) ");
     if let Some(error) = bad_frame {
         reason.push_str(&format!("sent a bad frame ({error}); "));
     }

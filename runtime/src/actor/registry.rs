@@ -110,8 +110,8 @@ impl fmt::Debug for MethodError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match (self.fatal, self.origin) {
             (false, _) => "error",
-            (true, FailureOrigin::Here) => "fatal",
             (true, FailureOrigin::Elsewhere) => "fatal, caused elsewhere",
+            (true, _) => "fatal",
         };
         write!(f, "MethodError({kind}: {:?})", self.message)
     }

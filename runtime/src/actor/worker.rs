@@ -150,12 +150,12 @@ async fn handle(
                     Err(ActorError::Start { reason, .. }) => Message::ActorFailed {
                         actor_id,
                         reason,
-                        elsewhere: false,
+                        origin: wire::ORIGIN_HERE,
                     },
                     Err(error) => Message::ActorFailed {
                         actor_id,
                         reason: error.to_string(),
-                        elsewhere: false,
+                        origin: wire::ORIGIN_HERE,
                     },
                 };
                 let _ = outgoing.send(answer).await;
@@ -275,7 +275,7 @@ async fn report_exits(
             ExitReason::Failed { reason, origin } => Message::ActorFailed {
                 actor_id: actor_id.0,
                 reason,
-                elsewhere: origin.is_elsewhere(),
+                origin: origin.to_wire(),
             },
             ExitReason::Stopped => location(actor_id.0, "stopped"),
             ExitReason::Killed => location(actor_id.0, "killed"),
@@ -293,7 +293,7 @@ fn location(actor_id: u64, state: &str) -> Message {
         address: String::new(),
         state: state.to_string(),
         reason: String::new(),
-        elsewhere: false,
+        origin: wire::ORIGIN_HERE,
     }
 }
 

@@ -42,12 +42,13 @@ pub enum ActorCallError {
         origin: FailureOrigin,
     },
     /// The actor does not take messages now: `restarting`, `starting`, `stopping` or
-    /// `stopped`, with why it last failed when it did.
+    /// `stopped`, with why it last failed when it did, and where that failure started.
     #[error("actor {actor} is {state}{}", last_failure(reason))]
     NotRunning {
         actor: ActorId,
         state: String,
         reason: String,
+        origin: FailureOrigin,
     },
     /// The actor was stopped or killed (`how`).
     #[error("actor {actor} on node {node} was {how}")]
@@ -103,11 +104,12 @@ impl ActorCallError {
     /// by its own error): its worker process ended, its node was lost or closed its
     /// connection, cannot be reached or does not answer, or it was killed. A program
     /// that can go on without the actor (an elastic job) tells these from the actor's
-    /// own errors, which would recur wherever its work went.
+    /// own errors, which would recur wherever its work went. Decided on the failure's
+    /// [`FailureOrigin`], never on the text of its reason.
     pub fn is_loss(&self) -> bool {
         match self {
-            ActorCallError::Failed { reason, .. } | ActorCallError::NotRunning { reason, .. } => {
-                is_loss_reason(reason)
+            ActorCallError::Failed { origin, .. } | ActorCallError::NotRunning { origin, .. } => {
+                origin.is_loss()
             }
             ActorCallError::Timeout { .. }
             | ActorCallError::Ended { .. }
@@ -116,18 +118,6 @@ impl ActorCallError {
             _ => false,
         }
     }
-}
-
-/// Whether an actor's failure `reason` (in its error or its event) says its worker
-/// process ended or its node was lost, rather than the actor failing by itself.
-pub fn is_loss_reason(reason: &str) -> bool {
-    let node_lost = reason.strip_prefix("node ").is_some_and(|rest| {
-        rest.split_once(' ').is_some_and(|(id, rest)| {
-            id.chars().all(|c| c.is_ascii_digit())
-                && rest.starts_with(&format!("{}:", crate::actor::directory::NODE_LOST))
-        })
-    });
-    node_lost || reason.starts_with(crate::actor::process::WORKER_ENDED)
 }
 
 fn last_failure(reason: &str) -> String {
@@ -143,21 +133,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn losses_are_told_from_an_actors_own_failures() {
-        assert!(is_loss_reason(
-            "worker process for group 'g' (pid 4) killed by signal 9 (SIGKILL); no stderr output"
-        ));
-        assert!(is_loss_reason("node 3 lost: no heartbeat for 3000 ms"));
-        assert!(!is_loss_reason("rank 1 epoch 0: bad shard"));
-        assert!(!is_loss_reason("node 3 failed to decode"));
-        let failed = |reason: &str| ActorCallError::Failed {
-            actor: ActorId(1),
-            node: NodeId(2),
-            reason: reason.to_string(),
-            origin: FailureOrigin::Here,
-        };
-        assert!(failed("node 2 lost: gone").is_loss());
-        assert!(!failed("the loss diverged").is_loss());
+    fn losses_are_told_from_an_actors_own_failures_by_origin_whatever_the_words() {
+        // The same words under each origin, and words that once meant a loss: only the
+        // origin decides.
+        let reasons = [
+            "node 2 lost: no heartbeat for 3000 ms",
+            "worker process for group 'g' (pid 4) killed by signal 9 (SIGKILL)",
+            "the loss diverged",
+            "",
+        ];
+        let origins = [
+            (FailureOrigin::Here, false),
+            (FailureOrigin::Elsewhere, false),
+            (FailureOrigin::WorkerExit, true),
+            (FailureOrigin::NodeLost, true),
+        ];
+        for reason in reasons {
+            for (origin, loss) in origins {
+                let failed = ActorCallError::Failed {
+                    actor: ActorId(1),
+                    node: NodeId(2),
+                    reason: reason.to_string(),
+                    origin,
+                };
+                assert_eq!(failed.is_loss(), loss, "{origin:?} {reason:?}");
+                let restarting = ActorCallError::NotRunning {
+                    actor: ActorId(1),
+                    state: "restarting".into(),
+                    reason: reason.to_string(),
+                    origin,
+                };
+                assert_eq!(restarting.is_loss(), loss, "{origin:?} {reason:?}");
+            }
+        }
     }
 
     #[test]
@@ -178,6 +186,7 @@ mod tests {
                     actor,
                     state: "restarting".into(),
                     reason: "node 2 lost: no heartbeat for 500 ms".into(),
+                    origin: FailureOrigin::NodeLost,
                 },
                 "actor 3 is restarting (last failure: node 2 lost: no heartbeat for 500 ms)",
             ),

@@ -321,14 +321,14 @@ impl ActorRef {
             node,
             message,
         };
-        let (cause, message, delivered, elsewhere) = match *other {
+        let (cause, message, delivered, origin) = match *other {
             Message::ActorError {
                 cause,
                 message,
                 delivered,
-                elsewhere,
+                origin,
                 ..
-            } => (cause, message, delivered, elsewhere),
+            } => (cause, message, delivered, FailureOrigin::from_wire(origin)),
             Message::Error { message } | Message::Refused { reason: message } => {
                 return Attempt::Done(Err(rejected(message)));
             }
@@ -343,7 +343,7 @@ impl ActorRef {
                 actor,
                 node,
                 reason: message,
-                origin: FailureOrigin::from_elsewhere(elsewhere),
+                origin,
             },
             "stopped" | "killed" => ActorCallError::Ended {
                 actor,
@@ -380,7 +380,7 @@ impl ActorRef {
                 address,
                 state,
                 reason,
-                elsewhere,
+                origin,
                 ..
             } => {
                 let node = (node_id != 0).then_some(NodeId(node_id));
@@ -395,7 +395,7 @@ impl ActorRef {
                 Ok(Located::Not(NotRunning {
                     state,
                     reason,
-                    origin: FailureOrigin::from_elsewhere(elsewhere),
+                    origin: FailureOrigin::from_wire(origin),
                     node,
                 }))
             }
@@ -418,6 +418,7 @@ impl ActorRef {
                 actor: self.id,
                 state: not.state,
                 reason: not.reason,
+                origin: not.origin,
             },
         }
     }

@@ -216,7 +216,7 @@ impl ClusterClient {
                             node: (event.node_id != 0).then_some(NodeId(event.node_id)),
                             kind,
                             reason: event.reason,
-                            origin: FailureOrigin::from_elsewhere(event.elsewhere),
+                            origin: FailureOrigin::from_wire(event.origin),
                         })
                     })
                     .collect::<Result<_, DaemonError>>()?;

@@ -195,7 +195,7 @@ impl HeadActors {
                 node_id,
                 outcome,
                 reason,
-                elsewhere,
+                origin,
             } => {
                 let node = NodeId(node_id);
                 let name = peer.name().unwrap_or_default();
@@ -203,7 +203,7 @@ impl HeadActors {
                     warn!(peer = %peer.address, name, node = node_id, "refused a report for another node");
                     return refused(format!("only node {node} reports its actors"));
                 }
-                let origin = FailureOrigin::from_elsewhere(elsewhere);
+                let origin = FailureOrigin::from_wire(origin);
                 self.ended(&head, ActorId(actor_id), node, &outcome, &reason, origin);
                 Message::Ack
             }
@@ -295,7 +295,7 @@ impl HeadActors {
                     .unwrap_or_default(),
                 state: location.state.name().to_owned(),
                 reason,
-                elsewhere: origin.is_elsewhere(),
+                origin: origin.to_wire(),
             },
             None => unknown(actor.0, &DirectoryError::UnknownActor { actor }),
         }
@@ -321,7 +321,7 @@ impl HeadActors {
                         node_id: event.node.map_or(0, |node| node.0),
                         kind: event.kind.name().to_owned(),
                         reason: event.reason,
-                        elsewhere: event.origin.is_elsewhere(),
+                        origin: event.origin.to_wire(),
                     })
                     .collect();
                 return Message::ActorEventList {
@@ -427,7 +427,7 @@ fn unknown(actor_id: u64, error: &DirectoryError) -> Message {
         cause: "unknown".to_owned(),
         message: error.to_string(),
         delivered: false,
-        elsewhere: false,
+        origin: crate::wire::ORIGIN_HERE,
     }
 }
 

@@ -38,7 +38,7 @@ pub(super) async fn report_exits(
                 node_id: shared.session().node_id.0,
                 outcome: outcome.to_owned(),
                 reason: reason.clone(),
-                elsewhere: origin.is_elsewhere(),
+                origin: origin.to_wire(),
             };
             let answer = match shared.connection(REPORT_TIMEOUT).await {
                 Ok(connection) => connection.request(&report, REPORT_TIMEOUT).await,

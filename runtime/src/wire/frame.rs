@@ -321,7 +321,7 @@ mod tests {
                 address: "[::1]:7071".into(),
                 state: "restarting".into(),
                 reason: "panicked in step".into(),
-                elsewhere: false,
+                origin: crate::wire::ORIGIN_HERE,
             },
             Message::ActorEvents {
                 after_seq: 10,
@@ -334,7 +334,7 @@ mod tests {
                     node_id: 7,
                     kind: "restarting".into(),
                     reason: "worker killed by signal 9 (SIGKILL)".into(),
-                    elsewhere: false,
+                    origin: crate::wire::ORIGIN_WORKER_EXIT,
                 }],
                 missed: true,
             },
@@ -361,21 +361,21 @@ mod tests {
             Message::ActorFailed {
                 actor_id: 1,
                 reason: "lost its ring peer".into(),
-                elsewhere: true,
+                origin: crate::wire::ORIGIN_ELSEWHERE,
             },
             Message::ActorError {
                 actor_id: 1,
                 cause: "unknown".into(),
                 message: "no actor 1 here".into(),
                 delivered: false,
-                elsewhere: false,
+                origin: crate::wire::ORIGIN_HERE,
             },
             Message::ActorEnded {
                 actor_id: 1,
                 node_id: 7,
                 outcome: "failed".into(),
                 reason: "panicked in step: out of memory".into(),
-                elsewhere: false,
+                origin: crate::wire::ORIGIN_NODE_LOST,
             },
         ]
     }

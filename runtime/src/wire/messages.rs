@@ -10,7 +10,17 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 9;
+pub const WIRE_VERSION: u16 = 10;
+
+/// Where an actor's failure started (`origin` in the actor messages): in the actor, its
+/// own error or a panic.
+pub const ORIGIN_HERE: u8 = 0;
+/// In another actor it depended on (a peer went away or stopped answering).
+pub const ORIGIN_ELSEWHERE: u8 = 1;
+/// Its worker process ended without the actor reporting a failure.
+pub const ORIGIN_WORKER_EXIT: u8 = 2;
+/// Its node was lost.
+pub const ORIGIN_NODE_LOST: u8 = 3;
 
 /// One request or response. A stream carries one request frame and one response frame;
 /// a datagram carries one frame (heartbeats and their answers).
@@ -183,8 +193,8 @@ pub enum Message {
         state: String,
         /// Why it last failed, for a person to read; empty if it never did.
         reason: String,
-        /// That failure follows from another actor's (`FailureOrigin::Elsewhere`).
-        elsewhere: bool,
+        /// Where that failure started ([`ORIGIN_HERE`] and the other `ORIGIN_` codes).
+        origin: u8,
     },
     /// The events of actors this client owns after `after_seq` (client to head); the
     /// head answers at once when there are some, otherwise within `wait_ms`.
@@ -245,9 +255,9 @@ pub enum Message {
         /// The message had reached the actor before it ended (a call may have run), so
         /// the caller must not send it again elsewhere.
         delivered: bool,
-        /// For `failed`: the failure follows from another actor's
-        /// (`FailureOrigin::Elsewhere`). False otherwise.
-        elsewhere: bool,
+        /// For `failed`: where the failure started ([`ORIGIN_HERE`] and the other
+        /// `ORIGIN_` codes); [`ORIGIN_HERE`] otherwise.
+        origin: u8,
     },
     /// An actor that ran on a node ended there (node to head), once per actor that
     /// started: the head releases its resources and tells its owner.
@@ -260,8 +270,8 @@ pub enum Message {
         outcome: String,
         /// Why it failed, for a person to read; empty for a stop or a kill.
         reason: String,
-        /// The failure follows from another actor's (`FailureOrigin::Elsewhere`).
-        elsewhere: bool,
+        /// Where the failure started ([`ORIGIN_HERE`] and the other `ORIGIN_` codes).
+        origin: u8,
     },
     /// An actor stopped with an error, or its worker process exited (worker to node).
     ActorFailed {
@@ -270,8 +280,8 @@ pub enum Message {
         /// Why, for a person to read: the error, or the worker's exit code or signal and
         /// the last lines of its stderr.
         reason: String,
-        /// The failure follows from another actor's (`FailureOrigin::Elsewhere`).
-        elsewhere: bool,
+        /// Where the failure started ([`ORIGIN_HERE`] and the other `ORIGIN_` codes).
+        origin: u8,
     },
 }
 
@@ -401,7 +411,7 @@ pub struct ActorEventWire {
     pub kind: String,
     /// Why, for a person to read.
     pub reason: String,
-    /// A failure (`failed`, `restarting`) that follows from another actor's
-    /// (`FailureOrigin::Elsewhere`).
-    pub elsewhere: bool,
+    /// Where a failure (`failed`, `restarting`) started ([`ORIGIN_HERE`] and the other
+    /// `ORIGIN_` codes); [`ORIGIN_HERE`] for other events.
+    pub origin: u8,
 }

@@ -16,5 +16,6 @@ pub use frame::{
 };
 pub use messages::{
     ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, Message,
-    NodeDescription, NodeStatusWire, ReservationWire, ResourcesWire, WIRE_VERSION,
+    NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE, ORIGIN_HERE, ORIGIN_NODE_LOST,
+    ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire, WIRE_VERSION,
 };
