@@ -39,3 +39,10 @@ require actors tch
 
 if [ "$fail" -ne 0 ]; then exit 1; fi
 echo "check-deps: dependency direction ok (pipelines, runtime <- actors <- imgrun; tch only in actors and imgrun)"
+
+# Within a crate: no new circle among the files of one folder (tools/circles.allow lists
+# the circles the code still has; it only shrinks).
+python3 "$(dirname "$0")/check-circles.py"
+
+# ARCHITECTURE.md's code map names every source file.
+python3 "$(dirname "$0")/check-codemap.py"

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::error::ShardError;
-use crate::source::{ShardStream, Stored};
+use crate::stream::{CacheOptions, ShardStream, Stored};
 
 /// A partial file not written to for this long belongs to a fill that died: a live HTTP
 /// fill writes at least once per read timeout. Should a live fill's file be removed
@@ -49,16 +49,6 @@ const TAIL_CHARS: usize = 64;
 
 /// Numbers the fills of this process, for unique partial names.
 static FILLS: AtomicU64 = AtomicU64::new(0);
-
-/// Where remote shards are cached, and how much may be kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheOptions {
-    /// The cache folder, created when missing. Threads and processes may share it.
-    pub dir: PathBuf,
-    /// Most bytes of complete entries kept; the least recently used go first. Fills in
-    /// progress come on top (one partial shard per reading thread).
-    pub max_bytes: u64,
-}
 
 /// Counters of one [`Sources`](crate::Sources)' cache, updated by every stream it opens.
 #[derive(Debug, Default)]

@@ -1,9 +1,9 @@
 //! Converting an image folder (`SRC/<class>/<image>`, as torchvision's `ImageFolder`
 //! reads it) into shuffled WebDataset shards, written by the ordered parallel pipeline
-//! of `produce.rs`; and `CreateError`, the error of every dataset producer.
+//! of `produce.rs`.
 
 use std::fs;
-use std::io::{self, Cursor};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use image::codecs::jpeg::JpegEncoder;
@@ -13,10 +13,10 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::manifest::Manifest;
-use crate::produce::{ShardPlan, available_cores, key_width, write_samples};
+use crate::produce::{
+    CreateError, CreateReport, ShardPlan, available_cores, bad_option, key_width, write_samples,
+};
 use crate::sample::Sample;
-use crate::writer::WrittenShard;
 
 /// File extensions (compared lower-cased) that [`ImageFolder::scan`] takes as images:
 /// the formats this crate's `image` build decodes.
@@ -119,54 +119,6 @@ impl Default for CreateOptions {
     }
 }
 
-/// What [`create_from_folder`] or [`generate_synthetic`](crate::generate_synthetic)
-/// wrote. The manifest (and `classes.txt`) are already in the output folder.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateReport {
-    pub shards: Vec<WrittenShard>,
-    pub manifest: Manifest,
-    /// Brace spec of the written shard paths (`out/shards-{000000..000012}.tar`).
-    pub spec: String,
-}
-
-/// Why shards could not be created.
-#[derive(Debug, thiserror::Error)]
-pub enum CreateError {
-    #[error("cannot list {}: {source}", path.display())]
-    Scan { path: PathBuf, source: io::Error },
-    #[error("no class folders in {}", path.display())]
-    NoClasses { path: PathBuf },
-    #[error("no images (.jpg, .jpeg, .png) in class folder {}", path.display())]
-    EmptyClass { path: PathBuf },
-    #[error("no images to write from {}", path.display())]
-    NoImages { path: PathBuf },
-    #[error("cannot read image {}: {source}", path.display())]
-    ReadImage { path: PathBuf, source: io::Error },
-    #[error("cannot decode image {}: {reason}", path.display())]
-    DecodeImage { path: PathBuf, reason: String },
-    #[error("cannot encode sample `{key}` as JPEG: {source}")]
-    EncodeImage {
-        key: String,
-        source: image::ImageError,
-    },
-    #[error("cannot create output folder {}: {source}", path.display())]
-    CreateOutput { path: PathBuf, source: io::Error },
-    #[error("cannot write shard {}: {source}", path.display())]
-    WriteShard { path: PathBuf, source: io::Error },
-    #[error("cannot write the manifest in {}: {source}", path.display())]
-    WriteManifest { path: PathBuf, source: io::Error },
-    #[error("cannot start {threads} worker threads: {source}")]
-    Threads {
-        threads: usize,
-        source: rayon::ThreadPoolBuildError,
-    },
-    #[error("bad option {option}: {reason}")]
-    BadOption {
-        option: &'static str,
-        reason: String,
-    },
-}
-
 /// Writes the images of `folder` as shards `out/<prefix>-%06d.tar`, plus
 /// `manifest.json` and `classes.txt`, creating `out` if needed.
 ///
@@ -217,13 +169,6 @@ pub fn create_from_folder(
         Ok(Sample::new(key).with(field, bytes).with_class(*class))
     };
     write_samples(&plan, folder.classes.clone(), order.len(), &make, progress)
-}
-
-pub(crate) fn bad_option(option: &'static str, reason: &str) -> CreateError {
-    CreateError::BadOption {
-        option,
-        reason: reason.to_string(),
-    }
 }
 
 /// Encodes RGB pixels as a baseline JPEG.
@@ -373,6 +318,7 @@ mod tests {
     use image::{Rgb, RgbImage};
 
     use super::*;
+    use crate::manifest::Manifest;
     use crate::reader::SampleReader;
     use crate::source::Sources;
 

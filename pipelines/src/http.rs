@@ -13,7 +13,7 @@ use std::io::{self, Read};
 use std::time::Duration;
 
 use crate::error::ShardError;
-use crate::source::{ShardSource, ShardStream, SourceOptions};
+use crate::stream::{ShardSource, ShardStream, SourceOptions};
 
 /// The longest pause between two attempts, however many have failed.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);

@@ -27,14 +27,15 @@ mod profile;
 mod reader;
 mod sample;
 mod source;
+mod stream;
 mod synth;
 mod transform;
 mod writer;
 
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
-pub use cache::{CacheCounts, CacheOptions, CacheStats};
+pub use cache::{CacheCounts, CacheStats};
 pub use error::{ErrorPolicy, ShardError, escaped};
-pub use folder::{CreateError, CreateOptions, CreateReport, ImageFolder, create_from_folder};
+pub use folder::{CreateOptions, ImageFolder, create_from_folder};
 pub use index::{IndexError, IndexOptions, index_shards};
 pub use inspect::{
     Problem, ShardSummary, VerifyChecks, VerifyReport, human_bytes, summarize_shard, verify_shard,
@@ -51,13 +52,12 @@ pub use plan::{
     WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
 };
 pub use preload::{PreloadError, PreloadProgress, Preloader, preloaded_copy, preloaded_path};
+pub use produce::{CreateError, CreateReport};
 pub use profile::{StageProfile, process_cpu_seconds, profile_stages};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
-pub use source::{
-    DEFAULT_READ_BUFFER, ShardList, ShardListError, ShardSource, ShardStream, SourceOptions,
-    Sources, local_folder, local_path,
-};
+pub use source::{ShardList, ShardListError, Sources, local_folder, local_path};
+pub use stream::{CacheOptions, DEFAULT_READ_BUFFER, ShardSource, ShardStream, SourceOptions};
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{
     CropBox, DecodeLimits, EvalTransform, IMAGENET_MEAN, IMAGENET_STD, ImageFormat, ImageHeader,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{ShardError, escaped};
-use crate::source::{ShardSource, ShardStream, SourceOptions};
+use crate::stream::{ShardSource, ShardStream, SourceOptions};
 
 /// How much of a failing command's standard error is kept.
 const STDERR_TAIL: usize = 2048;

@@ -269,7 +269,7 @@ fn free_space(dir: &Path) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SourceOptions;
+    use crate::stream::SourceOptions;
 
     fn shard(dir: &Path, name: &str, bytes: &[u8]) -> String {
         let path = dir.join(name);

@@ -1,7 +1,9 @@
 //! The ordered parallel write pipeline behind every dataset producer (`shards create`
 //! from a folder, `shards synth`): samples are made in parallel chunks and written in
 //! order, so the output is byte-for-byte the same for the same input, options and seed,
-//! whatever the number of threads.
+//! whatever the number of threads. With `CreateError`, the error of every dataset
+//! producer, and `CreateReport`, what one wrote: the folder's bottom layer, below
+//! `folder.rs` and `synth.rs`.
 
 use std::fs;
 use std::io;
@@ -11,10 +13,64 @@ use std::sync::mpsc;
 use rayon::prelude::*;
 
 use crate::brace::summarize_names;
-use crate::folder::{CreateError, CreateReport, bad_option};
 use crate::manifest::Manifest;
 use crate::sample::Sample;
 use crate::writer::{ShardWriter, WrittenShard};
+
+/// What [`create_from_folder`] or [`generate_synthetic`](crate::generate_synthetic)
+/// wrote. The manifest (and `classes.txt`) are already in the output folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateReport {
+    pub shards: Vec<WrittenShard>,
+    pub manifest: Manifest,
+    /// Brace spec of the written shard paths (`out/shards-{000000..000012}.tar`).
+    pub spec: String,
+}
+
+/// Why shards could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("cannot list {}: {source}", path.display())]
+    Scan { path: PathBuf, source: io::Error },
+    #[error("no class folders in {}", path.display())]
+    NoClasses { path: PathBuf },
+    #[error("no images (.jpg, .jpeg, .png) in class folder {}", path.display())]
+    EmptyClass { path: PathBuf },
+    #[error("no images to write from {}", path.display())]
+    NoImages { path: PathBuf },
+    #[error("cannot read image {}: {source}", path.display())]
+    ReadImage { path: PathBuf, source: io::Error },
+    #[error("cannot decode image {}: {reason}", path.display())]
+    DecodeImage { path: PathBuf, reason: String },
+    #[error("cannot encode sample `{key}` as JPEG: {source}")]
+    EncodeImage {
+        key: String,
+        source: image::ImageError,
+    },
+    #[error("cannot create output folder {}: {source}", path.display())]
+    CreateOutput { path: PathBuf, source: io::Error },
+    #[error("cannot write shard {}: {source}", path.display())]
+    WriteShard { path: PathBuf, source: io::Error },
+    #[error("cannot write the manifest in {}: {source}", path.display())]
+    WriteManifest { path: PathBuf, source: io::Error },
+    #[error("cannot start {threads} worker threads: {source}")]
+    Threads {
+        threads: usize,
+        source: rayon::ThreadPoolBuildError,
+    },
+    #[error("bad option {option}: {reason}")]
+    BadOption {
+        option: &'static str,
+        reason: String,
+    },
+}
+
+pub(crate) fn bad_option(option: &'static str, reason: &str) -> CreateError {
+    CreateError::BadOption {
+        option,
+        reason: reason.to_string(),
+    }
+}
 
 /// Samples prepared in parallel before they are handed, in order, to the writer.
 const CHUNK: usize = 256;

@@ -1,102 +1,23 @@
-//! Where shard bytes come from: local files, `http(s)://`, `pipe:` commands and stdin,
-//! behind one trait, plus transparent gzip/bzip2/xz decompression.
+//! Where shard bytes come from: [`Sources`], which picks a source by the form of the URL
+//! (local files, `http(s)://`, `pipe:` commands, stdin) and puts transparent
+//! gzip/bzip2/xz decompression in front. Above the sources (`http.rs`, `pipe.rs`) and the
+//! cache, which share only the leaf `stream.rs` with it.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::brace::{BraceError, expand_spec};
-use crate::cache::{self, CacheOptions, CacheStats, ShardCache};
+use crate::cache::{self, CacheStats, ShardCache};
 use crate::error::ShardError;
 use crate::http::HttpSource;
 use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
-
-/// Default read buffer for shard streams (the Python library's `GOPEN_BUFFER`).
-pub const DEFAULT_READ_BUFFER: usize = 1 << 20;
+use crate::stream::{ShardSource, ShardStream, SourceOptions, Stored};
 
 /// The buffer that finds a stream's compression from its first bytes. Small, because an
 /// uncompressed stream keeps it: once drained, reads at least this large pass it by.
 const PEEK_BUFFER: usize = 8 << 10;
-
-/// A readable shard: the raw (possibly compressed) bytes of one tar file.
-pub type ShardStream = Box<dyn Read + Send>;
-
-/// Settings shared by all sources.
-#[derive(Debug, Clone)]
-pub struct SourceOptions {
-    /// Size of the read buffer in front of a compressed stream's decoder, in bytes. An
-    /// uncompressed tar needs none: the reader reads its headers in blocks of its own
-    /// and each member's data straight into the sample, one copy from the source.
-    pub read_buffer: usize,
-    /// Connect and read timeout for HTTP.
-    pub http_timeout: Duration,
-    /// How many times an HTTP request is tried when the connection fails.
-    pub http_attempts: u32,
-    /// Pause before the first retry; doubled after each failure.
-    pub http_retry_delay: Duration,
-    /// A `pipe:` command that sends no output for this long (or closes its output and
-    /// does not exit within it) fails its shard, and its process group is killed;
-    /// `None` waits forever.
-    pub pipe_idle_timeout: Option<Duration>,
-    /// A local cache for `http(s)://` and `pipe:` shards; `None` reads them remotely
-    /// every time.
-    pub cache: Option<CacheOptions>,
-    /// The folder of preloaded copies (`data.preload_dir`): a shard with a copy there,
-    /// made from its URL, is read from it.
-    pub preloaded: Option<std::path::PathBuf>,
-}
-
-impl Default for SourceOptions {
-    fn default() -> Self {
-        Self {
-            read_buffer: DEFAULT_READ_BUFFER,
-            http_timeout: Duration::from_secs(30),
-            http_attempts: 5,
-            http_retry_delay: Duration::from_millis(200),
-            pipe_idle_timeout: Some(Duration::from_secs(60)),
-            cache: None,
-            preloaded: None,
-        }
-    }
-}
-
-/// One way of opening shards.
-pub trait ShardSource: Send + Sync + fmt::Debug {
-    /// Whether this source opens `url`.
-    fn handles(&self, url: &str) -> bool;
-    /// Opens `url` for streaming. The bytes are returned as stored (maybe compressed).
-    fn open(&self, url: &str) -> Result<ShardStream, ShardError>;
-    /// Opens `url` as [`open`](Self::open) does, with the length the stream will have
-    /// when the source declares it up front (an HTTP `Content-Length`). The cache keeps
-    /// a copy only when the bytes read match it.
-    fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
-        Ok((self.open(url)?, None))
-    }
-
-    /// Opens `url` as a local file, where this source reads local files: the reader then
-    /// reads member data from it straight into samples. `None` for any other source.
-    fn open_file(&self, _url: &str) -> Option<Result<std::fs::File, ShardError>> {
-        None
-    }
-}
-
-/// A shard's bytes as stored (maybe compressed), as a source opened them.
-pub(crate) enum Stored {
-    /// A local file: a path, a preloaded copy or a cache hit.
-    File(std::fs::File),
-    Stream(ShardStream),
-}
-
-impl Read for Stored {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Self::File(file) => file.read(buf),
-            Self::Stream(stream) => stream.read(buf),
-        }
-    }
-}
 
 /// A shard's tar bytes, decompressed: what the reader walks.
 pub(crate) enum TarStream {

@@ -17,7 +17,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::folder::{CreateError, CreateReport, bad_option, encode_jpeg};
+use crate::folder::encode_jpeg;
+use crate::produce::{CreateError, CreateReport, bad_option};
 use crate::produce::{ShardPlan, available_cores, key_width, write_samples};
 use crate::sample::Sample;
 

@@ -11,17 +11,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use actors::job::{
-    COORDINATOR_KIND, CancelRequest, CoordinatorMethod, FollowRequest, JobOutput, JobState,
-    JobStatus, MetricsRequest, RankView, RanksRequest, STOP_GRACE, StatusRequest,
+    COORDINATOR_KIND, CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest,
+    RankView, RanksRequest, STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
 
+use crate::commands::coordinator::call;
 use crate::commands::train::Terminal;
 use crate::config::Loaded;
 
-/// How long one call to a coordinator may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a follower waits for news in one call.
 const FOLLOW_WAIT: Duration = Duration::from_secs(2);
 
@@ -348,20 +347,6 @@ pub(crate) async fn find(client: &ClusterClient, name: &str) -> anyhow::Result<A
             names.join(", ")
         ),
     }
-}
-
-/// Calls method `M` of a job's coordinator.
-pub(crate) async fn call<M: CoordinatorMethod>(
-    actor: &ActorRef,
-    request: &M,
-) -> anyhow::Result<M::Reply> {
-    let payload = serde_json::to_vec(request).context("encoding a request")?;
-    let bytes = actor
-        .call(M::NAME, payload, CALL_TIMEOUT)
-        .await
-        .with_context(|| format!("asking the job's coordinator ({})", M::NAME))?;
-    serde_json::from_slice(&bytes)
-        .with_context(|| format!("the job's coordinator answered {} badly", M::NAME))
 }
 
 /// Runs `work` with a client of the running cluster.

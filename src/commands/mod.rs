@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod cluster;
+mod coordinator;
 pub mod demo;
 pub mod doctor;
 pub mod export;

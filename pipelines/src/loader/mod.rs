@@ -25,6 +25,7 @@ mod cursor;
 mod epoch;
 mod regroup;
 mod shuffle;
+mod stats;
 mod wire;
 mod worker;
 
@@ -33,8 +34,9 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 pub use batch::{Batch, Images, SampleId};
 pub use cursor::{RankCursor, WorkerCursor};
-pub use epoch::{EpochBatches, EpochStats, ReadingNow, ShardReading, WorkerPlacement};
+pub use epoch::{EpochBatches, WorkerPlacement};
 pub use regroup::{Regrouped, regroup};
+pub use stats::{EpochStats, ReadingNow, ShardReading};
 pub use wire::{FrameDecoder, FrameError, encode_frame};
 pub use worker::{EpochTally, WorkerMsg, WorkerRun};
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::{Batch, BufferPool, Images, SampleId};
 use super::cursor::WorkerCursor;
-use super::epoch::EpochStats;
+use super::stats::EpochStats;
 use super::worker::WorkerMsg;
 use super::{LoaderError, Transform};
 use crate::plan::{Rank, WorkerId};

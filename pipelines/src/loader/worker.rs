@@ -8,8 +8,8 @@ use std::thread;
 
 use super::batch::{Batch, BufferPool, SampleId};
 use super::cursor::WorkerCursor;
-use super::epoch::{EpochStats, ReadingNow};
 use super::shuffle::ShuffleBuffer;
+use super::stats::{EpochStats, ReadingNow};
 use super::{LoaderConfig, LoaderError, Transform};
 use crate::error::{ErrorPolicy, ShardError};
 use crate::plan::{Rank, SplitMix64, WorkItem, WorkerPlan, mix64};

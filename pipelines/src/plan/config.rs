@@ -2,7 +2,6 @@
 //! settings, their validation, and the errors a plan can end in.
 
 use super::hooks::HookError;
-use super::policy;
 use super::shards::PlanShard;
 use super::{Rank, WorkerId};
 
@@ -244,7 +243,7 @@ pub enum PlanError {
     },
     #[error(transparent)]
     Hook(#[from] HookError),
-    #[error("ranks run different numbers of batches ({}); choose a policy: join, drop or repeat", policy::list_batches(.batches))]
+    #[error("ranks run different numbers of batches ({}); choose a policy: join, drop or repeat", list_batches(.batches))]
     InconsistentBatches { batches: Vec<u64> },
     #[error(
         "cannot check batch consistency: {missing} shard(s) have no sample count: index the shards with `imgrun shards index SPEC -o manifest.json` and use that manifest (data.manifest, plan --manifest), or declare a count per shard (data.samples_per_shard, plan --samples-per-shard)"
@@ -301,6 +300,16 @@ pub(crate) fn validate(config: &PlanConfig) -> Result<(), PlanError> {
         }
         _ => Ok(()),
     }
+}
+
+/// `rank 0: 35, rank 1: 26, ...` for messages.
+pub(crate) fn list_batches(batches: &[u64]) -> String {
+    batches
+        .iter()
+        .enumerate()
+        .map(|(rank, n)| format!("rank {rank}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

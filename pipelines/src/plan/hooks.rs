@@ -9,7 +9,7 @@ use rhai::{AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, FuncArgs, 
 
 use super::rng::SplitMix64;
 use super::script_api::{
-    HookContext, ScriptRng, dynamic_to_slice, sandboxed_engine, slice_to_dynamic,
+    HookContext, HookLimits, ScriptRng, dynamic_to_slice, sandboxed_engine, slice_to_dynamic,
 };
 use super::shards::Slice;
 
@@ -60,37 +60,6 @@ impl HookName {
 impl fmt::Display for HookName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Limits every hook call runs under. Exceeding one fails the plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookLimits {
-    /// Rhai operations per hook call (an endless loop stops here).
-    pub max_operations: u64,
-    /// Nested function calls.
-    pub max_call_levels: usize,
-    /// Nesting of expressions (and, separately, inside functions).
-    pub max_expr_depth: usize,
-    /// String bytes in one value. Rhai adds up every string inside an array or map, so an
-    /// array of URLs counts all of them.
-    pub max_string_size: usize,
-    /// Array elements in one value (nested arrays included): must hold the shard list.
-    pub max_array_size: usize,
-    /// Object map properties in one value (nested maps included).
-    pub max_map_size: usize,
-}
-
-impl Default for HookLimits {
-    fn default() -> Self {
-        Self {
-            max_operations: 1_000_000,
-            max_call_levels: 32,
-            max_expr_depth: 64,
-            max_string_size: 16 << 20,
-            max_array_size: 1_000_000,
-            max_map_size: 1_000_000,
-        }
     }
 }
 

@@ -40,12 +40,13 @@ mod shards;
 use std::fmt;
 
 pub use config::{BatchPolicy, ClusterShape, PlanConfig, PlanError, PlanMode};
-pub use hooks::{HookError, HookLimits, HookName, HookSources, Hooks};
+pub use hooks::{HookError, HookName, HookSources, Hooks};
 pub use planner::Planner;
 pub(crate) use policy::round_robin;
 pub use policy::{Consistency, Plan, RankPlan, WorkerPlan};
 pub use render::render_plan;
 pub use rng::{SplitMix64, derive_seed, mix64};
+pub use script_api::HookLimits;
 pub use shards::{PlanShard, WorkItem};
 
 /// A training process's index in the world (`0..world_size`), numbered node by node.

@@ -370,16 +370,6 @@ pub(crate) fn round_robin(batches: &[u64], total: u64) -> Vec<u64> {
         .collect()
 }
 
-/// `rank 0: 35, rank 1: 26, ...` for messages.
-pub(crate) fn list_batches(batches: &[u64]) -> String {
-    batches
-        .iter()
-        .enumerate()
-        .map(|(rank, n)| format!("rank {rank}: {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

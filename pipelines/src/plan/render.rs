@@ -2,8 +2,9 @@
 
 use std::fmt::Write;
 
+use super::config::list_batches;
 use super::config::{BatchPolicy, PlanMode};
-use super::policy::{Consistency, Plan, list_batches};
+use super::policy::{Consistency, Plan};
 use super::shards::WorkItem;
 
 /// A plan as text: the settings, then per rank and worker its shards, samples and

@@ -1,5 +1,6 @@
 //! What hook scripts see: the sandboxed engine and its packages, `ctx` with its seeded
-//! generator `ctx.rng`, the `split_part` helper, and shards as Rhai values.
+//! generator `ctx.rng`, the `split_part` helper, and shards as Rhai values; and the
+//! [`HookLimits`] it runs under. Below `hooks.rs`, which loads and calls the scripts.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,9 +12,39 @@ use rhai::packages::{
 };
 use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, Map};
 
-use super::hooks::HookLimits;
 use super::rng::SplitMix64;
 use super::shards::{Slice, pick_part};
+
+/// Limits every hook call runs under. Exceeding one fails the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookLimits {
+    /// Rhai operations per hook call (an endless loop stops here).
+    pub max_operations: u64,
+    /// Nested function calls.
+    pub max_call_levels: usize,
+    /// Nesting of expressions (and, separately, inside functions).
+    pub max_expr_depth: usize,
+    /// String bytes in one value. Rhai adds up every string inside an array or map, so an
+    /// array of URLs counts all of them.
+    pub max_string_size: usize,
+    /// Array elements in one value (nested arrays included): must hold the shard list.
+    pub max_array_size: usize,
+    /// Object map properties in one value (nested maps included).
+    pub max_map_size: usize,
+}
+
+impl Default for HookLimits {
+    fn default() -> Self {
+        Self {
+            max_operations: 1_000_000,
+            max_call_levels: 32,
+            max_expr_depth: 64,
+            max_string_size: 16 << 20,
+            max_array_size: 1_000_000,
+            max_map_size: 1_000_000,
+        }
+    }
+}
 
 /// What a hook sees as `ctx`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use runtime::{ActorLabel, ActorRef, ClusterClient, SpawnOptions, Strategy};
 
 use super::render::Terminal;
 use super::{JobOptions, StopSignals};
-use crate::commands::jobs::call;
+use crate::commands::coordinator::call;
 use crate::config::Config;
 
 /// How long the command waits for news in one call to the coordinator.

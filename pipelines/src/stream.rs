@@ -1,0 +1,102 @@
+//! What every shard source shares, and nothing else: the stream a source opens
+//! ([`ShardStream`], [`Stored`]), the [`ShardSource`] trait, and the [`SourceOptions`]
+//! every source reads (with the cache's [`CacheOptions`]). The leaf below `source.rs`,
+//! `http.rs`, `pipe.rs` and `cache.rs`.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::ShardError;
+
+/// Default read buffer for shard streams (the Python library's `GOPEN_BUFFER`).
+pub const DEFAULT_READ_BUFFER: usize = 1 << 20;
+
+/// A readable shard: the raw (possibly compressed) bytes of one tar file.
+pub type ShardStream = Box<dyn Read + Send>;
+
+/// Settings shared by all sources.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// Size of the read buffer in front of a compressed stream's decoder, in bytes. An
+    /// uncompressed tar needs none: the reader reads its headers in blocks of its own
+    /// and each member's data straight into the sample, one copy from the source.
+    pub read_buffer: usize,
+    /// Connect and read timeout for HTTP.
+    pub http_timeout: Duration,
+    /// How many times an HTTP request is tried when the connection fails.
+    pub http_attempts: u32,
+    /// Pause before the first retry; doubled after each failure.
+    pub http_retry_delay: Duration,
+    /// A `pipe:` command that sends no output for this long (or closes its output and
+    /// does not exit within it) fails its shard, and its process group is killed;
+    /// `None` waits forever.
+    pub pipe_idle_timeout: Option<Duration>,
+    /// A local cache for `http(s)://` and `pipe:` shards; `None` reads them remotely
+    /// every time.
+    pub cache: Option<CacheOptions>,
+    /// The folder of preloaded copies (`data.preload_dir`): a shard with a copy there,
+    /// made from its URL, is read from it.
+    pub preloaded: Option<std::path::PathBuf>,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        Self {
+            read_buffer: DEFAULT_READ_BUFFER,
+            http_timeout: Duration::from_secs(30),
+            http_attempts: 5,
+            http_retry_delay: Duration::from_millis(200),
+            pipe_idle_timeout: Some(Duration::from_secs(60)),
+            cache: None,
+            preloaded: None,
+        }
+    }
+}
+
+/// One way of opening shards.
+pub trait ShardSource: Send + Sync + fmt::Debug {
+    /// Whether this source opens `url`.
+    fn handles(&self, url: &str) -> bool;
+    /// Opens `url` for streaming. The bytes are returned as stored (maybe compressed).
+    fn open(&self, url: &str) -> Result<ShardStream, ShardError>;
+    /// Opens `url` as [`open`](Self::open) does, with the length the stream will have
+    /// when the source declares it up front (an HTTP `Content-Length`). The cache keeps
+    /// a copy only when the bytes read match it.
+    fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
+        Ok((self.open(url)?, None))
+    }
+
+    /// Opens `url` as a local file, where this source reads local files: the reader then
+    /// reads member data from it straight into samples. `None` for any other source.
+    fn open_file(&self, _url: &str) -> Option<Result<std::fs::File, ShardError>> {
+        None
+    }
+}
+
+/// A shard's bytes as stored (maybe compressed), as a source opened them.
+pub(crate) enum Stored {
+    /// A local file: a path, a preloaded copy or a cache hit.
+    File(std::fs::File),
+    Stream(ShardStream),
+}
+
+impl Read for Stored {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::File(file) => file.read(buf),
+            Self::Stream(stream) => stream.read(buf),
+        }
+    }
+}
+
+/// Where remote shards are cached, and how much may be kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// The cache folder, created when missing. Threads and processes may share it.
+    pub dir: PathBuf,
+    /// Most bytes of complete entries kept; the least recently used go first. Fills in
+    /// progress come on top (one partial shard per reading thread).
+    pub max_bytes: u64,
+}
