@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use runtime::channel::ChannelSecret;
-use runtime::{ActorLabel, ActorRef, ClusterClient, Resources, SpawnOptions, Strategy};
+use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
 
 use super::JobError;
 use super::calls::{Rank, call_all, to_json};
@@ -19,19 +19,142 @@ use crate::train::{JobSpec, LoadersRequest};
 /// thread that mostly waits).
 const CPU_MILLIS_PER_WORKER: u64 = 1000;
 
+/// Where the job's loader actors run, how many loader workers each runs and how many
+/// CPUs it reserves: the decision [`start`] carries out, from the whole CPUs each live
+/// node has free (after what is reserved there, the job's trainers included).
+///
+/// - The ranks' `pairs` loader workers (every rank's every worker) are split as evenly as
+///   they go over `wanted` actors (`data.loader_actors`; the caller passes one per rank
+///   for 0), never more actors than workers, each reserving a CPU per worker.
+/// - Largest first, each actor goes to the node with the most CPUs still free (ties: the
+///   lower node id).
+/// - Where some actor does not fit, the workers are split over one more actor, and so on
+///   down to one worker an actor.
+/// - Where even that does not fit (fewer CPUs free than workers), each node with a CPU
+///   free runs one actor that reserves all of them, the workers dealt out in proportion
+///   to those CPUs: the workers share the CPUs there are.
+///
+/// The number of loader workers, on which the plan depends, never changes. Only a
+/// cluster without a free CPU has no placement.
+pub(crate) fn size_loaders(
+    free: &[(NodeId, u32)],
+    pairs: u32,
+    wanted: u32,
+) -> Result<Vec<LoaderPlace>, NoRoom> {
+    let pairs = pairs.max(1);
+    for count in wanted.clamp(1, pairs)..=pairs {
+        let loads = (0..count).map(|k| pairs / count + u32::from(k < pairs % count));
+        let mut left: Vec<(NodeId, u32)> = free.to_vec();
+        let mut placed = Vec::with_capacity(count as usize);
+        for workers in loads {
+            let roomiest = left
+                .iter_mut()
+                .max_by_key(|(node, cpus)| (*cpus, std::cmp::Reverse(*node)));
+            match roomiest {
+                Some((node, cpus)) if *cpus >= workers => {
+                    *cpus -= workers;
+                    placed.push(LoaderPlace {
+                        node: *node,
+                        workers,
+                        cpus: workers,
+                    });
+                }
+                _ => break,
+            }
+        }
+        if placed.len() == count as usize {
+            return Ok(placed);
+        }
+    }
+    // Fewer CPUs than workers: every free CPU, shared.
+    let mut nodes: Vec<(NodeId, u32)> = free.iter().copied().filter(|(_, c)| *c > 0).collect();
+    nodes.sort_by_key(|(node, cpus)| (std::cmp::Reverse(*cpus), *node));
+    nodes.truncate(pairs as usize);
+    let total: u64 = nodes.iter().map(|(_, cpus)| u64::from(*cpus)).sum();
+    if total == 0 {
+        return Err(NoRoom { pairs });
+    }
+    // Each node's share of the workers by its CPUs (at least one), the rest to the
+    // roomiest first.
+    let mut placed: Vec<LoaderPlace> = nodes
+        .iter()
+        .map(|(node, cpus)| LoaderPlace {
+            node: *node,
+            workers: u32::try_from(u64::from(pairs) * u64::from(*cpus) / total)
+                .unwrap_or(pairs)
+                .max(1),
+            cpus: *cpus,
+        })
+        .collect();
+    let mut dealt: u32 = placed.iter().map(|p| p.workers).sum();
+    let actors = placed.len();
+    let mut k = 0;
+    while dealt < pairs {
+        placed[k % actors].workers += 1;
+        dealt += 1;
+        k += 1;
+    }
+    while dealt > pairs {
+        // Only the minimum of one each can overshoot; take back from the largest.
+        if let Some(largest) = placed.iter_mut().max_by_key(|p| p.workers) {
+            largest.workers -= 1;
+        }
+        dealt -= 1;
+    }
+    Ok(placed)
+}
+
+/// One loader actor of [`size_loaders`]: its node, the loader workers it runs, the CPUs
+/// it reserves (as many as its workers, unless the cluster has fewer free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoaderPlace {
+    pub(crate) node: NodeId,
+    pub(crate) workers: u32,
+    pub(crate) cpus: u32,
+}
+
+/// No placement of the loader actors exists: no live node has a CPU free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NoRoom {
+    pub(crate) pairs: u32,
+}
+
 /// Which loader actor runs each (rank, worker): dealt out in turn over the ranks' workers,
-/// so that each actor serves as many ranks as it can and each rank several actors.
-pub(crate) fn deal(world: u32, workers: u32, actors: u32) -> Vec<Vec<usize>> {
-    let actors = actors.max(1) as usize;
+/// so that each actor serves as many ranks as it can and each rank several actors; an
+/// actor that runs its share (`loads`) is passed over.
+pub(crate) fn deal(world: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
     let mut by_rank = vec![Vec::with_capacity(workers as usize); world as usize];
+    let mut left = loads.to_vec();
     let mut next = 0;
     for _ in 0..workers {
         for rank in by_rank.iter_mut() {
-            rank.push(next % actors);
-            next += 1;
+            // The loads add up to the workers: some actor has room.
+            for _ in 0..left.len() {
+                let k = next % left.len().max(1);
+                next += 1;
+                if left[k] > 0 {
+                    left[k] -= 1;
+                    rank.push(k);
+                    break;
+                }
+            }
         }
     }
     by_rank
+}
+
+/// Whole CPUs free on each live node, from the cluster's status.
+fn free_cpus(status: &runtime::ClusterStatus) -> Vec<(NodeId, u32)> {
+    status
+        .nodes
+        .iter()
+        .filter(|node| node.state.is_live())
+        .map(|node| {
+            let used = node.used.get("cpu").copied().unwrap_or(0);
+            let free = (u64::from(node.cpus) * 1000).saturating_sub(used) / CPU_MILLIS_PER_WORKER;
+            (node.id, u32::try_from(free).unwrap_or(u32::MAX))
+        })
+        .collect()
 }
 
 /// Spawns the job's loader actors, asks each for its data channel's address, and tells
@@ -48,17 +171,32 @@ pub(crate) async fn start(
     let world = ranks.len() as u32;
     let workers = job.data.loader_workers.max(1);
     let pairs = world * workers;
-    let count = match job.data.loader_actors {
+    let wanted = match job.data.loader_actors {
         0 => world,
         n => n,
+    };
+    let status = client
+        .status()
+        .await
+        .map_err(JobError::cluster("asking for the cluster's free CPUs"))?;
+    let free = free_cpus(&status);
+    let placed = size_loaders(&free, pairs, wanted).map_err(|room| {
+        JobError::Refused(format!(
+            "data.loaders = \"remote\": no node has a CPU free for the {} loader workers of \
+             {world} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
+            room.pairs
+        ))
+    })?;
+    let cpus: u32 = placed.iter().map(|p| p.cpus).sum();
+    if cpus < pairs {
+        output.info(format!(
+            "loaders: the cluster has {cpus} CPU(s) free for {pairs} loader workers; they \
+             share them (add a node or lower data.loader_workers for a CPU each)"
+        ));
     }
-    .min(pairs)
-    .max(1);
-    let dealt = deal(world, workers, count);
-    let mut load = vec![0u32; count as usize];
-    for actor in dealt.iter().flatten() {
-        load[*actor] += 1;
-    }
+    let load: Vec<u32> = placed.iter().map(|p| p.workers).collect();
+    let count = load.len() as u32;
+    let dealt = deal(world, workers, &load);
     let secret = ChannelSecret::random();
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -72,8 +210,10 @@ pub(crate) async fn start(
         let first_rank = dealt.iter().position(|r| r.contains(&k)).unwrap_or(0) as u32;
         let options = SpawnOptions::new(LOADER_KIND)
             .args(to_json(&init))
-            .resources(Resources::new().with_cpu_millis(CPU_MILLIS_PER_WORKER * u64::from(served)))
-            .strategy(Strategy::Spread)
+            .resources(
+                Resources::new().with_cpu_millis(CPU_MILLIS_PER_WORKER * u64::from(placed[k].cpus)),
+            )
+            .strategy(Strategy::Node(placed[k].node))
             .process_group(format!("load-{}-{serial}-{k}", std::process::id()))
             .label(ActorLabel::new(job_name, first_rank));
         let client = client.clone();
@@ -92,9 +232,9 @@ pub(crate) async fn start(
             Err(error) => {
                 failure.get_or_insert_with(|| {
                     format!(
-                        "loader actor {k} ({} loader workers, {} CPUs): starting it: {error}",
-                        load[k],
-                        load[k] as u64 * CPU_MILLIS_PER_WORKER / 1000
+                        "loader actor {k} ({} loader workers, {} CPUs, node {}): starting it: \
+                         {error}",
+                        load[k], placed[k].cpus, placed[k].node
                     )
                 });
             }
@@ -151,21 +291,82 @@ mod tests {
 
     #[test]
     fn workers_are_dealt_out_over_ranks_first() {
-        assert_eq!(deal(2, 2, 2), vec![vec![0, 0], vec![1, 1]]);
-        assert_eq!(deal(2, 2, 4), vec![vec![0, 2], vec![1, 3]]);
-        assert_eq!(deal(3, 2, 1), vec![vec![0, 0], vec![0, 0], vec![0, 0]]);
-        assert_eq!(deal(1, 4, 2), vec![vec![0, 1, 0, 1]]);
+        assert_eq!(deal(2, 2, &[2, 2]), vec![vec![0, 0], vec![1, 1]]);
+        assert_eq!(deal(2, 2, &[1, 1, 1, 1]), vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(deal(3, 2, &[6]), vec![vec![0, 0], vec![0, 0], vec![0, 0]]);
+        assert_eq!(deal(1, 4, &[2, 2]), vec![vec![0, 1, 0, 1]]);
+        // Uneven shares: an actor that runs its share is passed over.
+        assert_eq!(deal(2, 2, &[3, 1]), vec![vec![0, 0], vec![1, 0]]);
         for (world, workers, actors) in [(4, 3, 5), (1, 1, 1), (8, 4, 3)] {
-            let dealt = deal(world, workers, actors);
+            let pairs = world * workers;
+            let loads: Vec<u32> = (0..actors)
+                .map(|k| pairs / actors + u32::from(k < pairs % actors))
+                .collect();
+            let dealt = deal(world, workers, &loads);
             let mut load = vec![0; actors as usize];
             for a in dealt.iter().flatten() {
                 load[*a] += 1;
             }
-            let (lo, hi) = (load.iter().min(), load.iter().max());
-            assert!(
-                hi.zip(lo).is_some_and(|(hi, lo)| hi - lo <= 1),
-                "{world} {workers} {actors}: {load:?}"
-            );
+            assert_eq!(load, loads, "{world} {workers} {actors}");
+        }
+    }
+
+    #[test]
+    fn loader_actors_are_sized_to_the_free_cpus_without_changing_the_workers() {
+        let n = |id, cpus| (NodeId(id), cpus);
+        // (free CPUs by node, loader workers, actors wanted, (node, workers, CPUs) each)
+        let cases: &[(&[(NodeId, u32)], u32, u32, Option<&[(u64, u32, u32)]>)] = &[
+            // Room as asked: one actor per rank, spread, a CPU a worker.
+            (&[n(1, 8), n(2, 8)], 8, 2, Some(&[(1, 4, 4), (2, 4, 4)])),
+            // Actors of 2 do not both fit: three actors (2, 1, 1).
+            (
+                &[n(1, 1), n(2, 1), n(3, 2)],
+                4,
+                2,
+                Some(&[(3, 2, 2), (1, 1, 1), (2, 1, 1)]),
+            ),
+            // Actors of 3 fit on no node of 2: three of 2 do.
+            (
+                &[n(1, 2), n(2, 2), n(3, 2), n(4, 2)],
+                6,
+                2,
+                Some(&[(1, 2, 2), (2, 2, 2), (3, 2, 2)]),
+            ),
+            // Never more actors than workers; a node takes several actors.
+            (&[n(1, 16)], 3, 8, Some(&[(1, 1, 1), (1, 1, 1), (1, 1, 1)])),
+            // Three nodes of 2 CPUs, 2 CPU trainers holding their nodes' CPUs, 4 workers
+            // a rank (the defaults): the 8 workers share the 2 CPUs of the third node.
+            (&[n(1, 0), n(2, 0), n(3, 2)], 8, 2, Some(&[(3, 8, 2)])),
+            // Fewer CPUs than workers on several nodes: shares by CPUs, at least one.
+            (&[n(1, 3), n(2, 1)], 8, 2, Some(&[(1, 6, 3), (2, 2, 1)])),
+            (
+                &[n(1, 1), n(2, 1), n(3, 1)],
+                4,
+                4,
+                Some(&[(1, 2, 1), (2, 1, 1), (3, 1, 1)]),
+            ),
+            // No CPU free anywhere: no placement.
+            (&[n(1, 0), n(2, 0)], 4, 1, None),
+            (&[], 4, 1, None),
+        ];
+        for (free, pairs, wanted, want) in cases {
+            let got = size_loaders(free, *pairs, *wanted);
+            match want {
+                Some(want) => {
+                    let want: Vec<LoaderPlace> = want
+                        .iter()
+                        .map(|&(node, workers, cpus)| LoaderPlace {
+                            node: NodeId(node),
+                            workers,
+                            cpus,
+                        })
+                        .collect();
+                    assert_eq!(got, Ok(want), "{free:?} {pairs} {wanted}");
+                    let served: u32 = got.iter().flatten().map(|p| p.workers).sum();
+                    assert_eq!(served, *pairs, "every worker runs somewhere");
+                }
+                None => assert!(got.is_err(), "{free:?} {pairs} {wanted}: {got:?}"),
+            }
         }
     }
 }
