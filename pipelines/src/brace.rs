@@ -365,14 +365,15 @@ fn parse_range(spec: &str, inner: &[char]) -> Result<Option<Range>, BraceError> 
         }));
     }
     let (mut l, mut r) = (left.chars(), right.chars());
-    if let (Some(a), None, Some(b), None) = (l.next(), l.next(), r.next(), r.next()) {
-        if a.is_ascii_alphabetic() && b.is_ascii_alphabetic() {
-            return Ok(Some(Range::Letters {
-                from: a as u8,
-                to: b as u8,
-                step,
-            }));
-        }
+    if let (Some(a), None, Some(b), None) = (l.next(), l.next(), r.next(), r.next())
+        && a.is_ascii_alphabetic()
+        && b.is_ascii_alphabetic()
+    {
+        return Ok(Some(Range::Letters {
+            from: a as u8,
+            to: b as u8,
+            step,
+        }));
     }
     Ok(None)
 }

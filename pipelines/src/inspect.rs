@@ -140,14 +140,14 @@ fn check_sample(sample: &Sample, checks: &VerifyChecks, report: &mut VerifyRepor
                     escaped(name.as_bytes())
                 )));
             }
-        } else if INT_EXTENSIONS.contains(&handler) {
-            if let Err(e) = decode_int_field(bytes) {
-                report.problems.push(problem(format!(
-                    "field `{}`: {}",
-                    escaped(name.as_bytes()),
-                    escaped(e.as_bytes())
-                )));
-            }
+        } else if INT_EXTENSIONS.contains(&handler)
+            && let Err(e) = decode_int_field(bytes)
+        {
+            report.problems.push(problem(format!(
+                "field `{}`: {}",
+                escaped(name.as_bytes()),
+                escaped(e.as_bytes())
+            )));
         }
     }
     if let Some(label) = checks.label.as_deref() {

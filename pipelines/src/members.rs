@@ -160,10 +160,10 @@ impl<R: TarRead> Members<R> {
             let recognized = header.is_ustar() || header.is_gnu();
             let is_extension = matches!(kind, b'L' | b'K' | b'x' | b'g');
             let mut size = header.size().map_err(fail)?;
-            if let Some(records) = pax.as_deref().filter(|_| !is_extension) {
-                if let Some(pax_size) = pax_number(records, b"size") {
-                    size = pax_size;
-                }
+            if let Some(records) = pax.as_deref().filter(|_| !is_extension)
+                && let Some(pax_size) = pax_number(records, b"size")
+            {
+                size = pax_size;
             }
             let padded = size
                 .checked_next_multiple_of(BLOCK as u64)

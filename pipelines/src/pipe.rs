@@ -117,11 +117,11 @@ impl Read for PipeStream {
         let Some(out) = self.stdout.as_mut() else {
             return Ok(0);
         };
-        if let Some(limit) = self.idle_timeout {
-            if !readable_within(out, limit)? {
-                let status = format!("no output for {limit:?} (the pipe idle timeout)");
-                return Err(self.fail(status));
-            }
+        if let Some(limit) = self.idle_timeout
+            && !readable_within(out, limit)?
+        {
+            let status = format!("no output for {limit:?} (the pipe idle timeout)");
+            return Err(self.fail(status));
         }
         let n = out.read(buf)?;
         if n == 0 && !buf.is_empty() {

@@ -330,10 +330,10 @@ fn parse(args: &[String]) -> Result<Options> {
 
 /// A section by name, number (1-5) or a prefix of its name.
 fn section_named(name: &str) -> Result<Section> {
-    if let Ok(number) = name.parse::<usize>() {
-        if let Some((section, _)) = number.checked_sub(1).and_then(|i| SECTIONS.get(i)) {
-            return Ok(*section);
-        }
+    if let Ok(number) = name.parse::<usize>()
+        && let Some((section, _)) = number.checked_sub(1).and_then(|i| SECTIONS.get(i))
+    {
+        return Ok(*section);
     }
     let matches: Vec<Section> = SECTIONS
         .iter()

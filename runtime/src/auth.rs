@@ -60,7 +60,7 @@ pub(crate) fn encode_hex(bytes: &[u8]) -> String {
 /// Hex of either case; `None` for an odd length or a character that is not a hex digit.
 pub(crate) fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     // `from_str_radix` alone would take a sign.
-    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..hex.len())

@@ -179,10 +179,10 @@ impl Head {
             )
         };
         let ticking = tokio::spawn(run_ticker(shared.clone()).instrument(span));
-        if let Some(socket) = beat_socket {
-            if let Err(error) = beats::spawn(socket, Arc::downgrade(&shared)) {
-                warn!(%error, "cannot start the heartbeat thread; its port answers nothing");
-            }
+        if let Some(socket) = beat_socket
+            && let Err(error) = beats::spawn(socket, Arc::downgrade(&shared))
+        {
+            warn!(%error, "cannot start the heartbeat thread; its port answers nothing");
         }
         shared
             .life

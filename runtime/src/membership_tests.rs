@@ -544,7 +544,7 @@ impl SplitMix {
 
     /// A heartbeat gap of 1..=3999 ms: mostly on time, sometimes too late.
     fn gap(&mut self) -> u64 {
-        if self.next() % 8 == 0 {
+        if self.next().is_multiple_of(8) {
             3000 + self.next() % 1000
         } else {
             1 + self.next() % 2999

@@ -269,10 +269,10 @@ impl Shared {
             &mut *self.session.lock().unwrap_or_else(PoisonError::into_inner),
             session,
         );
-        if previous.node_id != session.node_id {
-            if let Err(error) = self.write_record() {
-                warn!(%error, "cannot update the node record");
-            }
+        if previous.node_id != session.node_id
+            && let Err(error) = self.write_record()
+        {
+            warn!(%error, "cannot update the node record");
         }
     }
 

@@ -314,8 +314,10 @@ mod tests {
     #[test]
     fn loader_actors_are_sized_to_the_free_cpus_without_changing_the_workers() {
         let n = |id, cpus| (NodeId(id), cpus);
-        // (free CPUs by node, loader workers, actors wanted, (node, workers, CPUs) each)
-        let cases: &[(&[(NodeId, u32)], u32, u32, Option<&[(u64, u32, u32)]>)] = &[
+        /// Free CPUs by node, loader workers, actors wanted; then (node, workers, CPUs)
+        /// of each actor, or none for no placement.
+        type Case<'a> = (&'a [(NodeId, u32)], u32, u32, Option<&'a [(u64, u32, u32)]>);
+        let cases: &[Case] = &[
             // Room as asked: one actor per rank, spread, a CPU a worker.
             (&[n(1, 8), n(2, 8)], 8, 2, Some(&[(1, 4, 4), (2, 4, 4)])),
             // Actors of 2 do not both fit: three actors (2, 1, 1).

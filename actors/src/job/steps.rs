@@ -647,7 +647,7 @@ pub(super) async fn train_loop(
             // noticed between calls.
             let per_step = elapsed / first.steps.len().max(1) as f64;
             chunk = ((1.0 / per_step.max(1e-4)) as u64).clamp(1, 1000);
-            let due = |every: u64| !done && every > 0 && global_step % every == 0;
+            let due = |every: u64| !done && every > 0 && global_step.is_multiple_of(every);
             if due(train.eval_every_steps) && !job.data.val.is_empty() {
                 let elapsed_s = started.elapsed().as_secs_f64();
                 if let Some(top) = run.evaluate(epoch, global_step, metrics, elapsed_s).await? {

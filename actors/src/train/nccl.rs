@@ -627,11 +627,11 @@ mod tests {
 
     #[test]
     fn library_loads_and_makes_distinct_ids() {
-        if !built_with_cuda() {
-            if let Err(error) = library() {
-                assert!(error.to_string().contains("libnccl"), "{error}");
-                return;
-            }
+        if !built_with_cuda()
+            && let Err(error) = library()
+        {
+            assert!(error.to_string().contains("libnccl"), "{error}");
+            return;
         }
         let lib = match library() {
             Ok(lib) => lib,

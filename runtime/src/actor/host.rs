@@ -40,10 +40,10 @@ impl ActixThread {
             .name("imgrun-actix".into())
             .spawn(move || {
                 let runner = actix::System::new();
-                if sender.send(actix::System::current()).is_ok() {
-                    if let Err(error) = runner.run() {
-                        warn!(%error, "actix system ended with an error");
-                    }
+                if sender.send(actix::System::current()).is_ok()
+                    && let Err(error) = runner.run()
+                {
+                    warn!(%error, "actix system ended with an error");
                 }
             })?;
         let system = receiver
@@ -117,10 +117,8 @@ impl Shared {
             *slot = Some(reason.clone());
             true
         });
-        if first {
-            if let Some(sink) = self.on_exit.upgrade() {
-                sink.exited(self, &reason);
-            }
+        if first && let Some(sink) = self.on_exit.upgrade() {
+            sink.exited(self, &reason);
         }
         first
     }
@@ -234,10 +232,10 @@ impl actix::Actor for Host {
         let _entered = self.span.clone().entered();
         // Drop the user's actor here, before the stop is reported, so that what it holds
         // (GPU memory) is released by then.
-        if let Some(actor) = self.actor.take() {
-            if catch_unwind(AssertUnwindSafe(move || drop(actor))).is_err() {
-                warn!("actor panicked while being dropped");
-            }
+        if let Some(actor) = self.actor.take()
+            && catch_unwind(AssertUnwindSafe(move || drop(actor))).is_err()
+        {
+            warn!("actor panicked while being dropped");
         }
         self.shared.finish(ExitReason::Stopped);
         debug!("actor ended");
@@ -284,10 +282,10 @@ impl actix::Handler<Mail> for Host {
                 }
             }
             Mail::Stop => {
-                if let Some(actor) = self.actor.as_deref_mut() {
-                    if catch_unwind(AssertUnwindSafe(|| actor.stopping())).is_err() {
-                        warn!("actor panicked in stopping");
-                    }
+                if let Some(actor) = self.actor.as_deref_mut()
+                    && catch_unwind(AssertUnwindSafe(|| actor.stopping())).is_err()
+                {
+                    warn!("actor panicked in stopping");
                 }
                 actix::ActorContext::stop(ctx);
             }

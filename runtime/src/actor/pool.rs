@@ -479,10 +479,10 @@ impl PoolInner {
 
     /// An actor of a live worker ended; retires the worker if it was the last.
     fn ended(&self, state: &mut PoolState, actor: ActorId, reason: ExitReason) {
-        if let Some(group) = state.end(actor, reason, &self.exits) {
-            if state.is_empty(&group) {
-                state.retire(&group, Control::Retire);
-            }
+        if let Some(group) = state.end(actor, reason, &self.exits)
+            && state.is_empty(&group)
+        {
+            state.retire(&group, Control::Retire);
         }
     }
 

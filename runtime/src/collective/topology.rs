@@ -88,7 +88,7 @@ impl Topology {
         match self {
             Topology::Complete => 1,
             Topology::Ring if n <= 2 => 1,
-            Topology::Ring if n % 2 == 0 => 2,
+            Topology::Ring if n.is_multiple_of(2) => 2,
             Topology::Ring => n as u64,
             Topology::OnePeerExponential => u64::from(bits(n)).max(1),
             Topology::AlternatingExpRing => {
@@ -168,7 +168,7 @@ fn ring_pairs(n: usize, step: u64) -> Vec<Vec<u32>> {
         return vec![(0..n as u32).collect()];
     }
     let at = |i: usize| (i % n) as u32;
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         let offset = (step % 2) as usize;
         (0..n / 2)
             .map(|i| vec![at(offset + 2 * i), at(offset + 2 * i + 1)])
@@ -204,7 +204,7 @@ fn exponential_pairs(n: usize, step: u64) -> Vec<Vec<u32>> {
 
 fn alternating(nodes: &[u32], step: u64) -> Vec<Vec<u32>> {
     let machines = node_ranks(nodes);
-    if machines.len() <= 1 || step % 2 == 0 {
+    if machines.len() <= 1 || step.is_multiple_of(2) {
         return machines;
     }
     exponential_pairs(machines.len(), step / 2)

@@ -104,7 +104,7 @@ pub(super) fn view(storage: &[u8], reference: &TensorRef) -> Result<Tensor, Stri
         .into_iter()
         .find(|entry| entry.2 == reference.storage_type)
         .ok_or_else(|| format!("{} is not supported", reference.storage_type))?;
-    if storage.len() % width != 0 {
+    if !storage.len().is_multiple_of(width) {
         return Err(format!(
             "a {} of {} bytes",
             reference.storage_type,
