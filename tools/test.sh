@@ -5,7 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's name and the second it began, for the time table at the end.
+steps=()
+step() {
+    steps+=("$SECONDS $*")
+    printf '\n== %s\n' "$*"
+}
+
+# How long each step took, longest first, and the whole run.
+times() {
+    local i n=${#steps[@]} start next name
+    printf '\n== time taken by each part\n'
+    for ((i = 0; i < n; i++)); do
+        start=${steps[i]%% *}
+        name=${steps[i]#* }
+        if ((i + 1 < n)); then next=${steps[i + 1]%% *}; else next=$SECONDS; fi
+        printf '%6d s  %s\n' $((next - start)) "$name"
+    done | sort -rn
+    printf '%6d s  in all\n' "$SECONDS"
+}
 
 # A fresh clone builds everything once: incremental caches would only double the disk the
 # build takes. A developer rerunning the suite can set CARGO_INCREMENTAL=1.
@@ -19,6 +37,7 @@ IMGRUN_SKIP_LOG=$(mktemp)
 export IMGRUN_SKIP_LOG
 skipped() {
     local status=$? n
+    times
     n=$(grep -c '^SKIPPED ' "$IMGRUN_SKIP_LOG" || true)
     step "skipped tests"
     if [ "$n" = 1 ]; then echo "1 test skipped"; else echo "$n tests skipped"; fi
