@@ -84,6 +84,12 @@ fn assert_trained_together(finished: &[Finished]) {
             "process {rank}:\n{}",
             done.describe()
         );
+        // A normal end prints nothing that looks like a problem.
+        assert!(
+            !done.stderr.contains(" WARN ") && !done.stderr.contains(" ERROR "),
+            "process {rank} warned at a normal end:\n{}",
+            done.describe()
+        );
     }
     let leader = &finished[0].stdout;
     assert!(
@@ -121,6 +127,72 @@ fn processes_started_as_torchrun_starts_them_train_one_job() {
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "rendezvous files left behind: {left:?}");
+}
+
+/// A port free on loopback now for both TCP (torchrun's store) and UDP (the head's QUIC).
+fn free_tcp_and_udp_port() -> u16 {
+    for _ in 0..100 {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a TCP port");
+        let port = tcp.local_addr().expect("its address").port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both TCP and UDP in 100 tries");
+}
+
+/// The README's torchrun line (`torchrun --nproc-per-node 2 --no-python
+/// target/release/imgrun train --config job.toml`) under the real torchrun of the torch
+/// venv that `make test` puts on `PATH`, with a port of its own: both processes end well,
+/// the job trains two ranks with identical replicas, and nothing warns.
+#[test]
+fn the_readme_torchrun_line_trains_under_the_real_torchrun() {
+    let Some(torchrun) = common::which("torchrun") else {
+        return common::skip::skip_or_fail(
+            "torchrun on PATH (the torch venv's: make test puts it there; by hand, eval \
+             \"$(bash tools/libtorch.sh)\")",
+        );
+    };
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let job = format!(
+        "[data]\ntrain = {:?}\nval = {:?}\nloader_workers = 1\nshuffle_buffer = 100\n\
+         image_size = 32\neval_size = 32\nresize_ratio = 1.0\ncrop_scale = [1.0, 1.0]\n\
+         flip = false\n\n[model]\nname = \"small_cnn\"\nwidth = 8\n\n[train]\nepochs = 1\n\
+         batch_size = 16\nlr = 0.4\nreference_batch = 32\nwarmup_epochs = 0.0\n\
+         eval_every_epochs = 0\n",
+        data.train, data.val
+    );
+    std::fs::write(root.path().join("job.toml"), job).expect("write job.toml");
+    let port = free_tcp_and_udp_port().to_string();
+    let mut command = Command::new(torchrun);
+    command
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+            "--no-python",
+        ])
+        .arg(env!("CARGO_BIN_EXE_imgrun"))
+        .args(["train", "--config", "job.toml", "--no-plot"])
+        .env_remove("IMGRUN_LOG")
+        .env("IMGRUN_STATE_DIR", root.path().join("state"))
+        .env("IMGRUN_LAUNCH__TIMEOUT_SECS", "60");
+    let done = Job::spawn(command, root.path()).finish(JOB_LIMIT);
+    assert!(done.status.success(), "{}", done.describe());
+    for want in [
+        "launch: all 2 processes joined",
+        "replicas: identical on all 2 ranks",
+        "the job's head stopped this node",
+    ] {
+        assert!(done.stdout.contains(want), "{want:?}:\n{}", done.describe());
+    }
+    assert!(
+        !done.stderr.contains(" WARN ") && !done.stderr.contains(" ERROR "),
+        "a normal end warned:\n{}",
+        done.describe()
+    );
 }
 
 #[test]

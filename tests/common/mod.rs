@@ -390,3 +390,12 @@ impl Drop for Netns {
         }
     }
 }
+
+/// The first `program` on `PATH`, as a shell would find it.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|path| path.is_file())
+}

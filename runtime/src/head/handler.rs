@@ -11,7 +11,9 @@
 //! Stopping the cluster is for the head's machine (`client`, whose key only the head's
 //! state folder holds): a node's certificate lives on a worker, which should not be able
 //! to take the whole cluster down. Every refusal is a [`Message::Refused`]; refusals of
-//! peers without a certificate are logged as warnings with their address.
+//! peers without a certificate are logged as warnings with their address. While the head
+//! stops, it refuses every request but a node's report of an ended actor, which it
+//! acknowledges without a record (its nodes' actors end as it stops them).
 //!
 //! Heartbeats come mostly over UDP, to `beats.rs`, which takes them by the session key
 //! handed out here in the `JoinAccepted`. They also come as QUIC datagrams (see
@@ -115,6 +117,15 @@ impl Handler for Requests {
 /// Answers one request.
 pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) -> Message {
     if shared.is_stopping() {
+        if let Message::ActorEnded { actor_id, .. } = &request
+            && matches!(Role::of(&peer), Role::Node(_))
+        {
+            // A normal end: the head stops its nodes, whose actors end meanwhile. Their
+            // reports need no record in a directory that goes away with the head, and
+            // refusing them would have each node warn of it.
+            debug!(actor = actor_id, peer = %peer.address, "an ended actor's report while the head stops");
+            return Message::Ack;
+        }
         return refused("the head is stopping");
     }
     let role = Role::of(&peer);
