@@ -220,6 +220,16 @@ impl ClusterStatus {
 }
 
 impl NodeStatus {
+    /// The CPU (in thousandths) of the node that no reservation holds.
+    pub fn free_cpu_millis(&self) -> u64 {
+        let used = self
+            .used
+            .get(crate::placement::Resources::CPU)
+            .copied()
+            .unwrap_or(0);
+        (u64::from(self.cpus) * 1000).saturating_sub(used)
+    }
+
     fn to_wire(&self) -> NodeStatusWire {
         NodeStatusWire {
             node_id: self.id.0,

@@ -146,12 +146,9 @@ pub(crate) fn deal(world: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
 /// Whole CPUs free on each live node, from the cluster's status.
 fn free_cpus(status: &runtime::ClusterStatus) -> Vec<(NodeId, u32)> {
     status
-        .nodes
-        .iter()
-        .filter(|node| node.state.is_live())
+        .live_nodes()
         .map(|node| {
-            let used = node.used.get("cpu").copied().unwrap_or(0);
-            let free = (u64::from(node.cpus) * 1000).saturating_sub(used) / CPU_MILLIS_PER_WORKER;
+            let free = node.free_cpu_millis() / CPU_MILLIS_PER_WORKER;
             (node.id, u32::try_from(free).unwrap_or(u32::MAX))
         })
         .collect()
