@@ -25,6 +25,7 @@ mod lifecycle;
 mod membership;
 mod node;
 mod placement;
+mod private;
 mod resources;
 mod secret;
 mod state;
@@ -61,6 +62,7 @@ pub use placement::{
     ClusterTotals, NodeCapacity, NodeUsage, PlacementError, Reservation, ReservationId,
     ResourceTable, Resources, Strategy,
 };
+pub use private::{create_private, create_private_dir, write_private};
 pub use resources::{DiscoverOptions, HostResources, NodeResources, discover, discover_host};
 pub use secret::{Secret, SecretPurpose};
 pub use state::{DaemonRecord, DaemonRole, HeadRecord, StateDir, StateError};

@@ -9,11 +9,12 @@
 //! sees half a credential.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::private::{create_private_dir, write_private};
 
 /// The state folder of this user on this machine.
 #[derive(Debug, Clone)]
@@ -121,42 +122,17 @@ impl StateDir {
     /// Creates `relative` (and the folder itself) with mode 0700 when missing.
     pub fn ensure_dir(&self, relative: &str) -> Result<PathBuf, StateError> {
         let path = self.path(relative);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&path)
-            .map_err(|source| io_error(&path, source))?;
+        create_private_dir(&path).map_err(|source| io_error(&path, source))?;
         Ok(path)
     }
 
-    /// Writes a file with mode 0600, atomically.
+    /// Writes a file with mode 0600, atomically ([`write_private`]).
     pub fn write_private(&self, relative: &str, bytes: &[u8]) -> Result<PathBuf, StateError> {
         let path = self.path(relative);
         if let Some(parent) = path.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(|source| io_error(parent, source))?;
+            create_private_dir(parent).map_err(|source| io_error(parent, source))?;
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut file| {
-                // The mode of an existing file is not changed by `open`.
-                file.set_permissions(fs::Permissions::from_mode(0o600))?;
-                file.write_all(bytes)?;
-                file.sync_all()
-            })
-            .and_then(|()| fs::rename(&tmp, &path));
-        if let Err(source) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(io_error(&path, source));
-        }
+        write_private(&path, bytes).map_err(|source| io_error(&path, source))?;
         Ok(path)
     }
 
@@ -239,6 +215,8 @@ fn io_error(path: &Path, source: io::Error) -> StateError {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn mode(path: &Path) -> u32 {

@@ -16,9 +16,8 @@
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -695,37 +694,16 @@ fn civil_from_days(days: u64) -> (i32, u8, u8) {
     )
 }
 
-/// Writes `dir/name` with mode 0600, atomically: a reader sees the old file or the new
-/// one, never half of it.
+/// Writes `dir/name` with mode 0600, atomically ([`crate::private::write_private`]),
+/// creating `dir` with mode 0700 when missing.
 fn write_private(dir: &Path, name: &str, contents: &[u8]) -> Result<(), TlsError> {
     let io_error = |path: &Path| {
         let path = path.to_owned();
         move |source| TlsError::Io { path, source }
     };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io_error(dir))?;
+    crate::private::create_private_dir(dir).map_err(io_error(dir))?;
     let path = dir.join(name);
-    let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));
-    // A stale partial file may have other permissions: start from nothing.
-    match fs::remove_file(&partial) {
-        Err(error) if error.kind() != io::ErrorKind::NotFound => {
-            return Err(io_error(&partial)(error));
-        }
-        _ => {}
-    }
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&partial)
-        .map_err(io_error(&partial))?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .map_err(io_error(&partial))?;
-    fs::rename(&partial, &path).map_err(io_error(&path))
+    crate::private::write_private(&path, contents).map_err(io_error(&path))
 }
 
 fn read_text(dir: &Path, name: &str) -> Result<String, TlsError> {

@@ -9,7 +9,6 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
@@ -274,17 +273,7 @@ fn background(
         .map_or(0, |d| d.as_secs());
     let log = logs.join(format!("{role}-{started}.log"));
     // Private like the rest of the state folder: a log names peers, actors and paths.
-    let log_file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&log)
-        .and_then(|file| {
-            // `mode` applies only to a file it creates.
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            Ok(file)
-        })
+    let log_file = runtime::create_private(&log)
         .with_context(|| format!("creating the log {}", log.display()))?;
     let exe = std::env::current_exe().context("finding the imgrun binary")?;
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();

@@ -21,16 +21,14 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::ranks::RankView;
+use super::stopping::{STOP_GRACE, run_to_end_or_stop};
 use super::{
-    Interrupted, JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl,
-    StopRequest, Trainers,
+    JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl, StopRequest,
+    Trainers,
 };
 
 /// The coordinator's actor kind.
 pub const COORDINATOR_KIND: &str = "job";
-
-/// How long a stopping job may take to end its step in flight and save a checkpoint.
-pub const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// The longest a [`FollowRequest`] waits for something new.
 const MAX_FOLLOW_WAIT: Duration = Duration::from_secs(5);
@@ -486,33 +484,16 @@ fn run_job(
             }
         };
         let trainers = Trainers::default();
-        let outcome = {
-            let job = super::run(&client, request, shared.as_ref(), &stop, &trainers);
-            let mut job = std::pin::pin!(job);
-            let killed = || {
-                Err(JobError::Refused(
-                    "the job's coordinator was killed (its owner went away, or it was \
-                     stopped at once): every trainer was stopped"
-                        .to_string(),
-                ))
-            };
-            let mut aborted_again = aborted.clone();
-            tokio::select! {
-                outcome = &mut job => outcome,
-                _ = aborted.wait_for(|aborted| *aborted) => killed(),
-                by = stop_asked(&stop) => tokio::select! {
-                    outcome = &mut job => outcome,
-                    _ = aborted_again.wait_for(|aborted| *aborted) => killed(),
-                    () = tokio::time::sleep(STOP_GRACE) => Err(JobError::Interrupted(Box::new(
-                        Interrupted::late(
-                            by,
-                            stop.progress().clone(),
-                            format!("no step ended within {} s", STOP_GRACE.as_secs()),
-                        ),
-                    ))),
-                },
-            }
+        let job = super::run(&client, request, shared.as_ref(), &stop, &trainers);
+        let killed = async move {
+            let _ = aborted.wait_for(|aborted| *aborted).await;
+            JobError::Refused(
+                "the job's coordinator was killed (its owner went away, or it was stopped at \
+                 once): every trainer was stopped"
+                    .to_string(),
+            )
         };
+        let outcome = run_to_end_or_stop(job, &stop, killed, STOP_GRACE).await;
         trainers.kill_all().await;
         match outcome {
             Ok(summary) => {
@@ -540,17 +521,4 @@ fn run_job(
             },
         }
     });
-}
-
-/// Resolves when a stop is asked, with who asked.
-async fn stop_asked(stop: &StopControl) -> &'static str {
-    let mut requested = stop.watch();
-    loop {
-        if let Some(by) = *requested.borrow_and_update() {
-            return by;
-        }
-        if requested.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
 }

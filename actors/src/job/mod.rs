@@ -24,6 +24,7 @@ mod output;
 mod ranks;
 mod rules;
 mod steps;
+mod stopping;
 mod watch;
 mod world;
 
@@ -34,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, STOP_GRACE,
-    StatusRequest, register,
+    FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, StatusRequest,
+    register,
 };
 pub use driver::{RankCallError, RankFailure, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError};
@@ -43,6 +44,7 @@ pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use steps::{Progress, Saved, StopControl, StopRequest};
+pub use stopping::{STOP_GRACE, run_to_end_or_stop};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
 

@@ -589,24 +589,13 @@ async fn start_node(
     Ok(node)
 }
 
-/// Writes `bytes` to `path` with mode 0600, atomically (a reader sees the old file or
-/// the whole new one).
+/// Writes `bytes` to `path` with mode 0600, atomically ([`runtime::write_private`]),
+/// creating its folder (in the shared runs folder, with the default mode) when missing.
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let partial = path.with_extension(format!("partial-{}", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&partial)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&partial, path)
+    runtime::write_private(path, bytes)
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ mod submit;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use actors::job::{Interrupted, JobError, JobSummary, STOP_GRACE, StopControl, Trainers};
+use actors::job::{
+    Interrupted, JobError, JobSummary, STOP_GRACE, StopControl, Trainers, run_to_end_or_stop,
+};
 use anyhow::Context;
 
 use crate::config::{Config, Loaded};
@@ -245,17 +247,13 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
     let (summary, remote_metrics) = tokio.block_on(async {
         let mut signals = StopSignals::new()?;
         let (stop_request, stop) = StopControl::new();
-        let interrupted = |by, stop: &StopControl, late: Option<String>| -> anyhow::Error {
-            let progress = stop.progress().clone();
-            let interrupted = match late {
-                None => Interrupted::in_time(by, progress),
-                Some(why) => Interrupted::late(by, progress, why),
-            };
-            JobError::Interrupted(Box::new(interrupted)).into()
-        };
         let cluster = tokio::select! {
             cluster = Cluster::connect(config, options) => cluster?,
-            signal = signals.next() => return Err(interrupted(signal, &stop, None)),
+            signal = signals.next() => {
+                let progress = stop.progress().clone();
+                let interrupted = Interrupted::in_time(signal, progress);
+                return Err(JobError::Interrupted(Box::new(interrupted)).into());
+            }
         };
         if cluster.embedded.is_none() {
             // A running cluster runs the job in a coordinator of its own.
@@ -263,42 +261,26 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
         }
         let trainers = Trainers::default();
         let output = render::Terminal::default();
-        let outcome = async {
-            let job = actors::job::run(&cluster.client, request, &output, &stop, &trainers);
-            let mut job = std::pin::pin!(job);
-            tokio::select! {
-                outcome = &mut job => outcome.map_err(anyhow::Error::from),
-                signal = signals.next() => {
-                    eprintln!(
-                        "\n{signal}: stopping after the step in flight with a checkpoint (at \
-                         most {} s; {signal} again stops at once)",
-                        STOP_GRACE.as_secs()
-                    );
-                    stop_request.stop(signal);
-                    tokio::select! {
-                        outcome = &mut job => match outcome {
-                            Err(error) if error.interrupted().is_none() => Err(interrupted(
-                                signal,
-                                &stop,
-                                Some(format!("the job failed while stopping: {error}")),
-                            )),
-                            other => other.map_err(anyhow::Error::from),
-                        },
-                        () = tokio::time::sleep(STOP_GRACE) => Err(interrupted(
-                            signal,
-                            &stop,
-                            Some(format!("no step ended within {} s", STOP_GRACE.as_secs())),
-                        )),
-                        again = signals.next() => Err(interrupted(
-                            signal,
-                            &stop,
-                            Some(format!("{again} again: stopped at once")),
-                        )),
-                    }
-                }
-            }
-        }
-        .await;
+        let job = actors::job::run(&cluster.client, request, &output, &stop, &trainers);
+        // The first signal asks the job to stop; a second ends it at once.
+        let at_once = async {
+            let first = signals.next().await;
+            eprintln!(
+                "\n{first}: stopping after the step in flight with a checkpoint (at most {} s; \
+                 {first} again stops at once)",
+                STOP_GRACE.as_secs()
+            );
+            stop_request.stop(first);
+            let again = signals.next().await;
+            JobError::Interrupted(Box::new(Interrupted::late(
+                first,
+                stop.progress().clone(),
+                format!("{again} again: stopped at once"),
+            )))
+        };
+        let outcome = run_to_end_or_stop(job, &stop, at_once, STOP_GRACE)
+            .await
+            .map_err(anyhow::Error::from);
         trainers.kill_all().await;
         cluster.shutdown().await;
         outcome.map(|summary| (summary, None))

@@ -1,0 +1,191 @@
+//! The stop protocol, the same for every way a job is run (`imgrun train` on a terminal,
+//! the coordinator actor inside the cluster): a stop asked through the job's
+//! [`StopControl`] lets the step in flight end and a checkpoint be saved at the last
+//! step, within [`STOP_GRACE`]. Past the grace, or when whoever runs the job ends it at
+//! once (a second signal, the coordinator killed), the job ends without that checkpoint,
+//! saying why.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::{Interrupted, JobError, JobSummary, StopControl};
+
+/// How long a stopping job may take to end its step in flight and save a checkpoint.
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// Runs `job` to its end under the stop protocol, given `grace` ([`STOP_GRACE`] but in
+/// tests) once a stop is asked. `at_once` resolves when whoever runs the job ends it
+/// without waiting, with the error the job then ends with; it is polled from the start,
+/// so it may also be what asks the stop (a first signal) before it ends the job (a
+/// second).
+pub async fn run_to_end_or_stop(
+    job: impl Future<Output = Result<JobSummary, JobError>>,
+    stop: &StopControl,
+    at_once: impl Future<Output = JobError>,
+    grace: Duration,
+) -> Result<JobSummary, JobError> {
+    let mut job = std::pin::pin!(job);
+    let mut at_once = std::pin::pin!(at_once);
+    let by = tokio::select! {
+        outcome = &mut job => return outcome,
+        error = &mut at_once => return Err(error),
+        by = stop_asked(stop) => by,
+    };
+    let late = |why: String| {
+        JobError::Interrupted(Box::new(Interrupted::late(
+            by,
+            stop.progress().clone(),
+            why,
+        )))
+    };
+    tokio::select! {
+        outcome = &mut job => match outcome {
+            Err(error) if error.interrupted().is_none() => {
+                Err(late(format!("the job failed while stopping: {error}")))
+            }
+            other => other,
+        },
+        error = &mut at_once => Err(error),
+        () = tokio::time::sleep(grace) => {
+            Err(late(format!("no step ended within {} s", grace.as_secs())))
+        }
+    }
+}
+
+/// Resolves when a stop is asked, with who asked.
+async fn stop_asked(stop: &StopControl) -> &'static str {
+    let mut requested = stop.watch();
+    loop {
+        if let Some(by) = *requested.borrow_and_update() {
+            return by;
+        }
+        if requested.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::job::Progress;
+
+    const GRACE: Duration = Duration::from_millis(200);
+
+    fn summary() -> JobSummary {
+        JobSummary {
+            run_dir: PathBuf::from("runs/r"),
+            top1: None,
+            top5: None,
+            first_loss: None,
+            last_loss: None,
+            images_per_s: 1.0,
+        }
+    }
+
+    /// What the job ends with, in a few words.
+    fn ending(outcome: &Result<JobSummary, JobError>) -> String {
+        match outcome {
+            Ok(_) => "done".to_string(),
+            Err(JobError::Interrupted(i)) => match &i.late {
+                None => format!("interrupted by {} at a checkpoint", i.by),
+                Some(why) => format!("interrupted by {}, late: {why}", i.by),
+            },
+            Err(error) => format!("failed: {error}"),
+        }
+    }
+
+    /// How the job behaves once a stop is asked.
+    #[derive(Clone, Copy)]
+    enum Job {
+        /// Ends by itself after this long, stop or not.
+        EndsAfter(u64),
+        /// Ends at a checkpoint soon after a stop is asked, never without one.
+        StopsAtACheckpoint,
+        /// Fails soon after a stop is asked.
+        FailsWhileStopping,
+        /// Never ends.
+        Hangs,
+    }
+
+    async fn job(kind: Job, stop: StopControl) -> Result<JobSummary, JobError> {
+        match kind {
+            Job::EndsAfter(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(summary())
+            }
+            Job::StopsAtACheckpoint | Job::FailsWhileStopping => {
+                let by = stop_asked(&stop).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if matches!(kind, Job::FailsWhileStopping) {
+                    return Err(JobError::Refused("rank 1 lost".to_string()));
+                }
+                Err(JobError::Interrupted(Box::new(Interrupted::in_time(
+                    by,
+                    Progress::default(),
+                ))))
+            }
+            Job::Hangs => std::future::pending().await,
+        }
+    }
+
+    /// When the stop is asked and when whoever runs the job ends it at once (ms from the
+    /// start; none: never).
+    async fn run(kind: Job, stop_at: Option<u64>, at_once_at: Option<u64>) -> String {
+        let (request, stop) = StopControl::new();
+        let asker = async move {
+            if let Some(ms) = stop_at {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                request.stop("SIGINT");
+            }
+            std::future::pending::<()>().await;
+        };
+        let at_once = async move {
+            match at_once_at {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                None => std::future::pending().await,
+            }
+            JobError::Refused("stopped at once".to_string())
+        };
+        let protocol = run_to_end_or_stop(job(kind, stop.clone()), &stop, at_once, GRACE);
+        tokio::select! {
+            outcome = protocol => ending(&outcome),
+            () = asker => unreachable!("the asker never ends"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_the_job_as_the_table_says() {
+        let table = [
+            (Job::EndsAfter(10), None, None, "done"),
+            (Job::EndsAfter(10), None, Some(100), "done"),
+            (Job::Hangs, None, Some(10), "failed: stopped at once"),
+            (
+                Job::StopsAtACheckpoint,
+                Some(10),
+                None,
+                "interrupted by SIGINT at a checkpoint",
+            ),
+            (
+                Job::FailsWhileStopping,
+                Some(10),
+                None,
+                "interrupted by SIGINT, late: the job failed while stopping: rank 1 lost",
+            ),
+            (
+                Job::Hangs,
+                Some(10),
+                None,
+                "interrupted by SIGINT, late: no step ended within 0 s",
+            ),
+            (Job::Hangs, Some(10), Some(50), "failed: stopped at once"),
+            // A job that ends by itself within the grace ends as it would have.
+            (Job::EndsAfter(60), Some(10), None, "done"),
+        ];
+        for (kind, stop_at, at_once_at, expected) in table {
+            assert_eq!(run(kind, stop_at, at_once_at).await, expected);
+        }
+    }
+}
