@@ -15,6 +15,7 @@ mod submit;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use actors::job::{
     Interrupted, JobError, JobSummary, STOP_GRACE, StopControl, Trainers, run_to_end_or_stop,
@@ -215,25 +216,51 @@ fn shell_quote(word: &str) -> String {
 /// Ctrl-C and SIGTERM, as one stream of signal names. Both are listened to from the
 /// start: a signal that arrives while nobody awaits `next` (the caller busy with another
 /// branch of its `select!`) is kept for the next call, not lost.
+///
+/// A signal delivered again within [`SAME_SIGNAL`] of the last one is that one's echo,
+/// not a second request: a terminal's Ctrl-C reaches every process of its group, and
+/// torchrun, `srun` and `timeout` also pass it on to their children, so one press can
+/// arrive twice, and must not end the job at once instead of at a checkpoint.
 pub(super) struct StopSignals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    last: Option<(&'static str, Instant)>,
 }
+
+/// How long after a signal the same signal counts as its echo (see [`StopSignals`]).
+const SAME_SIGNAL: Duration = Duration::from_secs(1);
 
 impl StopSignals {
     fn new() -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         let int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
         let term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-        Ok(StopSignals { int, term })
+        Ok(StopSignals {
+            int,
+            term,
+            last: None,
+        })
     }
 
     pub(super) async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.int.recv() => "SIGINT",
-            _ = self.term.recv() => "SIGTERM",
+        loop {
+            let signal = tokio::select! {
+                _ = self.int.recv() => "SIGINT",
+                _ = self.term.recv() => "SIGTERM",
+            };
+            let now = Instant::now();
+            let echo = is_echo(self.last, signal, now);
+            self.last = Some((signal, now));
+            if !echo {
+                return signal;
+            }
         }
     }
+}
+
+/// Whether `signal`, arriving at `now`, repeats `last` within [`SAME_SIGNAL`].
+fn is_echo(last: Option<(&'static str, Instant)>, signal: &str, now: Instant) -> bool {
+    last.is_some_and(|(name, at)| name == signal && now.duration_since(at) < SAME_SIGNAL)
 }
 
 /// Runs a job to its end, or to a checkpoint at its last step when Ctrl-C or SIGTERM
@@ -319,6 +346,28 @@ fn plot(summary: &JobSummary, remote: Option<&[u8]>) {
 mod tests {
     use super::*;
     use actors::job::Progress;
+
+    #[test]
+    fn a_signal_repeated_within_a_second_is_an_echo_and_any_other_is_a_second_request() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let table = [
+            (None, "SIGINT", 0, false),
+            (Some(("SIGINT", 0)), "SIGINT", 5, true),
+            (Some(("SIGINT", 0)), "SIGINT", 999, true),
+            (Some(("SIGINT", 0)), "SIGINT", 1000, false),
+            (Some(("SIGINT", 0)), "SIGTERM", 5, false),
+            (Some(("SIGTERM", 0)), "SIGINT", 5, false),
+        ];
+        for (last, signal, at, echo) in table {
+            let last = last.map(|(name, at)| (name, ms(at)));
+            assert_eq!(
+                is_echo(last, signal, ms(at)),
+                echo,
+                "{last:?} then {signal} at {at} ms"
+            );
+        }
+    }
 
     #[test]
     fn the_resume_command_replaces_any_resume_and_quotes_what_a_shell_would_split() {
