@@ -23,32 +23,9 @@ use std::time::{Duration, Instant};
 use runtime::{CollectiveError, RingGroup};
 use tch::{Device, Kind, Tensor};
 
-use super::comm::CommThread;
-use super::nccl::{Communicator, NcclError};
+use super::comm::{CommThread, SyncError};
+use super::nccl::Communicator;
 use super::overlap::{Overlap, Sent};
-
-/// Why a synchronisation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SyncError {
-    #[error(transparent)]
-    Collective(#[from] CollectiveError),
-    #[error("the communication thread stopped")]
-    ThreadGone,
-    #[error("cannot start the communication thread: {0}")]
-    Thread(std::io::Error),
-    #[error("{0}")]
-    Tensor(#[from] tch::TchError),
-    #[error(transparent)]
-    Nccl(#[from] NcclError),
-    #[error(transparent)]
-    Mix(#[from] runtime::MixError),
-    #[error("overlapped allreduce: {0}")]
-    Overlap(String),
-    /// [`abort_all`](super::comm::abort_all) came while the connections still formed:
-    /// the job lost a peer meanwhile.
-    #[error("the connections were still forming when the job aborted them (a peer was lost)")]
-    AbortedForming,
-}
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
 #[derive(Debug)]

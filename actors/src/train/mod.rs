@@ -24,7 +24,8 @@ mod trainer;
 pub mod weights;
 
 pub use checkpoint::{CheckpointState, EpochSums};
-pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
+pub use comm::SyncError;
+pub use ddp::{DeviceCollective, GradSync, SyncStats};
 pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};

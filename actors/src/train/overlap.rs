@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use tch::{Kind, Tensor};
 use torch_sys::C_tensor;
 
-use super::ddp::{Job, SyncError};
+use super::comm::SyncError;
+use super::ddp::Job;
 
 type GradReady = unsafe extern "C" fn(context: *mut c_void, index: usize, grad: *mut C_tensor);
 type Release = unsafe extern "C" fn(context: *mut c_void);

@@ -10,10 +10,9 @@ use std::time::Instant;
 use runtime::{CollectiveError, CollectiveOptions, MethodError};
 use tch::Tensor;
 
-use super::{
-    ConnectRequest, SaveRequest, StepRecord, StepTiming, Trainer, fatal, parse_secret, ring_failure,
-};
+use super::{ConnectRequest, SaveRequest, StepRecord, StepTiming, Trainer, fatal, parse_secret};
 use crate::train::checkpoint;
+use crate::train::comm::ring_failure;
 use crate::train::decentral::{self, MixSync};
 use crate::train::phase::{self, Phase};
 use crate::train::protocol::AverageReply;

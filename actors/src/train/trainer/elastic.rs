@@ -14,9 +14,10 @@ use runtime::{FailureOrigin, MethodError};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::super::comm::ring_failure;
 use super::super::ddp::GradSync;
 use super::super::scaler::ScalerState;
-use super::{Trainer, fatal, ring_failure, schedule};
+use super::{Trainer, fatal, schedule};
 
 /// The trainer's state at the start of a `train` call.
 pub(super) struct Snapshot {
