@@ -2,6 +2,7 @@
 //! losses and accuracy; the gradient sync between replicas; checkpoints; and the trainer
 //! actor that runs one rank of a job.
 
+mod bucket;
 pub mod checkpoint;
 mod comm;
 mod ddp;
