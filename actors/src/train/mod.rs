@@ -32,8 +32,11 @@ pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{
-    AverageReply, AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply,
-    LoadersRequest, PreloadReply, PreloadRequest, TrainerMethod,
+    AverageReply, AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest,
+    EpochReceived, EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply,
+    LoadersRequest, MixPeer, PreloadReply, PreloadRequest, RegroupReply, RegroupRequest,
+    ResumeFrom, RollbackReply, RollbackRequest, SaveRequest, StepRecord, StepTiming, TrainReply,
+    TrainRequest, TrainerMethod,
 };
 pub use records::{
     ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, RegroupRecord,
@@ -46,8 +49,4 @@ pub use spec::{
     ShardSet, SourceSpec, SyncChoice, TrainPlanner, TrainerInit,
 };
 pub use straggler::{Late, LateCause, late_rank};
-pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
-    RegroupReply, RegroupRequest, ResumeFrom, RollbackReply, RollbackRequest, SaveRequest,
-    StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
-};
+pub use trainer::{TRAINER_KIND, register, secret_hex};

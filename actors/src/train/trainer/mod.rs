@@ -34,8 +34,10 @@ use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
-    AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest,
-    METHODS, PreloadReply, PreloadRequest, TrainerMethod,
+    AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest, EpochReceived,
+    EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply, LoadersRequest, METHODS,
+    PreloadReply, PreloadRequest, RegroupRequest, ResumeFrom, RollbackRequest, SaveRequest,
+    StepRecord, StepTiming, TrainReply, TrainRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -46,14 +48,6 @@ use super::weights;
 
 mod decentralized;
 mod elastic;
-mod messages;
-
-pub use elastic::{RegroupReply, RegroupRequest, RollbackReply, RollbackRequest};
-
-pub use messages::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
-    ResumeFrom, SaveRequest, StepRecord, StepTiming, TrainReply, TrainRequest,
-};
 
 /// Shards a node copies at once when it preloads.
 const PRELOAD_JOBS: usize = 4;
