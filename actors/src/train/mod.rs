@@ -1,6 +1,19 @@
 //! Data-parallel training with libtorch: models, the optimiser, learning-rate schedules,
 //! losses and accuracy; the gradient sync between replicas; checkpoints; and the trainer
 //! actor that runs one rank of a job.
+//!
+//! Layers, bottom up: a file uses only files on the lines before its own
+//! (`tools/check-circles.py` fails on a circle among them).
+//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `scaler`, `schedule`: leaves.
+//! 2. `checkpoint`; `comm` (a communication thread, [`SyncError`]); `spec` (the job as
+//!    every trainer gets it).
+//! 3. `bucket` (the bucket helpers); `protocol` (every request and reply of the trainer
+//!    and its monitor); `weights`.
+//! 4. `decentral` (neighbour averaging); `overlap` (averaging behind backward); `phase`
+//!    (the board and the monitor); `straggler`.
+//! 5. `ddp` ([`GradSync`]); `records` (`metrics.jsonl`).
+//! 6. `negotiate` (the move onto NCCL).
+//! 7. `trainer`: the actor, above them all.
 
 mod bucket;
 pub mod checkpoint;
