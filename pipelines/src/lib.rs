@@ -8,6 +8,19 @@
 //!
 //! It knows nothing about QUIC, actors or libtorch; everything here is plain blocking
 //! I/O meant to run on threads of its own.
+//!
+//! Modules, bottom up: a module uses only those on the lines before its own, except
+//! within line 4.
+//! 1. `brace`, `error`, `sample`, `transform/`: leaves.
+//! 2. `members` (the tar walk), `stream` (what every shard source shares), `writer`.
+//! 3. `cache`, `http`, `pipe`: the sources below `source`.
+//! 4. `source`, `reader`, `inspect`, `manifest`, `preload`: still a circle. `source`
+//!    opens a preloaded copy through `preload`, which opens shards through `source`,
+//!    names them through `manifest` (above `source`) and sizes through `inspect` (above
+//!    `reader`, above `source`).
+//! 5. `index`, `plan/`, `produce`.
+//! 6. `folder`, `loader/`, `profile`.
+//! 7. `synth`.
 
 mod brace;
 mod cache;

@@ -1,4 +1,10 @@
 //! One module per `imgrun` command.
+//!
+//! Modules, bottom up: a module uses only those on the lines before its own.
+//! 1. `bench`, `cluster`, `coordinator`, `doctor`, `export`, `serve`, `shards`: leaves.
+//! 2. `train/`.
+//! 3. `demo`, `jobs`, `plan` (each above `train`).
+//! 4. `plot/` (above `jobs`).
 
 pub mod bench;
 pub mod cluster;

@@ -1,12 +1,82 @@
 //! A communication thread: one connection state (the gradient ring, a decentralized
 //! job's mixing groups) on a single-threaded tokio runtime of its own, running jobs in
 //! the order they are sent, so that the trainer's thread computes while bytes move.
+//! Beside it, what a failed synchronisation is ([`SyncError`]) and what it makes of the
+//! trainer's call (`ring_failure`: a peer's failure, or this rank's own).
 
 use std::future::Future;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::ddp::SyncError;
+use runtime::{CollectiveError, MethodError};
+
+use super::nccl::NcclError;
+
+/// Why a synchronisation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("the communication thread stopped")]
+    ThreadGone,
+    #[error("cannot start the communication thread: {0}")]
+    Thread(std::io::Error),
+    #[error("{0}")]
+    Tensor(#[from] tch::TchError),
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+    #[error(transparent)]
+    Mix(#[from] runtime::MixError),
+    #[error("overlapped allreduce: {0}")]
+    Overlap(String),
+    /// [`abort_all`] came while the connections still formed:
+    /// the job lost a peer meanwhile.
+    #[error("the connections were still forming when the job aborted them (a peer was lost)")]
+    AbortedForming,
+}
+
+/// A fatal error for a failed ring operation, [caused elsewhere] (and saying so) when the
+/// cause is another rank (its link closed or failed, or it stopped answering). A job's
+/// client looks past these for the root cause.
+///
+/// [caused elsewhere]: MethodError::caused_elsewhere
+pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
+    let collective = match error {
+        SyncError::Collective(error) => Some(error),
+        SyncError::Mix(
+            runtime::MixError::Group { source, .. } | runtime::MixError::Connect { source, .. },
+        ) => Some(source),
+        _ => None,
+    };
+    // A ring that cannot form (a peer refused, or hung up in the handshake) is a peer's
+    // doing too: in one job every rank has the coordinator's same settings.
+    let peer = matches!(
+        collective,
+        Some(
+            CollectiveError::Connect { .. }
+                | CollectiveError::Handshake { .. }
+                | CollectiveError::PeerClosed { .. }
+                | CollectiveError::Io { .. }
+                | CollectiveError::Timeout { .. }
+                | CollectiveError::Poisoned { .. }
+                | CollectiveError::Aborted { .. }
+        )
+    ) || matches!(
+        error,
+        SyncError::Mix(runtime::MixError::Aborted) | SyncError::AbortedForming
+    );
+    if peer {
+        MethodError::fatal(format!("rank {rank}: {what} ({PEER_FAILURE}): {error}"))
+            .caused_elsewhere()
+    } else {
+        MethodError::fatal(format!("rank {rank}: {what}: {error}"))
+    }
+}
+
+/// Said of a trainer failure that follows from another rank's (its ring peer went away or
+/// stopped answering), for the person reading it; programs ask the failure's
+/// [`runtime::FailureOrigin`] instead.
+const PEER_FAILURE: &str = "lost its ring peer";
 
 /// Every communication thread of this process ends the job it runs (and then itself)
 /// when this changes: [`abort_all`].

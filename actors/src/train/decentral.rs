@@ -23,8 +23,8 @@ use std::future::Future;
 use runtime::{MixError, Mixer};
 use tch::{Device, Tensor};
 
-use super::comm::CommThread;
-use super::ddp::{SyncError, append_values, flatten_values, scatter_values};
+use super::bucket::{append_values, flatten_values, scatter_values};
+use super::comm::{CommThread, SyncError};
 
 /// One rank's side of the neighbour averaging: a thread that mixes one state at a time.
 #[derive(Debug)]

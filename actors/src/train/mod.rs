@@ -1,7 +1,21 @@
 //! Data-parallel training with libtorch: models, the optimiser, learning-rate schedules,
 //! losses and accuracy; the gradient sync between replicas; checkpoints; and the trainer
 //! actor that runs one rank of a job.
+//!
+//! Layers, bottom up: a file uses only files on the lines before its own
+//! (`tools/check-circles.py` fails on a circle among them).
+//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `scaler`, `schedule`: leaves.
+//! 2. `checkpoint`; `comm` (a communication thread, [`SyncError`]); `spec` (the job as
+//!    every trainer gets it).
+//! 3. `bucket` (the bucket helpers); `protocol` (every request and reply of the trainer
+//!    and its monitor); `weights`.
+//! 4. `decentral` (neighbour averaging); `overlap` (averaging behind backward); `phase`
+//!    (the board and the monitor); `straggler`.
+//! 5. `ddp` ([`GradSync`]); `records` (`metrics.jsonl`).
+//! 6. `negotiate` (the move onto NCCL).
+//! 7. `trainer`: the actor, above them all.
 
+mod bucket;
 pub mod checkpoint;
 mod comm;
 mod ddp;
@@ -24,14 +38,18 @@ mod trainer;
 pub mod weights;
 
 pub use checkpoint::{CheckpointState, EpochSums};
-pub use ddp::{DeviceCollective, GradSync, SyncError, SyncStats};
+pub use comm::SyncError;
+pub use ddp::{DeviceCollective, GradSync, SyncStats};
 pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, topk_correct};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{
-    AverageReply, AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply,
-    LoadersRequest, PreloadReply, PreloadRequest, TrainerMethod,
+    AverageReply, AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest,
+    EpochReceived, EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply,
+    LoadersRequest, MixPeer, PreloadReply, PreloadRequest, RegroupReply, RegroupRequest,
+    ResumeFrom, RollbackReply, RollbackRequest, SaveRequest, StepRecord, StepTiming, TrainReply,
+    TrainRequest, TrainerMethod,
 };
 pub use records::{
     ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, RegroupRecord,
@@ -44,8 +62,4 @@ pub use spec::{
     ShardSet, SourceSpec, SyncChoice, TrainPlanner, TrainerInit,
 };
 pub use straggler::{Late, LateCause, late_rank};
-pub use trainer::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
-    RegroupReply, RegroupRequest, ResumeFrom, RollbackReply, RollbackRequest, SaveRequest,
-    StepRecord, StepTiming, TRAINER_KIND, TrainReply, TrainRequest, register, secret_hex,
-};
+pub use trainer::{TRAINER_KIND, register, secret_hex};

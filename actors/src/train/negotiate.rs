@@ -6,9 +6,9 @@
 use runtime::MethodError;
 use tch::{Device, Kind, Tensor};
 
+use super::comm::ring_failure;
 use super::ddp::GradSync;
 use super::nccl;
-use super::trainer::ring_failure;
 
 /// What one rank brings to the negotiation.
 pub(super) struct Negotiating {

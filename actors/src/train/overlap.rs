@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use tch::{Kind, Tensor};
 use torch_sys::C_tensor;
 
-use super::ddp::{Job, SyncError};
+use super::bucket::Job;
+use super::comm::SyncError;
 
 type GradReady = unsafe extern "C" fn(context: *mut c_void, index: usize, grad: *mut C_tensor);
 type Release = unsafe extern "C" fn(context: *mut c_void);
@@ -254,7 +255,7 @@ struct Plan {
 impl Plan {
     fn cut(order: &[usize], numels: &[usize], limit: usize) -> Self {
         let sizes_in_order: Vec<usize> = order.iter().map(|&i| numels[i]).collect();
-        let ranges = super::ddp::cut_buckets(&sizes_in_order, limit);
+        let ranges = super::bucket::cut_buckets(&sizes_in_order, limit);
         let mut slots = vec![(0, 0); numels.len()];
         let mut buckets = Vec::with_capacity(ranges.len());
         let mut sizes = Vec::with_capacity(ranges.len());

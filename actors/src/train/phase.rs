@@ -9,109 +9,14 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use runtime::{Actor, ActorRegistry, MethodError};
-use serde::{Deserialize, Serialize};
 
 use super::protocol::TrainerMethod;
 
+/// The monitor's methods and what they answer (with the trainer's, in `protocol.rs`).
+pub use super::protocol::{AbortRequest, Phase, PhaseRequest, RankPhase, ShardRead};
+
 /// The monitor's actor kind.
 pub const MONITOR_KIND: &str = "trainer-monitor";
-
-/// What a trainer is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Built, not yet connected to its ring.
-    Starting,
-    /// Copying its node's shards to local disk (`data.preload`).
-    Preloading,
-    /// Between the job's calls.
-    Idle,
-    /// Waiting for its loader's next batch.
-    WaitingForData,
-    /// Forward and backward.
-    Computing,
-    /// Averaging gradients (or broadcasting buffers) with the other ranks.
-    Averaging,
-    Evaluating,
-    Checkpointing,
-}
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Preloading => "preloading",
-            Phase::Idle => "idle",
-            Phase::WaitingForData => "waiting for data",
-            Phase::Computing => "computing",
-            Phase::Averaging => "averaging",
-            Phase::Evaluating => "evaluating",
-            Phase::Checkpointing => "checkpointing",
-        }
-    }
-}
-
-/// A rank's phase as its monitor reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RankPhase {
-    pub rank: u32,
-    pub phase: Phase,
-    /// How long it has been in that phase.
-    pub seconds: f64,
-    pub epoch: Option<u64>,
-    /// The global step it works on (its steps done + 1 while it trains).
-    pub step: u64,
-    /// While averaging: the gradient bucket it waits for (1-based) and how many there
-    /// are.
-    #[serde(default)]
-    pub bucket: Option<(usize, usize)>,
-    /// The shards its loader workers read now, with the bytes received from each.
-    #[serde(default)]
-    pub reading: Vec<ShardRead>,
-    /// Seconds it has waited for its loader's batches in this epoch, now included.
-    #[serde(default)]
-    pub data_wait_s: f64,
-}
-
-/// A shard a loader worker reads now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardRead {
-    pub worker: u32,
-    pub url: String,
-    pub bytes: u64,
-}
-
-impl RankPhase {
-    /// The phase, with the bucket while averaging (`averaging (bucket 3 of 5)`).
-    pub fn describe(&self) -> String {
-        match self.bucket {
-            Some((bucket, of)) if self.phase == Phase::Averaging => {
-                format!("{} (bucket {bucket} of {of})", self.phase.name())
-            }
-            _ => self.phase.name().to_string(),
-        }
-    }
-}
-
-/// Asks a rank's monitor (or its trainer, between calls) where the trainer is.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct PhaseRequest {}
-
-impl TrainerMethod for PhaseRequest {
-    const NAME: &'static str = "phase";
-    type Reply = RankPhase;
-}
-
-/// Aborts the collective the rank's trainer waits in, if any (an elastic job that lost
-/// a peer): its communication threads end their job with an error and drop their
-/// connections, so the trainer's call returns.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct AbortRequest {}
-
-impl TrainerMethod for AbortRequest {
-    const NAME: &'static str = "abort";
-    type Reply = ();
-}
 
 struct Board {
     rank: u32,

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::trainer::StepTiming;
+use super::protocol::StepTiming;
 
 /// Why a late rank was late.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,6 +19,12 @@
 //! Bad samples (undecodable image, missing or bad label) and bad shards follow the
 //! [`ErrorPolicy`]: skipped and counted in the [`EpochStats`] (the default), or the end
 //! of the epoch with an error naming the shard and the sample.
+//!
+//! Files, bottom up: a file uses only files on the lines before its own.
+//! 1. `batch`, `cursor`, `shuffle`, `stats`: leaves.
+//! 2. `regroup` (the rest of an epoch for fewer ranks), `worker` (a loader worker's two
+//!    threads).
+//! 3. `epoch` ([`EpochBatches`]), `wire` (a worker's messages as frames).
 
 mod batch;
 mod cursor;

@@ -27,6 +27,14 @@
 //!   `reseed(ctx)`, `node_selection(shards, ctx)`, `shard_selection(shards, ctx)`,
 //!   `shard_shuffle(shards, ctx)`. The defaults are the files in `scripts/` (embedded),
 //!   and `scripts/README.md` documents `ctx`, the shard maps and the sandbox.
+//!
+//! Files, bottom up: a file uses only files on the lines before its own.
+//! 1. `rng`, `shards`: leaves.
+//! 2. `script_api` (what hook scripts see).
+//! 3. `hooks`.
+//! 4. `config` (the planner's inputs).
+//! 5. `policy` (the plan, and the batch policy).
+//! 6. `planner`, `render`.
 
 mod config;
 mod hooks;

@@ -16,6 +16,15 @@
 //! - `directory.rs` is the head's side: where every actor of the cluster runs, restarts.
 //! - `diagnostic.rs`: the kind `echo`, registered by the binary, to try a cluster out.
 //!
+//! Files, bottom up: a file uses only files on the lines before its own.
+//! 1. `id`: the leaf.
+//! 2. `error`.
+//! 3. `directory`, `registry`.
+//! 4. `host`, `process`.
+//! 5. `diagnostic`, `local`.
+//! 6. `pool`.
+//! 7. `worker`.
+//!
 //! Semantics callers may rely on (see [`LocalActors`], [`WorkerPool`]):
 //! - the messages one task sends to one actor, awaiting each, run in the order sent;
 //! - a mailbox holds at most `mailbox_capacity` waiting messages; senders wait beyond

@@ -10,13 +10,12 @@ use std::time::Instant;
 use runtime::{CollectiveError, CollectiveOptions, MethodError};
 use tch::Tensor;
 
-use super::{
-    ConnectRequest, SaveRequest, StepRecord, StepTiming, Trainer, fatal, parse_secret, ring_failure,
-};
+use super::{Trainer, fatal, parse_secret};
 use crate::train::checkpoint;
+use crate::train::comm::ring_failure;
 use crate::train::decentral::{self, MixSync};
 use crate::train::phase::{self, Phase};
-use crate::train::protocol::AverageReply;
+use crate::train::protocol::{AverageReply, ConnectRequest, SaveRequest, StepRecord, StepTiming};
 use crate::train::scaler::StepVerdict;
 
 impl Trainer {

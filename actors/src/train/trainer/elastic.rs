@@ -11,12 +11,13 @@
 
 use pipelines::{ClusterShape, Plan, Rank, RankCursor};
 use runtime::{FailureOrigin, MethodError};
-use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::super::comm::ring_failure;
 use super::super::ddp::GradSync;
+use super::super::protocol::{RegroupReply, RegroupRequest, RollbackReply, RollbackRequest};
 use super::super::scaler::ScalerState;
-use super::{Trainer, fatal, ring_failure, schedule};
+use super::{Trainer, fatal, schedule};
 
 /// The trainer's state at the start of a `train` call.
 pub(super) struct Snapshot {
@@ -25,46 +26,6 @@ pub(super) struct Snapshot {
     tensors: Vec<Tensor>,
     momentum: Vec<(String, Tensor)>,
     scaler: Option<ScalerState>,
-}
-
-/// Drops the step in flight: the trainer goes back to its state when the job's last
-/// completed call ended, at `global_step`, and forgets its ring and its epoch's loader.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RollbackRequest {
-    pub global_step: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RollbackReply {
-    /// Steps undone (0 when the rank had run none past `global_step`).
-    pub undone: u64,
-}
-
-/// Makes the trainer rank `rank` of a smaller world (after a rollback): the survivors
-/// are the old ranks `survivors`, in order; `cursors` are every old rank's cursors in
-/// epoch `epoch` as of the rollback (empty at an epoch's start); `lr` is the learning
-/// rate after the linear scaling rule for the new global batch.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RegroupRequest {
-    pub rank: u32,
-    pub node_ranks: Vec<u32>,
-    pub survivors: Vec<u32>,
-    pub epoch: u64,
-    pub cursors: Vec<RankCursor>,
-    pub lr: f64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RegroupReply {
-    /// Steps of epoch `epoch` (those run plus those left) in the new world.
-    pub steps_in_epoch: u64,
-    /// Steps of a whole epoch in the new world.
-    pub steps_per_epoch: u64,
-    /// Where this rank stands in the rest of epoch `epoch`, as dealt to the new world
-    /// (none at an epoch's start): the job's position, should the new world lose a rank
-    /// before its first step.
-    #[serde(default)]
-    pub cursor: Option<RankCursor>,
 }
 
 impl Trainer {

@@ -18,15 +18,14 @@ use std::time::Instant;
 use pipelines::{
     ClusterShape, EpochBatches, Hooks, Loader, Planner, Rank, RankCursor, Sources, summarize_names,
 };
-use runtime::{
-    Actor, ActorContext, ActorRegistry, CollectiveError, CollectiveOptions, MethodError, RingSecret,
-};
+use runtime::{Actor, ActorContext, ActorRegistry, CollectiveOptions, MethodError, RingSecret};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{self, CheckpointState};
-use super::ddp::{GradSync, SyncError};
+use super::comm::ring_failure;
+use super::ddp::GradSync;
 use super::decentral::{self, MixSync};
 use super::loss::{cross_entropy_smoothed, topk_correct};
 use super::model::Model;
@@ -35,8 +34,10 @@ use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
-    AverageRequest, DigestRequest, EvaluateRequest, ListenRequest, LoadersReply, LoadersRequest,
-    METHODS, PreloadReply, PreloadRequest, TrainerMethod,
+    AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest, EpochReceived,
+    EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply, LoadersRequest, METHODS,
+    PreloadReply, PreloadRequest, RegroupRequest, ResumeFrom, RollbackRequest, SaveRequest,
+    StepRecord, StepTiming, TrainReply, TrainRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -47,19 +48,6 @@ use super::weights;
 
 mod decentralized;
 mod elastic;
-mod messages;
-
-pub use elastic::{RegroupReply, RegroupRequest, RollbackReply, RollbackRequest};
-
-pub use messages::{
-    ConnectReply, ConnectRequest, DigestReply, EpochReceived, EvalReply, ListenReply, MixPeer,
-    ResumeFrom, SaveRequest, StepRecord, StepTiming, TrainReply, TrainRequest,
-};
-
-/// Said of a trainer failure that follows from another rank's (its ring peer went away or
-/// stopped answering), for the person reading it; programs ask the failure's
-/// [`runtime::FailureOrigin`] instead.
-const PEER_FAILURE: &str = "lost its ring peer";
 
 /// Shards a node copies at once when it preloads.
 const PRELOAD_JOBS: usize = 4;
@@ -1035,44 +1023,6 @@ fn answer<M: TrainerMethod>(
 ) -> Result<Vec<u8>, MethodError> {
     let request: M = json(payload, &format!("{} request", M::NAME))?;
     reply(&run(request)?)
-}
-
-/// A fatal error for a failed ring operation, [caused elsewhere] (and saying so) when the
-/// cause is another rank (its link closed or failed, or it stopped answering). A job's
-/// client looks past these for the root cause.
-///
-/// [caused elsewhere]: MethodError::caused_elsewhere
-pub(super) fn ring_failure(rank: u32, what: &str, error: &SyncError) -> MethodError {
-    let collective = match error {
-        SyncError::Collective(error) => Some(error),
-        SyncError::Mix(
-            runtime::MixError::Group { source, .. } | runtime::MixError::Connect { source, .. },
-        ) => Some(source),
-        _ => None,
-    };
-    // A ring that cannot form (a peer refused, or hung up in the handshake) is a peer's
-    // doing too: in one job every rank has the coordinator's same settings.
-    let peer = matches!(
-        collective,
-        Some(
-            CollectiveError::Connect { .. }
-                | CollectiveError::Handshake { .. }
-                | CollectiveError::PeerClosed { .. }
-                | CollectiveError::Io { .. }
-                | CollectiveError::Timeout { .. }
-                | CollectiveError::Poisoned { .. }
-                | CollectiveError::Aborted { .. }
-        )
-    ) || matches!(
-        error,
-        SyncError::Mix(runtime::MixError::Aborted) | SyncError::AbortedForming
-    );
-    if peer {
-        MethodError::fatal(format!("rank {rank}: {what} ({PEER_FAILURE}): {error}"))
-            .caused_elsewhere()
-    } else {
-        MethodError::fatal(format!("rank {rank}: {what}: {error}"))
-    }
 }
 
 fn parse_secret(hex: &str) -> Result<RingSecret, MethodError> {
