@@ -7,8 +7,8 @@ ends with it (`job/steps.rs`), or by its file name alone (`steps.rs`) where no o
 source file has that name. A crate's `lib.rs`/`main.rs` and a folder's `mod.rs` are named
 by their folder's section and need no line of their own.
 
-Invariants: every line with `Architecture invariant:` has `Held by:` and, after it, either
-`no test yet` or one or more items in backticks:
+Invariants: every list item that begins `- Architecture invariant:` (one line each) has
+`Held by:` and, after it, either `no test yet` or one or more items in backticks:
 - `path/to/file.rs::name`: a test; `fn name` must be in that file (a test in a source
   file's `mod tests` counts). The path is relative to the repository root and exact for
   `src/`, `runtime/`, `pipelines/` and `actors/`. A root-crate test, `tests/...::name`,
@@ -61,7 +61,7 @@ def check_invariants(text):
     """(problems, invariants, without a test) for ARCHITECTURE.md's invariant lines."""
     problems, count, untested = [], 0, 0
     for number, line in enumerate(text.splitlines(), 1):
-        if INVARIANT not in line:
+        if not line.lstrip().startswith("- " + INVARIANT):
             continue
         count += 1
         where = f"ARCHITECTURE.md:{number}"
@@ -101,7 +101,7 @@ def main():
     for problem in problems:
         print(problem)
     print(f"check-codemap: {count} invariants, {count - untested} held by a test or check, "
-          f"{untested} with no test yet, {len(problems)} naming a test that is missing")
+          f"{untested} with no test yet, {len(problems)} naming a missing test or check")
     named = set(re.findall(r"`([^`\s]+\.rs)`", text))
     paths = files()
     counts = {}
