@@ -39,12 +39,22 @@ USE = re.compile(r"\b(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]*);", re.S)
 CFG_TEST = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod\s+tests\s*\{")
 
 
+# Comments, raw strings, strings and char literals, whichever starts first.
+LEXEMES = re.compile(
+    r"//[^\n]*"
+    r"|/\*.*?\*/"
+    r'|(?<![A-Za-z0-9_])b?r(#*)".*?"\1'
+    r'|b?"(?:\\.|[^"\\])*"'
+    r"|'(?:\\.|[^'\\\n])'",
+    re.S,
+)
+
+
 def strip(text):
     """The code without comments, strings and test modules (tests may use anything)."""
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'r#*"(?:.|\n)*?"#*', '""', text)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    # One pass, left to right, so that whatever opens first wins: the `r"` at the end of
+    # "trainer-monitor" is inside a string, not a raw string's start.
+    text = LEXEMES.sub(lambda m: '""' if m.group(0)[-1] in "\"#" else "", text)
     match = CFG_TEST.search(text)
     if match:
         text = text[: match.start()]

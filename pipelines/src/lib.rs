@@ -9,15 +9,12 @@
 //! It knows nothing about QUIC, actors or libtorch; everything here is plain blocking
 //! I/O meant to run on threads of its own.
 //!
-//! Modules, bottom up: a module uses only those on the lines before its own, except
-//! within line 4.
-//! 1. `brace`, `error`, `sample`, `transform/`: leaves.
+//! Modules, bottom up: a module uses only those on the lines before its own.
+//! 1. `brace`, `error`, `sample`, `shard_name`, `transform/`: leaves.
 //! 2. `members` (the tar walk), `stream` (what every shard source shares), `writer`.
 //! 3. `cache`, `http`, `pipe`: the sources below `source`.
-//! 4. `source`, `reader`, `inspect`, `manifest`, `preload`: still a circle. `source`
-//!    opens a preloaded copy through `preload`, which opens shards through `source`,
-//!    names them through `manifest` (above `source`) and sizes through `inspect` (above
-//!    `reader`, above `source`).
+//! 4. `source` (the dispatcher, which also finds a preloaded copy), then `reader`, then
+//!    `inspect`, `manifest`, then `preload` (which copies shards through `source`).
 //! 5. `index`, `plan/`, `produce`.
 //! 6. `folder`, `loader/`, `profile`.
 //! 7. `synth`.
@@ -39,6 +36,7 @@ mod produce;
 mod profile;
 mod reader;
 mod sample;
+mod shard_name;
 mod source;
 mod stream;
 mod synth;
@@ -58,18 +56,21 @@ pub use loader::{
     LoaderConfig, LoaderError, RankCursor, ReadingNow, Regrouped, SampleId, ShardReading,
     Transform, WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame, regroup,
 };
-pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard, shard_name};
+pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
 pub use plan::{
     BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, HookSources, Hooks,
     Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
     WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
 };
-pub use preload::{PreloadError, PreloadProgress, Preloader, preloaded_copy, preloaded_path};
+pub use preload::{PreloadError, PreloadProgress, Preloader};
 pub use produce::{CreateError, CreateReport};
 pub use profile::{StageProfile, process_cpu_seconds, profile_stages};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
 pub use sample::{Sample, decode_int_field};
-pub use source::{ShardList, ShardListError, Sources, local_folder, local_path};
+pub use shard_name::shard_name;
+pub use source::{
+    ShardList, ShardListError, Sources, local_folder, local_path, preloaded_copy, preloaded_path,
+};
 pub use stream::{CacheOptions, DEFAULT_READ_BUFFER, ShardSource, ShardStream, SourceOptions};
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{

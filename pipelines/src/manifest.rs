@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::shard_name::shard_name;
 use crate::source::Sources;
 use crate::writer::WrittenShard;
 
@@ -131,35 +132,6 @@ impl Manifest {
         }
         Ok(manifest)
     }
-}
-
-/// The name a manifest knows a shard by: the file name in its URL. For a `pipe:` command
-/// it is taken from the command's last word that holds `.tar` (else its last word), so
-/// `pipe:curl -s http://h/d/a-000001.tar -o -` is `a-000001.tar`; a URL's query and
-/// fragment are left out.
-pub fn shard_name(url: &str) -> &str {
-    let location = match url.strip_prefix("pipe:") {
-        Some(command) => {
-            let words: Vec<&str> = command
-                .split_whitespace()
-                .map(|w| w.trim_matches(|c| c == '\'' || c == '"'))
-                .collect();
-            words
-                .iter()
-                .rev()
-                .find(|w| w.contains(".tar"))
-                .or(words.last())
-                .copied()
-                .unwrap_or(command)
-        }
-        None => url,
-    };
-    let location = if location.contains("://") {
-        location.split(['?', '#']).next().unwrap_or(location)
-    } else {
-        location
-    };
-    location.rsplit('/').next().unwrap_or(location)
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::ShardError;
 use crate::inspect::human_bytes;
-use crate::manifest::shard_name;
-use crate::source::{Sources, local_path};
+use crate::shard_name::shard_name;
+use crate::source::{Sources, local_path, preloaded_copy, preloaded_path, source_record};
 
 /// Why preloading stopped.
 #[derive(Debug, thiserror::Error)]
@@ -74,24 +74,6 @@ impl PreloadProgress {
     pub fn finished(&self) -> bool {
         self.done == self.total
     }
-}
-
-/// The local copy of `url` in `dir`, and its record of where it came from.
-pub fn preloaded_path(dir: &Path, url: &str) -> PathBuf {
-    dir.join(shard_name(url))
-}
-
-fn source_record(copy: &Path) -> PathBuf {
-    let mut name = copy.as_os_str().to_owned();
-    name.push(".source");
-    PathBuf::from(name)
-}
-
-/// The local copy of `url`, when one made from that URL is in `dir`.
-pub fn preloaded_copy(dir: &Path, url: &str) -> Option<PathBuf> {
-    let copy = preloaded_path(dir, url);
-    let from = fs::read_to_string(source_record(&copy)).ok()?;
-    (from == url && copy.is_file()).then_some(copy)
 }
 
 /// Copies a list of shards into a folder, a few at a time, so that whoever drives it can

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 use crate::error::{ErrorPolicy, ShardError, escaped};
 use crate::members::{Members, Plain, TarRead};
 use crate::sample::Sample;
-use crate::source::Sources;
+use crate::source::{Sources, classify};
 
 /// Largest member accepted by default (a sample field over this is an error).
 pub const DEFAULT_MAX_MEMBER: u64 = 1 << 30;
@@ -375,44 +375,6 @@ fn sample_problem(
             Ok(())
         }
     }
-}
-
-/// Turns an I/O error from the tar layer into a shard error, keeping a source's own
-/// error (a failed pipe command, an HTTP failure) when there is one underneath.
-pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
-    if let Some(source_error) = crate::source::source_failure(&error) {
-        return source_error;
-    }
-    match error.kind() {
-        io::ErrorKind::InvalidData
-        | io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::Other
-        | io::ErrorKind::InvalidInput => ShardError::Corrupt {
-            url: url.to_string(),
-            offset,
-            reason: escaped(flatten(&error).as_bytes()),
-        },
-        _ => ShardError::Read {
-            url: url.to_string(),
-            offset,
-            error,
-        },
-    }
-}
-
-/// The whole chain of an error in one line.
-fn flatten(error: &io::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(inner) = source {
-        let more = inner.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = inner.source();
-    }
-    text
 }
 
 /// Groups consecutive members by key.

@@ -4,15 +4,18 @@
 //! cache, which share only the leaf `stream.rs` with it.
 
 use std::fmt;
+use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::brace::{BraceError, expand_spec};
 use crate::cache::{self, CacheStats, ShardCache};
-use crate::error::ShardError;
+use crate::error::{ShardError, escaped};
 use crate::http::HttpSource;
 use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
+use crate::shard_name::shard_name;
 use crate::stream::{ShardSource, ShardStream, SourceOptions, Stored};
 
 /// The buffer that finds a stream's compression from its first bytes. Small, because an
@@ -134,7 +137,7 @@ impl Sources {
     /// [`open`](Self::open), keeping a local file a file: what the reader walks.
     pub(crate) fn open_tar(&self, url: &str) -> Result<TarStream, ShardError> {
         if let Some(dir) = &self.options.preloaded
-            && let Some(copy) = crate::preload::preloaded_copy(dir, url)
+            && let Some(copy) = preloaded_copy(dir, url)
         {
             let file = std::fs::File::open(&copy).map_err(|error| ShardError::Open {
                 url: format!("{url} (its preloaded copy {})", copy.display()),
@@ -259,7 +262,7 @@ fn decompress(url: &str, raw: Stored, read_buffer: usize) -> Result<TarStream, S
             let n = loop {
                 match file.read(&mut head) {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    result => break result.map_err(|e| crate::reader::classify(url, 0, e))?,
+                    result => break result.map_err(|e| classify(url, 0, e))?,
                 }
             };
             head.truncate(n);
@@ -275,9 +278,7 @@ fn decompress(url: &str, raw: Stored, read_buffer: usize) -> Result<TarStream, S
         }
         Stored::Stream(raw) => {
             let mut stream = BufReader::with_capacity(PEEK_BUFFER, raw);
-            let head = stream
-                .fill_buf()
-                .map_err(|e| crate::reader::classify(url, 0, e))?;
+            let head = stream.fill_buf().map_err(|e| classify(url, 0, e))?;
             match Compression::of(head) {
                 Some(compression) => {
                     compression.decoder(BufReader::with_capacity(read_buffer, stream))
@@ -318,6 +319,62 @@ impl Compression {
             Self::Xz => Box::new(liblzma::bufread::XzDecoder::new_multi_decoder(stream)),
         }
     }
+}
+
+/// Turns an I/O error from the tar layer into a shard error, keeping a source's own
+/// error (a failed pipe command, an HTTP failure) when there is one underneath.
+pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
+    if let Some(source_error) = source_failure(&error) {
+        return source_error;
+    }
+    match error.kind() {
+        io::ErrorKind::InvalidData
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::Other
+        | io::ErrorKind::InvalidInput => ShardError::Corrupt {
+            url: url.to_string(),
+            offset,
+            reason: escaped(flatten(&error).as_bytes()),
+        },
+        _ => ShardError::Read {
+            url: url.to_string(),
+            offset,
+            error,
+        },
+    }
+}
+
+/// The whole chain of an error in one line.
+fn flatten(error: &io::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(inner) = source {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+/// The local copy of `url` in `dir`, and its record of where it came from.
+pub fn preloaded_path(dir: &Path, url: &str) -> PathBuf {
+    dir.join(shard_name(url))
+}
+
+pub(crate) fn source_record(copy: &Path) -> PathBuf {
+    let mut name = copy.as_os_str().to_owned();
+    name.push(".source");
+    PathBuf::from(name)
+}
+
+/// The local copy of `url`, when one made from that URL is in `dir`.
+pub fn preloaded_copy(dir: &Path, url: &str) -> Option<PathBuf> {
+    let copy = preloaded_path(dir, url);
+    let from = fs::read_to_string(source_record(&copy)).ok()?;
+    (from == url && copy.is_file()).then_some(copy)
 }
 
 /// A source's own failure carried through `io::Error` by a stream (a pipe command that

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
 
 use crate::commands::coordinator::call;
-use crate::commands::train::Terminal;
+use crate::commands::terminal::Terminal;
 use crate::config::Loaded;
 
 /// How long a follower waits for news in one call.

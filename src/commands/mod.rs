@@ -1,10 +1,12 @@
 //! One module per `imgrun` command.
 //!
 //! Modules, bottom up: a module uses only those on the lines before its own.
-//! 1. `bench`, `cluster`, `coordinator`, `doctor`, `export`, `serve`, `shards`: leaves.
-//! 2. `train/`.
-//! 3. `demo`, `jobs`, `plan` (each above `train`).
-//! 4. `plot/` (above `jobs`).
+//! 1. `bench`, `cluster`, `coordinator`, `doctor`, `export`, `serve`, `shards`,
+//!    `terminal` (a job's events on this terminal): leaves.
+//! 2. `jobs` (above `cluster`, `coordinator`, `terminal`).
+//! 3. `plot/` (above `jobs`).
+//! 4. `train/` (above `jobs`, `plot/`, `terminal`).
+//! 5. `demo`, `plan` (above `train/`).
 
 pub mod bench;
 pub mod cluster;
@@ -17,6 +19,7 @@ pub mod plan;
 pub mod plot;
 pub mod serve;
 pub mod shards;
+mod terminal;
 pub mod train;
 
 use indicatif::{ProgressBar, ProgressStyle};

@@ -6,11 +6,9 @@ use std::cell::RefCell;
 use fast_image_resize::Resizer;
 use rand::Rng;
 
-use super::decode::{
-    DecodeBuffers, Frame, ImageHeader, PixelBox, area_scale_denominator, decode_area, read_header,
-};
+use super::decode::{DecodeBuffers, Frame, area_scale_denominator, decode_area, read_header};
 use super::resample::{Pixels, SourceBox, resample_into};
-use super::{DecodeLimits, OutputFormat, TransformError};
+use super::{DecodeLimits, ImageHeader, OutputFormat, PixelBox, TransformError};
 
 /// A crop in pixels of the image as its header declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

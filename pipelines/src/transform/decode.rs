@@ -15,15 +15,7 @@ use std::io::Cursor;
 
 use image::{DynamicImage, RgbImage};
 
-use super::{DecodeLimits, ImageFormat, TransformError};
-
-/// What the header of an image declares, checked against [`DecodeLimits`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageHeader {
-    pub format: ImageFormat,
-    pub width: u32,
-    pub height: u32,
-}
+use super::{DecodeLimits, ImageFormat, ImageHeader, PixelBox, TransformError};
 
 /// Reads the format and declared size of an image without decoding pixels, and checks
 /// them: no zero dimension, no more than `limits.max_pixels` pixels.
@@ -172,15 +164,6 @@ pub(crate) fn decode_area(
         }
     }
     decode_top(bytes, header, denominator, area.bottom, buffers)
-}
-
-/// A box of the declared image in whole pixels, `[left, right) x [top, bottom)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PixelBox {
-    pub left: u32,
-    pub top: u32,
-    pub right: u32,
-    pub bottom: u32,
 }
 
 /// Decodes an image whose header has been checked into `buffers.pixels`, reduced by

@@ -9,8 +9,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong};
 
-use super::decode::{ImageHeader, PixelBox};
-use super::{ImageFormat, TransformError};
+use super::{ImageFormat, ImageHeader, PixelBox, TransformError};
 
 /// What [`decode_region`] wrote; mirrors `struct imgrun_jpeg_region`.
 #[repr(C)]

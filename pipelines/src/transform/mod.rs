@@ -21,7 +21,7 @@ mod libjpeg;
 mod resample;
 
 pub use augment::{CropBox, EvalTransform, TrainTransform, random_resized_crop};
-pub use decode::{ImageHeader, decode_rgb, read_header};
+pub use decode::{decode_rgb, read_header};
 
 /// The mean of ImageNet's training images per channel, on the 0-1 scale.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -65,6 +65,23 @@ impl Default for DecodeLimits {
             max_pixels: Self::DEFAULT_MAX_PIXELS,
         }
     }
+}
+
+/// What the header of an image declares, checked against [`DecodeLimits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageHeader {
+    pub format: ImageFormat,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// A box of the declared image in whole pixels, `[left, right) x [top, bottom)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PixelBox {
+    pub left: u32,
+    pub top: u32,
+    pub right: u32,
+    pub bottom: u32,
 }
 
 /// Image formats the transforms decode.

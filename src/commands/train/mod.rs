@@ -3,13 +3,12 @@
 //! The command turns the configuration into a job request (`spec.rs`), reaches the
 //! cluster or starts an embedded one for the job (`cluster.rs`), runs the job
 //! (`actors::job`, which spawns, wires and drives the trainers) and renders what it says
-//! (`render.rs`). Ctrl-C or SIGTERM asks the job to stop after the step in flight with
+//! (`src/commands/terminal.rs`). Ctrl-C or SIGTERM asks the job to stop after the step in flight with
 //! a checkpoint (for at most [`STOP_GRACE`]); then the command prints the command line
 //! that continues the run.
 
 mod cluster;
 mod launch;
-mod render;
 mod spec;
 mod submit;
 
@@ -26,8 +25,6 @@ use crate::config::{Config, Loaded};
 use cluster::Cluster;
 pub(crate) use spec::data_spec;
 use spec::job_request;
-
-pub(crate) use render::Terminal;
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -287,7 +284,7 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
             return submit::run_attached(&cluster.client, request, &mut signals).await;
         }
         let trainers = Trainers::default();
-        let output = render::Terminal::default();
+        let output = crate::commands::terminal::Terminal::default();
         let job = actors::job::run(&cluster.client, request, &output, &stop, &trainers);
         // The first signal asks the job to stop; a second ends it at once.
         let at_once = async {

@@ -13,9 +13,9 @@ use actors::job::{
 use anyhow::{Context, bail};
 use runtime::{ActorLabel, ActorRef, ClusterClient, SpawnOptions, Strategy};
 
-use super::render::Terminal;
 use super::{JobOptions, StopSignals};
 use crate::commands::coordinator::call;
+use crate::commands::terminal::Terminal;
 use crate::config::Config;
 
 /// How long the command waits for news in one call to the coordinator.
