@@ -1,7 +1,7 @@
 //! The bucket helpers that the gradient average (`ddp.rs`), averaging behind backward
 //! (`overlap.rs`) and a decentralized job's mixing (`decentral.rs`) share: how parameters
 //! are cut into buckets, the work a bucket is for the ring's communication thread
-//! ([`Job`]), and the copies between tensors (values or gradients) and flat float
+//! ([`Op`]), and the copies between tensors (values or gradients) and flat float
 //! buffers.
 
 use std::ops::Range;
@@ -12,7 +12,7 @@ use super::comm::SyncError;
 
 /// Work for the gradient ring's communication thread (`ddp.rs`'s; the hooks of
 /// `overlap.rs` hand it full buckets too).
-pub(super) enum Job {
+pub(super) enum Op {
     Mean { buffer: Vec<f32>, weight: f32 },
     Broadcast { buffer: Vec<f32>, root: usize },
     Sum { buffer: Vec<f32> },

@@ -1,5 +1,5 @@
 //! A communication thread: one connection state (the gradient ring, a decentralized
-//! job's mixing groups) on a single-threaded tokio runtime of its own, running jobs in
+//! job's mixing groups) on a single-threaded tokio runtime of its own, running ops in
 //! the order they are sent, so that the trainer's thread computes while bytes move.
 //! Beside it, what a failed synchronisation is ([`SyncError`]) and what it makes of the
 //! trainer's call (`ring_failure`: a peer's failure, or this rank's own).
@@ -119,23 +119,24 @@ impl AbortSignal {
     }
 }
 
-/// A thread that owns a connection state and runs jobs `J` on it, answering `R` for each.
-pub(super) struct CommThread<J, R> {
-    jobs: Option<mpsc::Sender<J>>,
+/// A thread that owns a connection state and runs ops `K` on it, answering `R` for
+/// each.
+pub(super) struct CommThread<K, R> {
+    ops: Option<mpsc::Sender<K>>,
     done: mpsc::Receiver<R>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl<J, R> std::fmt::Debug for CommThread<J, R> {
+impl<K, R> std::fmt::Debug for CommThread<K, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CommThread").finish_non_exhaustive()
     }
 }
 
-impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
+impl<K: Send + 'static, R: Send + 'static> CommThread<K, R> {
     /// Starts thread `name`. It forms its state with `connect` on its own runtime (where
     /// the state's sockets then live) and hands back `describe(&state)`, then runs every
-    /// job sent with `run`; a job cut short by [`abort_all`] is answered
+    /// op sent with `run`; an op cut short by [`abort_all`] is answered
     /// `aborted(&state)`. `abort` is taken before connecting: an abort while the
     /// connections form (a peer lost before it bound or answered) ends the forming with
     /// [`SyncError::AbortedForming`], rather than leaving it to retry a dead peer until
@@ -155,9 +156,9 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
         S: 'static,
         D: FnOnce(&S) -> T + Send + 'static,
         T: Send + 'static,
-        H: AsyncFnMut(&mut S, J) -> R + Send + 'static,
+        H: AsyncFnMut(&mut S, K) -> R + Send + 'static,
     {
-        let (jobs, job_rx) = mpsc::channel::<J>();
+        let (ops, op_rx) = mpsc::channel::<K>();
         let (done_tx, done) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -185,8 +186,8 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
                     }
                 };
                 let _ = ready_tx.send(Ok(describe(&state)));
-                while let Ok(job) = job_rx.recv() {
-                    let Some(result) = abort.unless_aborted(&tokio, run(&mut state, job)) else {
+                while let Ok(op) = op_rx.recv() {
+                    let Some(result) = abort.unless_aborted(&tokio, run(&mut state, op)) else {
                         let _ = done_tx.send(aborted(&state));
                         break;
                     };
@@ -198,38 +199,38 @@ impl<J: Send + 'static, R: Send + 'static> CommThread<J, R> {
             .map_err(SyncError::Thread)?;
         let described = ready.recv().map_err(|_| SyncError::ThreadGone)??;
         let comm = CommThread {
-            jobs: Some(jobs),
+            ops: Some(ops),
             done,
             thread: Some(thread),
         };
         Ok((comm, described))
     }
 
-    pub(super) fn send(&self, job: J) -> Result<(), SyncError> {
-        self.jobs
+    pub(super) fn send(&self, op: K) -> Result<(), SyncError> {
+        self.ops
             .as_ref()
             .ok_or(SyncError::ThreadGone)?
-            .send(job)
+            .send(op)
             .map_err(|_| SyncError::ThreadGone)
     }
 
-    /// Another handle on the job queue (for gradient hooks that send from within
+    /// Another handle on the op queue (for gradient hooks that send from within
     /// backward). While one lives, dropping this thread waits for it to go.
-    pub(super) fn sender(&self) -> Result<mpsc::Sender<J>, SyncError> {
-        self.jobs.clone().ok_or(SyncError::ThreadGone)
+    pub(super) fn sender(&self) -> Result<mpsc::Sender<K>, SyncError> {
+        self.ops.clone().ok_or(SyncError::ThreadGone)
     }
 
-    /// The answer to the oldest job not yet received.
+    /// The answer to the oldest op not yet received.
     pub(super) fn receive(&self) -> Result<R, SyncError> {
         self.done.recv().map_err(|_| SyncError::ThreadGone)
     }
 }
 
-impl<J, R> Drop for CommThread<J, R> {
+impl<K, R> Drop for CommThread<K, R> {
     fn drop(&mut self) {
-        // Closing the job channel ends the thread's loop once its current job ends
+        // Closing the op channel ends the thread's loop once its current op ends
         // (which a dead peer ends with the operation timeout at worst).
-        self.jobs = None;
+        self.ops = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -270,7 +271,7 @@ mod tests {
                 Ok::<_, SyncError>(())
             },
             |_: &()| (),
-            async |_: &mut (), job| job,
+            async |_: &mut (), op| op,
             |_: &()| 0,
         );
         assert!(
@@ -288,11 +289,11 @@ mod tests {
             signal,
             || async { Ok::<_, SyncError>(7u32) },
             |state: &u32| *state,
-            async |state: &mut u32, job: u32| {
-                if job == 0 {
+            async |state: &mut u32, op: u32| {
+                if op == 0 {
                     std::future::pending::<()>().await;
                 }
-                *state + job
+                *state + op
             },
             |_: &u32| u32::MAX,
         )

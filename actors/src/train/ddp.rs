@@ -24,7 +24,7 @@ use runtime::{CollectiveError, RingGroup};
 use tch::{Device, Kind, Tensor};
 
 use super::bucket::{
-    Job, append_grad, append_values, cut_buckets, flatten_grads, flatten_values, scatter_values,
+    Op, append_grad, append_values, cut_buckets, flatten_grads, flatten_values, scatter_values,
     write_grad, write_grad_tensor, write_values,
 };
 use super::comm::{CommThread, SyncError};
@@ -252,7 +252,7 @@ impl GradSync {
             if b + 1 == count {
                 buffer.extend_from_slice(extra);
             }
-            self.comm.send(Job::Mean {
+            self.comm.send(Op::Mean {
                 buffer,
                 weight: samples,
             })?;
@@ -321,7 +321,7 @@ impl GradSync {
         for t in tensors {
             append_values(&mut buffer, t)?;
         }
-        self.comm.send(Job::Broadcast { buffer, root })?;
+        self.comm.send(Op::Broadcast { buffer, root })?;
         let Done { buffer, .. } = self.comm.receive()?;
         let mut offset = 0;
         for t in tensors {
@@ -336,7 +336,7 @@ impl GradSync {
     /// Replaces `values` with their mean over all ranks, through the ring on the host
     /// (every rank gets the same bits).
     pub fn mean_values(&mut self, values: &mut Vec<f32>) -> Result<(), SyncError> {
-        self.comm.send(Job::Mean {
+        self.comm.send(Op::Mean {
             buffer: std::mem::take(values),
             weight: 1.0,
         })?;
@@ -350,7 +350,7 @@ impl GradSync {
         values: &mut Vec<f32>,
         root: usize,
     ) -> Result<(), SyncError> {
-        self.comm.send(Job::Broadcast {
+        self.comm.send(Op::Broadcast {
             buffer: std::mem::take(values),
             root,
         })?;
@@ -360,7 +360,7 @@ impl GradSync {
 
     /// Sums `values` over all ranks, in place.
     pub fn sum(&mut self, values: &mut [f32]) -> Result<(), SyncError> {
-        self.comm.send(Job::Sum {
+        self.comm.send(Op::Sum {
             buffer: values.to_vec(),
         })?;
         let Done { buffer, .. } = self.comm.receive()?;
@@ -470,9 +470,9 @@ struct Done {
     total: f32,
 }
 
-/// The communication thread: owns the ring and runs jobs in the order sent.
+/// The communication thread: owns the ring and runs ops in the order sent.
 struct Comm {
-    thread: CommThread<Job, Result<Done, CollectiveError>>,
+    thread: CommThread<Op, Result<Done, CollectiveError>>,
     rank: usize,
     world: usize,
 }
@@ -497,7 +497,7 @@ impl Comm {
             super::comm::abort_signal(),
             connect,
             |group: &RingGroup| (group.rank(), group.world()),
-            async |group: &mut RingGroup, job| run(group, job).await,
+            async |group: &mut RingGroup, op| run(group, op).await,
             |group: &RingGroup| {
                 Err(CollectiveError::Aborted {
                     rank: group.rank(),
@@ -512,11 +512,11 @@ impl Comm {
         })
     }
 
-    fn send(&self, job: Job) -> Result<(), SyncError> {
-        self.thread.send(job).map_err(|_| self.why_gone())
+    fn send(&self, op: Op) -> Result<(), SyncError> {
+        self.thread.send(op).map_err(|_| self.why_gone())
     }
 
-    /// Why the thread stopped taking jobs: the error it answered last (an abort, which
+    /// Why the thread stopped taking ops: the error it answered last (an abort, which
     /// says a peer failed), else that it is gone.
     fn why_gone(&self) -> SyncError {
         loop {
@@ -533,17 +533,17 @@ impl Comm {
     }
 }
 
-async fn run(group: &mut RingGroup, job: Job) -> Result<Done, CollectiveError> {
-    match job {
-        Job::Mean { mut buffer, weight } => {
+async fn run(group: &mut RingGroup, op: Op) -> Result<Done, CollectiveError> {
+    match op {
+        Op::Mean { mut buffer, weight } => {
             let total = group.allreduce_mean_weighted(&mut buffer, weight).await?;
             Ok(Done { buffer, total })
         }
-        Job::Broadcast { mut buffer, root } => {
+        Op::Broadcast { mut buffer, root } => {
             group.broadcast(&mut buffer, root).await?;
             Ok(Done { buffer, total: 0.0 })
         }
-        Job::Sum { mut buffer } => {
+        Op::Sum { mut buffer } => {
             group.allreduce_sum(&mut buffer).await?;
             Ok(Done { buffer, total: 0.0 })
         }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use tch::{Kind, Tensor};
 use torch_sys::C_tensor;
 
-use super::bucket::Job;
+use super::bucket::Op;
 use super::comm::SyncError;
 
 type GradReady = unsafe extern "C" fn(context: *mut c_void, index: usize, grad: *mut C_tensor);
@@ -98,9 +98,9 @@ impl Overlap {
     }
 
     /// Arms the hooks for one backward: with agreed buckets, each full bucket goes to
-    /// `jobs` weighted by `weight` (this rank's samples); before that, the hooks record
+    /// `ops` weighted by `weight` (this rank's samples); before that, the hooks record
     /// the order in which gradients come.
-    pub(super) fn arm(&self, jobs: mpsc::Sender<Job>, weight: f32, spare: &mut Vec<Vec<f32>>) {
+    pub(super) fn arm(&self, ops: mpsc::Sender<Op>, weight: f32, spare: &mut Vec<Vec<f32>>) {
         let mut step = self.step();
         step.armed = true;
         step.error = None;
@@ -127,7 +127,7 @@ impl Overlap {
             step.buffers[b] = buffer;
             step.left[b] = count;
         }
-        step.jobs = Some(jobs);
+        step.ops = Some(ops);
     }
 
     /// Disarms the hooks after backward. With agreed buckets: fills in the parameters
@@ -136,7 +136,7 @@ impl Overlap {
     pub(super) fn finish(&self, extra: &[f32]) -> Result<Option<Sent>, SyncError> {
         let mut step = self.step();
         let armed = std::mem::replace(&mut step.armed, false);
-        let jobs = step.jobs.take();
+        let ops = step.ops.take();
         if std::mem::take(&mut step.stopped) {
             return Err(SyncError::ThreadGone);
         }
@@ -152,7 +152,7 @@ impl Overlap {
                 "a step averaged without arming the hooks before backward".into(),
             ));
         }
-        let result = finish_buckets(&mut step, &plan, &self.numels, jobs, extra);
+        let result = finish_buckets(&mut step, &plan, &self.numels, ops, extra);
         let buckets = plan.buckets.clone();
         step.plan = Some(plan);
         result.map(|()| Some(Sent { buckets }))
@@ -162,7 +162,7 @@ impl Overlap {
     pub(super) fn finish_abandoned(&self) {
         let mut step = self.step();
         step.armed = false;
-        step.jobs = None;
+        step.ops = None;
         step.error = None;
         step.stopped = false;
     }
@@ -289,11 +289,11 @@ struct Step {
     buffers: Vec<Vec<f32>>,
     /// The next bucket to send.
     next: usize,
-    jobs: Option<mpsc::Sender<Job>>,
+    ops: Option<mpsc::Sender<Op>>,
     weight: f32,
     /// The first thing that went wrong in a hook, reported by `finish`.
     error: Option<String>,
-    /// The communication thread stopped taking jobs (it ended on an abort).
+    /// The communication thread stopped taking ops (it ended on an abort).
     stopped: bool,
 }
 
@@ -307,7 +307,7 @@ impl Step {
             left: Vec::new(),
             buffers: Vec::new(),
             next: 0,
-            jobs: None,
+            ops: None,
             weight: 0.0,
             error: None,
             stopped: false,
@@ -355,8 +355,8 @@ impl Step {
 
     fn send(&mut self, bucket: usize) -> bool {
         let buffer = std::mem::take(&mut self.buffers[bucket]);
-        let sent = self.jobs.as_ref().is_some_and(|jobs| {
-            jobs.send(Job::Mean {
+        let sent = self.ops.as_ref().is_some_and(|ops| {
+            ops.send(Op::Mean {
                 buffer,
                 weight: self.weight,
             })
@@ -371,10 +371,10 @@ fn finish_buckets(
     step: &mut Step,
     plan: &Plan,
     numels: &[usize],
-    jobs: Option<mpsc::Sender<Job>>,
+    ops: Option<mpsc::Sender<Op>>,
     extra: &[f32],
 ) -> Result<(), SyncError> {
-    step.jobs = jobs;
+    step.ops = ops;
     let last = plan.buckets.len() - 1;
     for b in step.next..=last {
         for &p in &plan.buckets[b] {
@@ -387,12 +387,12 @@ fn finish_buckets(
             step.buffers[b].extend_from_slice(extra);
         }
         if !step.send(b) {
-            step.jobs = None;
+            step.ops = None;
             return Err(SyncError::ThreadGone);
         }
     }
     step.next = last + 1;
-    step.jobs = None;
+    step.ops = None;
     Ok(())
 }
 
