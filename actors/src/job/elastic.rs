@@ -23,13 +23,15 @@
 use std::time::Duration;
 
 use pipelines::RankCursor;
-use runtime::{ClusterClient, Resources};
+use runtime::ClusterClient;
 
 use super::calls::{Rank, agreed, call_all, call_one};
 use super::error::During as _;
+use super::error::RankFailure;
+use super::spawn::spawn_trainers;
 use super::steps::Position;
-use super::watch::{FailureWatcher, RankFailure};
-use super::world::{RankPlace, Trainers, node_ip};
+use super::watch::FailureWatcher;
+use super::world::{RankPlace, Trainers};
 use super::{Elastic, JobError, JobSettings};
 use crate::train::phase::AbortRequest;
 use crate::train::{
@@ -399,53 +401,6 @@ pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64
     )
 }
 
-/// Places for up to `want` more trainers on live nodes that run none of the job's ranks,
-/// of the job's kind: one CPU trainer on a node with a CPU free, or one GPU trainer per
-/// free GPU. None when the cluster cannot be asked.
-pub(super) async fn room_to_grow(
-    client: &ClusterClient,
-    ranks: &[Rank],
-    settings: &JobSettings,
-    want: usize,
-) -> Vec<RankPlace> {
-    let Ok(status) = client.status().await else {
-        return Vec::new();
-    };
-    let gpu = ranks.first().is_some_and(|r| r.place.gpu);
-    let mut places = Vec::new();
-    for node in status.live_nodes() {
-        if ranks.iter().any(|r| r.place.node == node.id) {
-            continue;
-        }
-        let cpus = u64::from(node.cpus.max(1));
-        let used = |kind: &str| node.used.get(kind).copied().unwrap_or(0);
-        let free_cpu_millis = (cpus * 1000).saturating_sub(used(Resources::CPU));
-        let slots = if gpu {
-            (node.gpus.len() as u64).saturating_sub(used(Resources::GPU))
-        } else {
-            u64::from(free_cpu_millis >= 1000)
-        };
-        for _ in 0..slots {
-            if places.len() >= want {
-                return places;
-            }
-            let threads = match settings.threads {
-                0 if gpu => (cpus / slots.max(1)).max(1) as u32,
-                0 => (free_cpu_millis / 1000).max(1) as u32,
-                t => t,
-            };
-            places.push(RankPlace {
-                node: node.id,
-                ip: node_ip(node),
-                gpu,
-                threads,
-                cpu_millis: if gpu { 0 } else { free_cpu_millis },
-            });
-        }
-    }
-    places
-}
-
 /// Grows the job at an epoch's start (`at`) onto `places`: the ranks let go of their
 /// ring, take their place in the larger world (new ranks after the old, the learning
 /// rate for the larger global batch), the new trainers start, and every rank binds a
@@ -489,8 +444,7 @@ pub(super) async fn grow(
     .during(|| "the ranks taking their place in the larger world".to_string())?;
     job.optim.lr = lr;
     let joined =
-        super::driver::spawn_trainers(client, trainers, job, job_name, places, (&node_ranks, old))
-            .await?;
+        spawn_trainers(client, trainers, job, job_name, places, (&node_ranks, old)).await?;
     let mut ranks = world.ranks.clone();
     ranks.extend(joined);
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)

@@ -12,6 +12,20 @@
 //! runs it renders them (`imgrun train` on its terminal) or keeps them for followers
 //! (the coordinator actor of `coordinator.rs`, which runs a detached job inside the
 //! cluster). The job prints nothing.
+//!
+//! The files' layers, bottom up (a file names only files of the layers below it; CI's
+//! `tools/check-circles.py` fails on a circle among them):
+//! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
+//!    `rules.rs` (the rules between its choices);
+//! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`);
+//! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
+//! 4. what acts on ranks: `watch.rs` (the head's events for them), `ranks.rs` (the hang
+//!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loaders.rs` (remote
+//!    loader actors);
+//! 5. `steps.rs` (the step loop);
+//! 6. `elastic.rs` (a loss's recovery, growth);
+//! 7. `driver.rs` ([`run`]);
+//! 8. `coordinator.rs` (the actor that runs a detached job).
 
 mod calls;
 mod coordinator;
@@ -23,6 +37,7 @@ mod metrics;
 mod output;
 mod ranks;
 mod rules;
+mod spawn;
 mod steps;
 mod watch;
 mod world;
@@ -37,12 +52,12 @@ pub use coordinator::{
     FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, STOP_GRACE,
     StatusRequest, register,
 };
-pub use driver::{RankCallError, RankFailure, elastic_line, newest_run, run, sync_lines};
-pub use error::{HeadLost, Interrupted, JobError};
+pub use driver::{elastic_line, newest_run, run, sync_lines};
+pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
-pub use steps::{Progress, Saved, StopControl, StopRequest};
+pub use steps::{StopControl, StopRequest};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
 

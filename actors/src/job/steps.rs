@@ -3,16 +3,17 @@
 //! the job is asked to stop.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pipelines::RankCursor;
-use serde::{Deserialize, Serialize};
 
 use super::calls::{Rank, call_all, call_one};
+use super::error::{Progress, Saved};
 use super::metrics::Metrics;
 use super::ranks::{RankView, hold_ups, rank_views};
+use super::world::{RankPlace, room_to_grow};
 use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
@@ -20,24 +21,6 @@ use crate::train::{
     StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply, TrainRequest,
     late_rank,
 };
-
-/// A checkpoint this job wrote or resumed from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Saved {
-    pub dir: PathBuf,
-    pub epoch: u64,
-    pub global_step: u64,
-    pub step_in_epoch: u64,
-}
-
-/// Where a job stands, shared with the code that handles signals: what it needs to say
-/// after an interrupt, even when the step loop did not get to answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Progress {
-    pub run_dir: Option<PathBuf>,
-    /// The newest checkpoint.
-    pub checkpoint: Option<Saved>,
-}
 
 /// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
 /// and what the loop tells it back.
@@ -151,7 +134,7 @@ pub(super) enum LoopEnd {
     /// The job's last epoch is done.
     Done,
     /// An elastic job found room for more trainers at an epoch's end: these places.
-    Grow(Vec<super::world::RankPlace>),
+    Grow(Vec<RankPlace>),
 }
 
 /// An elastic job that may grow at its epochs' ends: the cluster to look for room in, and
@@ -748,7 +731,12 @@ pub(super) async fn train_loop(
             && ranks.len() < grow.max_world
         {
             let want = grow.max_world - ranks.len();
-            let places = super::elastic::room_to_grow(grow.client, ranks, train, want).await;
+            let taken: Vec<RankPlace> = ranks.iter().map(|r| r.place.clone()).collect();
+            // None when the cluster cannot be asked.
+            let places = match grow.client.status().await {
+                Ok(status) => room_to_grow(&status, &taken, train, want),
+                Err(_) => Vec::new(),
+            };
             if !places.is_empty() {
                 summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
                 return Ok(LoopEnd::Grow(places));
