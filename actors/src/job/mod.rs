@@ -30,6 +30,7 @@
 mod calls;
 mod coordinator;
 mod driver;
+mod due;
 mod elastic;
 mod error;
 mod loaders;
@@ -39,6 +40,7 @@ mod ranks;
 mod rules;
 mod spawn;
 mod steps;
+mod stop;
 mod watch;
 mod world;
 
@@ -57,7 +59,7 @@ pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFa
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
-pub use steps::{StopControl, StopRequest};
+pub use stop::{StopControl, StopRequest};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
 
