@@ -18,7 +18,8 @@
 //!    and rank 0's weights broadcast (they are everyone's already).
 //!
 //! Below `train.min_world`, or at a loss past `train.max_failures`, the job fails instead,
-//! with a checkpoint at the step the survivors rolled back to.
+//! with a checkpoint at the step the survivors rolled back to. When to do which is
+//! decided by `recovery.rs`; this file makes the calls.
 
 use std::time::Duration;
 
@@ -28,11 +29,12 @@ use runtime::ClusterClient;
 use super::calls::{Rank, agreed, call_all, call_one};
 use super::error::During as _;
 use super::error::RankFailure;
+use super::recovery::GiveUp;
 use super::spawn::spawn_trainers;
 use super::steps::Position;
 use super::watch::FailureWatcher;
 use super::world::{RankPlace, Trainers};
-use super::{Elastic, JobError, JobSettings};
+use super::{JobError, JobSettings};
 use crate::train::phase::AbortRequest;
 use crate::train::{
     JobSpec, ListenReply, ListenRequest, RegroupRecord, RegroupReply, RegroupRequest,
@@ -56,6 +58,32 @@ pub(super) struct Losses {
 }
 
 impl Losses {
+    /// The old rank numbers of the ranks lost.
+    pub(super) fn lost_ranks(&self) -> Vec<u32> {
+        self.lost.iter().map(|(r, _)| *r).collect()
+    }
+
+    /// The job's error when these losses take it past a limit (`why`, from the job's
+    /// [`Recovery`](super::recovery::Recovery)).
+    pub(super) fn beyond(&self, why: GiveUp) -> Option<JobError> {
+        let lost = self.lost_ranks();
+        let cause = self.cause();
+        match why {
+            GiveUp::PastMaxFailures {
+                failures,
+                max_failures,
+            } => Some(JobError::Refused(format!(
+                "lost rank(s) {lost:?}: {cause}; that is {failures} loss(es), past \
+                 train.max_failures = {max_failures}"
+            ))),
+            GiveUp::BelowMinWorld { left, min_world } => Some(JobError::Refused(format!(
+                "lost rank(s) {lost:?}: {cause}; {left} rank(s) left, fewer than \
+                 train.min_world = {min_world}"
+            ))),
+            GiveUp::ChangeFailed => None,
+        }
+    }
+
     pub(super) fn cause(&self) -> String {
         self.lost
             .iter()
@@ -255,28 +283,11 @@ pub(super) struct Regrouped {
 pub(super) async fn regroup(
     job: &JobSpec,
     settings: &JobSettings,
-    elastic: Elastic,
     losses: &Losses,
     at: &Position,
-    failures: u32,
 ) -> Result<Regrouped, JobError> {
     let n = losses.survivors.len() as u32;
-    let lost: Vec<u32> = losses.lost.iter().map(|(r, _)| *r).collect();
-    if failures > elastic.max_failures {
-        return Err(JobError::Refused(format!(
-            "lost rank(s) {lost:?}: {}; that is {failures} loss(es), past train.max_failures \
-             = {}",
-            losses.cause(),
-            elastic.max_failures
-        )));
-    }
-    if n < elastic.min_world {
-        return Err(JobError::Refused(format!(
-            "lost rank(s) {lost:?}: {}; {n} rank(s) left, fewer than train.min_world = {}",
-            losses.cause(),
-            elastic.min_world
-        )));
-    }
+    let lost = losses.lost_ranks();
     // Ranks are numbered node by node, so the survivors in order are too.
     let mut node_ranks: Vec<u32> = Vec::new();
     count_by_node(

@@ -16,16 +16,18 @@
 //! The files' layers, bottom up (a file names only files of the layers below it; CI's
 //! `tools/check-circles.py` fails on a circle among them):
 //! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
-//!    `rules.rs` (the rules between its choices);
+//!    `rules.rs` (the rules between its choices), and the pure decisions: `due.rs` (what
+//!    is due at each step) and `recovery.rs` (what follows each end of the step loop);
 //! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`);
 //! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
 //! 4. what acts on ranks: `watch.rs` (the head's events for them), `ranks.rs` (the hang
 //!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loaders.rs` (remote
 //!    loader actors);
-//! 5. `steps.rs` (the step loop);
-//! 6. `elastic.rs` (a loss's recovery, growth);
-//! 7. `driver.rs` ([`run`]);
-//! 8. `coordinator.rs` (the actor that runs a detached job).
+//! 5. `stop.rs` (how a caller stops the job);
+//! 6. `steps.rs` (the step loop, carrying out `due.rs`);
+//! 7. `elastic.rs` (the calls of a loss's recovery and of growth);
+//! 8. `driver.rs` ([`run`], carrying out `recovery.rs`);
+//! 9. `coordinator.rs` (the actor that runs a detached job).
 
 mod calls;
 mod coordinator;
@@ -37,6 +39,7 @@ mod loaders;
 mod metrics;
 mod output;
 mod ranks;
+mod recovery;
 mod rules;
 mod spawn;
 mod steps;
