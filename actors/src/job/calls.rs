@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runtime::{ActorCallError, ActorRef};
+use runtime::ActorRef;
 use serde::Serialize;
 
-use super::JobError;
+use super::error::{JobError, RankCallError};
 use super::world::RankPlace;
 use crate::train::TrainerMethod;
 
@@ -25,16 +25,6 @@ impl Rank {
     pub(crate) fn name(&self) -> String {
         format!("rank {} (node {})", self.rank, self.place.node)
     }
-}
-
-/// A call to a rank that failed: the runtime's error, kept typed so that the job can ask
-/// where a failure started ([`JobError::failure_origin`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{rank}: {method}: {error}")]
-pub struct RankCallError {
-    pub rank: String,
-    pub method: &'static str,
-    pub error: ActorCallError,
 }
 
 /// Calls method `M` on every rank at once, each with its `request`, and returns the

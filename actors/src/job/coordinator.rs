@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::ranks::RankView;
-use super::stopping::{STOP_GRACE, run_to_end_or_stop};
+use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
     JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl, StopRequest,
     Trainers,

@@ -1,34 +1,31 @@
-//! The job from spawning its trainers to the check of the replicas: the world, the run
-//! folder, resume, the ring's wiring, and watching the trainers for failures while the
-//! step loop runs.
+//! The job from its cluster to the check of its replicas: the world and the run folder
+//! made (or resumed), the trainers spawned, preloaded and wired into a ring, then the
+//! step loop, and after each of its ends what the job's [`Recovery`] decides (finish,
+//! explain a failure, shrink after a loss, grow into room), carried out here with the
+//! calls of `elastic.rs`.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use runtime::{
-    ActorLabel, ClusterClient, FailureOrigin, NodeId, Resources, SpawnOptions, Strategy,
-};
+use runtime::{ClusterClient, FailureOrigin, NodeId};
 
-use super::calls::{Rank, agreed, call_all, to_json};
-use super::elastic::{self, Regrouped, World};
+use super::calls::{Rank, agreed, call_all};
+use super::elastic::{self, Losses, Regrouped, World};
+use super::error::Saved;
 use super::loaders;
 use super::metrics::{Metrics, rewind};
-use super::steps::{Grow, LoopEnd, Position, RunningJob, Saved, StopControl, train_loop};
+use super::recovery::{Action, Event, GiveUp, Recovery};
+use super::spawn::{Ring, preload, spawn_trainers};
+use super::steps::{Grow, LoopEnd, Position, RunningJob, train_loop};
+use super::stop::StopControl;
 use super::watch::{FailureWatcher, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
-use super::{
-    Elastic, HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary,
-};
-use crate::train::phase::MONITOR_KIND;
+use super::{Elastic, HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
 use crate::train::{
-    AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, ConnectReply, ConnectRequest,
-    DeviceSpec, DigestReply, DigestRequest, JobRecord, JobSpec, ListenReply, ListenRequest,
-    Loaders, MetricsRecord, MixPeer, PreloadReply, PreloadRequest, ResumeFrom, SyncChoice,
-    TRAINER_KIND, TrainerInit, checkpoint, scaled_lr, secret_hex,
+    AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, DigestReply, DigestRequest,
+    JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord, RegroupRecord,
+    ResumeFrom, SyncChoice, checkpoint, scaled_lr, secret_hex,
 };
-
-pub use super::calls::RankCallError;
-pub use super::watch::RankFailure;
 
 /// Runs the job of `request` on the cluster `client` reaches, telling `output` what
 /// happens, until it ends, fails, or `stop` asks it to stop (then it saves a checkpoint
@@ -47,11 +44,73 @@ pub async fn run(
         settings,
         resume,
     } = request;
+    let planned = plan(client, &mut job, &settings).await?;
+    let resume = match &resume {
+        Some(path) => Some(resume_from(path, &settings.runs_dir, &job, output)?),
+        None => None,
+    };
+    let run_dir = open_run_dir(resume.as_ref(), &settings, stop)?;
+    for line in plan_lines(&job, &planned, settings.elastic, &run_dir) {
+        output.info(line);
+    }
+    let metrics = open_metrics(&run_dir, &job, &planned, resume.as_ref(), output)?;
+    let job_name = run_dir.file_name().map_or_else(
+        || run_dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let driver = Driver {
+        client,
+        trainers,
+        settings: &settings,
+        stop,
+        output,
+        ring: Ring {
+            secret: secret_hex(&runtime::RingSecret::random()),
+            job_id: format!("{}", run_dir.display()),
+            op_timeout_secs: settings.step_timeout_secs,
+        },
+        job_name,
+        run_dir,
+        long: Duration::from_secs(settings.step_timeout_secs.max(10)),
+        max_world: planned.places.len(),
+    };
+    let mut turn = driver.start(job, planned, resume, metrics).await?;
+    let result = driver.drive(&mut turn).await.map_err(|error| {
+        if error.is_head_gone() {
+            JobError::HeadLost(Box::new(HeadLost {
+                message: error.to_string(),
+                progress: stop.progress().clone(),
+            }))
+        } else {
+            error
+        }
+    });
+    result?;
+    check_replicas(&turn.job, &turn.world.ranks, output, driver.long).await?;
+    let mut summary = turn.summary;
+    summary.run_dir = driver.run_dir;
+    Ok(summary)
+}
+
+/// The world a job gets: where its ranks run, how many on each node, its global batch.
+struct Planned {
+    places: Vec<RankPlace>,
+    node_ranks: Vec<u32>,
+    global_batch: u64,
+}
+
+/// Sizes the job's world on the cluster as it is now, scales `job`'s learning rate to
+/// its global batch, and plans its first epoch, refusing what cannot run.
+async fn plan(
+    client: &ClusterClient,
+    job: &mut JobSpec,
+    settings: &JobSettings,
+) -> Result<Planned, JobError> {
     let status = client
         .status()
         .await
         .map_err(JobError::cluster("asking for the cluster's status"))?;
-    let (places, node_ranks) = plan_world(&status, &settings)?;
+    let (places, node_ranks) = plan_world(&status, settings)?;
     if job.optim.allreduce == AllreduceChoice::Nccl && places.iter().any(|p| !p.gpu) {
         return Err(JobError::Refused(
             "train.allreduce = \"nccl\" needs CUDA trainers, and this job's trainers run on \
@@ -59,28 +118,24 @@ pub async fn run(
                 .to_string(),
         ));
     }
-    let world = places.len() as u32;
-    let global_batch = job.optim.batch_size * u64::from(world);
+    let global_batch = job.optim.batch_size * places.len() as u64;
     job.optim.lr = scaled_lr(settings.lr, global_batch, settings.reference_batch.max(1));
-    check_plan(&job, &node_ranks)?;
-    let resume = match &resume {
-        Some(path) => Some(resume_from(path, &settings.runs_dir, output)?),
-        None => None,
-    };
-    if let Some(r) = &resume
-        && r.state.epoch >= job.optim.epochs
-    {
-        return Err(JobError::Refused(format!(
-            "{} continues at epoch {} and train.epochs is {}: that run is complete. To \
-             train on, raise train.epochs (`--epochs {}` or more)",
-            r.dir.display(),
-            r.state.epoch,
-            job.optim.epochs,
-            r.state.epoch + 1
-        )));
-    }
-    let run_dir = match &resume {
-        // A resumed run continues in its own folder: <run>/checkpoints/<name>.
+    check_plan(job, &node_ranks)?;
+    Ok(Planned {
+        places,
+        node_ranks,
+        global_batch,
+    })
+}
+
+/// The run folder, made: a resumed run continues in its own (`<run>/checkpoints/<name>`),
+/// a new one gets one of its own. `stop`'s progress names it and the checkpoint resumed.
+fn open_run_dir(
+    resume: Option<&ResumeFrom>,
+    settings: &JobSettings,
+    stop: &StopControl,
+) -> Result<PathBuf, JobError> {
+    let run_dir = match resume {
         Some(r) => r
             .dir
             .parent()
@@ -92,32 +147,32 @@ pub async fn run(
                     r.dir.display()
                 ))
             })?,
-        None => new_run_dir(&settings)?,
+        None => new_run_dir(settings)?,
     };
     std::fs::create_dir_all(&run_dir)
         .map_err(JobError::io(format!("creating {}", run_dir.display())))?;
-    {
-        let mut progress = stop.progress();
-        progress.run_dir = Some(run_dir.clone());
-        progress.checkpoint = resume.as_ref().map(|r| Saved {
-            dir: r.dir.clone(),
-            epoch: r.state.epoch,
-            global_step: r.state.global_step,
-            step_in_epoch: r.state.step_in_epoch,
-        });
-    }
-    for line in plan_lines(
-        &job,
-        &places,
-        &node_ranks,
-        global_batch,
-        settings.elastic,
-        &run_dir,
-    ) {
-        output.info(line);
-    }
+    let mut progress = stop.progress();
+    progress.run_dir = Some(run_dir.clone());
+    progress.checkpoint = resume.map(|r| Saved {
+        dir: r.dir.clone(),
+        epoch: r.state.epoch,
+        global_step: r.state.global_step,
+        step_in_epoch: r.state.step_in_epoch,
+    });
+    Ok(run_dir)
+}
+
+/// The run's `metrics.jsonl`, rewound to the checkpoint a resumed run continues from, with
+/// the job's record added.
+fn open_metrics(
+    run_dir: &Path,
+    job: &JobSpec,
+    planned: &Planned,
+    resume: Option<&ResumeFrom>,
+    output: &dyn JobOutput,
+) -> Result<Metrics, JobError> {
     let metrics_path = run_dir.join("metrics.jsonl");
-    if let Some(resume) = &resume {
+    if let Some(resume) = resume {
         let dropped = rewind(&metrics_path, &resume.state)?;
         if dropped > 0 {
             output.info(format!(
@@ -132,229 +187,30 @@ pub async fn run(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        world: Some(world),
-        nodes: Some(node_ranks.len() as u32),
-        node_ranks: node_ranks.clone(),
+        world: Some(planned.places.len() as u32),
+        nodes: Some(planned.node_ranks.len() as u32),
+        node_ranks: planned.node_ranks.clone(),
         model: Some(job.model.kind.name().to_string()),
         classes: Some(job.model.classes),
-        global_batch: Some(global_batch),
+        global_batch: Some(planned.global_batch),
         lr: Some(job.optim.lr),
         epochs: Some(job.optim.epochs),
-        resumed_from: resume.as_ref().map(|r| r.dir.display().to_string()),
+        resumed_from: resume.map(|r| r.dir.display().to_string()),
         // `imgrun plot` drops what an earlier run wrote past this point.
-        resumed_at_step: resume.as_ref().map(|r| r.state.global_step),
-        resumed_epoch: resume.as_ref().map(|r| r.state.epoch),
+        resumed_at_step: resume.map(|r| r.state.global_step),
+        resumed_epoch: resume.map(|r| r.state.epoch),
     }))?;
+    Ok(metrics)
+}
 
-    let job_name = run_dir.file_name().map_or_else(
-        || run_dir.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    let ranks =
-        spawn_trainers(client, trainers, &job, &job_name, &places, (&node_ranks, 0)).await?;
-    stop.set_ranks(&ranks, client);
-    let long = Duration::from_secs(settings.step_timeout_secs.max(10));
-    if let Some(dir) = &job.data.sources.preload_dir {
-        preload(&ranks, dir, output, long).await?;
-    }
-    let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
-    let steps_per_epoch = agreed(
-        listens.iter().map(|l| l.steps_per_epoch),
-        |first, bad, v| {
-            format!(
-                "ranks disagree on the epoch's length: rank 0 plans {first} steps, rank {bad} {v}"
-            )
-        },
-    )?;
-    output.info(format!(
-        "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
-        world, listens[0].parameters, listens[0].device, steps_per_epoch, listens[0].total_steps
-    ));
-    if job.data.loaders == Loaders::Remote {
-        loaders::start(client, trainers, &job, &job_name, &ranks, output, long).await?;
-    }
-    let secret = runtime::RingSecret::random();
-    let ring = Ring {
-        secret: secret_hex(&secret),
-        job_id: format!("{}", run_dir.display()),
-        op_timeout_secs: settings.step_timeout_secs,
-    };
-    let connects = ring
-        .wire(&job, &ranks, &listens, resume.clone(), false, long)
-        .await?;
-    output.info(match job.optim.sync {
-        SyncChoice::Allreduce => format!(
-            "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
-            connects[0].buckets, connects[0].allreduce
-        ),
-        SyncChoice::Decentralized => format!(
-            "ring and mixing groups: {world} ranks connected; gradient average: {}",
-            connects[0].allreduce
-        ),
-    });
-    metrics.write(&MetricsRecord::Connect(ConnectRecord {
-        buckets: connects[0].buckets,
-        allreduce: connects[0].allreduce.clone(),
-    }))?;
-
-    let mut world = World {
-        ranks,
-        node_ranks,
-        steps_per_epoch,
-    };
-    let mut start = Position::resumed(resume.as_ref());
-    let mut at = start.clone();
-    let mut summary = JobSummary {
-        run_dir: run_dir.clone(),
-        top1: None,
-        top5: None,
-        first_loss: None,
-        last_loss: None,
-        images_per_s: 0.0,
-    };
-    let mut regrouped = None;
-    let mut failures = 0u32;
-    // An elastic job grows back up to the world it started with.
-    let max_world = world.ranks.len();
-    output.info(format!(
-        "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
-        "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
-    ));
-    // A loss found while the ring formed again, for the next turn to recover from.
-    let mut pending: Option<JobError> = None;
-    let loop_result = loop {
-        stop.set_ranks(&world.ranks, client);
-        let mut watcher = FailureWatcher::start(client.clone(), &world.ranks);
-        // As the ranks hold it in this loop (a regroup or a growth changes `job` after).
-        let job_now = job.clone();
-        let running = RunningJob {
-            settings: &settings,
-            job: &job_now,
-            ranks: &world.ranks,
-            run_dir: &run_dir,
-            steps_per_epoch: world.steps_per_epoch,
-            node_ranks: &world.node_ranks,
-            stop,
-            output,
-            regrouped,
-            grow: settings.elastic.map(|_| Grow { client, max_world }),
-        };
-        let result = match pending.take() {
-            Some(error) => Err(error),
-            None => tokio::select! {
-                result = train_loop(&running, &mut metrics, &start, &mut at, &mut summary) => result,
-                failure = watcher.failure() => Err(JobError::RankFailed(failure)),
-            },
-        };
-        let error = match (result, settings.elastic) {
-            (Ok(LoopEnd::Done), _) => {
-                watcher.stop();
-                break Ok(());
-            }
-            (Ok(LoopEnd::Grow(places)), _) => {
-                watcher.stop();
-                let seen = std::time::Instant::now();
-                let old_lr = job.optim.lr;
-                let context = (client, trainers, job_name.as_str());
-                let grown =
-                    match elastic::grow(context, &mut job, &settings, &world, &places, &at).await {
-                        Ok(grown) => grown,
-                        // The old ranks hold the model at `at`, an epoch's end.
-                        Err(error) => break Err(running.checkpoint_after_loss(error, &at).await),
-                    };
-                let (new_world, listens, mut record) = grown;
-                let wired = ring.wire(&job, &new_world.ranks, &listens, None, true, long);
-                if let Err(error) = wired.await {
-                    break Err(running.checkpoint_after_loss(error, &at).await);
-                }
-                record.recovery_s = seen.elapsed().as_secs_f64();
-                output.warn(elastic::regroup_line(&record, world.ranks.len(), old_lr));
-                metrics.write(&MetricsRecord::Regroup(record))?;
-                world = new_world;
-                start = at.clone();
-                regrouped = None;
-                continue;
-            }
-            (Err(error), Some(elastic)) => {
-                let seen = std::time::Instant::now();
-                let found =
-                    elastic::find_losses(client, &world, &at, error, &mut watcher, &settings).await;
-                match found {
-                    Err(error) => error,
-                    Ok(losses) => {
-                        watcher.stop();
-                        let found_s = seen.elapsed().as_secs_f64();
-                        failures += losses.lost.len() as u32;
-                        let old_lr = job.optim.lr;
-                        let regrouping =
-                            elastic::regroup(&job, &settings, elastic, &losses, &at, failures)
-                                .await;
-                        let mut regrouped_world = match regrouping {
-                            Ok(regrouped) => regrouped,
-                            Err(error) => {
-                                // The survivors hold the model at `at`, in the old world.
-                                let survivors = RunningJob {
-                                    ranks: &losses.survivors,
-                                    ..running
-                                };
-                                break Err(survivors.checkpoint_after_loss(error, &at).await);
-                            }
-                        };
-                        let record = &mut regrouped_world.record;
-                        job.optim.lr = record.lr;
-                        let new_ranks = &regrouped_world.world.ranks;
-                        let listens = &regrouped_world.listens;
-                        let wired = ring.wire(&job, new_ranks, listens, None, true, long).await;
-                        record.found_s = found_s;
-                        record.recovery_s = seen.elapsed().as_secs_f64();
-                        match &wired {
-                            Ok(_) => output.warn(elastic::regroup_line(
-                                record,
-                                world.ranks.len(),
-                                old_lr,
-                            )),
-                            Err(error) => output.warn(format!(
-                                "elastic: lost rank(s) {:?} ({}); the {} others lost another \
-                                 while they formed their ring again: {error}",
-                                record.lost, record.cause, record.world
-                            )),
-                        }
-                        metrics.write(&MetricsRecord::Regroup(record.clone()))?;
-                        let Regrouped {
-                            world: new_world,
-                            epoch_steps,
-                            at: new_at,
-                            ..
-                        } = regrouped_world;
-                        if !new_at.cursors.is_empty() {
-                            regrouped = Some((new_at.epoch, epoch_steps));
-                        }
-                        world = new_world;
-                        at = new_at;
-                        start = at.clone();
-                        // The new world's ranks hold the model at `at`: whom it lost is
-                        // found as after any failure.
-                        pending = wired.err();
-                        continue;
-                    }
-                }
-            }
-            (Err(error), None) => error,
-        };
-        break Err(explain_failure(client, error, &mut watcher, &settings).await);
-    };
-    let mut summary = loop_result.map(|()| summary).map_err(|error| {
-        if error.is_head_gone() {
-            JobError::HeadLost(Box::new(HeadLost {
-                message: error.to_string(),
-                progress: stop.progress().clone(),
-            }))
-        } else {
-            error
-        }
-    })?;
-
-    let ranks = &world.ranks;
+/// The end of a job that trained: a decentralized job's replicas become their mean,
+/// then every rank's digest must be the same.
+async fn check_replicas(
+    job: &JobSpec,
+    ranks: &[Rank],
+    output: &dyn JobOutput,
+    long: Duration,
+) -> Result<(), JobError> {
     let world = ranks.len();
     if job.optim.sync == SyncChoice::Decentralized {
         let averaged: Vec<AverageReply> = call_all(ranks, |_| AverageRequest {}, long).await?;
@@ -380,8 +236,434 @@ pub async fn run(
         "replicas: identical on all {world} ranks (sha256 {})",
         &digests[0].sha256[..16]
     ));
-    summary.run_dir = run_dir;
-    Ok(summary)
+    Ok(())
+}
+
+/// A job whose run folder is made: what starts its world and carries out what its
+/// [`Recovery`] decides.
+struct Driver<'a> {
+    client: &'a ClusterClient,
+    trainers: &'a Trainers,
+    settings: &'a JobSettings,
+    stop: &'a StopControl,
+    output: &'a dyn JobOutput,
+    ring: Ring,
+    job_name: String,
+    run_dir: PathBuf,
+    long: Duration,
+    /// An elastic job grows back up to the world it started with.
+    max_world: usize,
+}
+
+/// Where the job stands between its recovery's actions, and what the next one works
+/// on.
+struct Turn {
+    /// The job as its ranks hold it (a regroup or a growth changes its learning rate).
+    job: JobSpec,
+    world: World,
+    metrics: Metrics,
+    /// Where the next step loop starts, and where the last one got to.
+    start: Position,
+    at: Position,
+    summary: JobSummary,
+    /// The epoch the job regrouped in, and its steps in the smaller world.
+    regrouped: Option<(u64, u64)>,
+    /// The head's events for `world`'s ranks.
+    watcher: Option<FailureWatcher>,
+    /// The failure being recovered from or explained.
+    error: Option<JobError>,
+    losses: Option<Losses>,
+    /// The room the step loop found.
+    places: Vec<RankPlace>,
+    /// A new world, before its ring is wired.
+    next: Option<NextWorld>,
+    /// When the failure or the room was seen, and how long finding the losses took.
+    seen: Instant,
+    found_s: f64,
+    /// The learning rate before the world changed.
+    old_lr: f64,
+}
+
+/// A world the job changes into, before its ring is wired.
+enum NextWorld {
+    Shrunk(Regrouped),
+    Grown {
+        world: World,
+        listens: Vec<ListenReply>,
+        record: RegroupRecord,
+    },
+}
+
+impl Driver<'_> {
+    /// Spawns the job's first world on `planned`'s places, has its nodes preload, starts
+    /// remote loaders and wires its ring.
+    async fn start(
+        &self,
+        job: JobSpec,
+        planned: Planned,
+        resume: Option<ResumeFrom>,
+        mut metrics: Metrics,
+    ) -> Result<Turn, JobError> {
+        let (output, long) = (self.output, self.long);
+        let Planned {
+            places, node_ranks, ..
+        } = planned;
+        let world = places.len();
+        let first = (&node_ranks[..], 0);
+        let ranks = spawn_trainers(
+            self.client,
+            self.trainers,
+            &job,
+            &self.job_name,
+            &places,
+            first,
+        )
+        .await?;
+        self.stop.set_ranks(&ranks, self.client);
+        if let Some(dir) = &job.data.sources.preload_dir {
+            preload(&ranks, dir, output, long).await?;
+        }
+        let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long).await?;
+        let steps_per_epoch = agreed(
+            listens.iter().map(|l| l.steps_per_epoch),
+            |first, bad, v| {
+                format!(
+                    "ranks disagree on the epoch's length: rank 0 plans {first} steps, rank {bad} {v}"
+                )
+            },
+        )?;
+        output.info(format!(
+            "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
+            world,
+            listens[0].parameters,
+            listens[0].device,
+            steps_per_epoch,
+            listens[0].total_steps
+        ));
+        if job.data.loaders == Loaders::Remote {
+            let name = &self.job_name;
+            loaders::start(self.client, self.trainers, &job, name, &ranks, output, long).await?;
+        }
+        let wired = self
+            .ring
+            .wire(&job, &ranks, &listens, resume.clone(), false, long);
+        let connects = wired.await?;
+        output.info(match job.optim.sync {
+            SyncChoice::Allreduce => format!(
+                "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
+                connects[0].buckets, connects[0].allreduce
+            ),
+            SyncChoice::Decentralized => format!(
+                "ring and mixing groups: {world} ranks connected; gradient average: {}",
+                connects[0].allreduce
+            ),
+        });
+        metrics.write(&MetricsRecord::Connect(ConnectRecord {
+            buckets: connects[0].buckets,
+            allreduce: connects[0].allreduce.clone(),
+        }))?;
+        let start = Position::resumed(resume.as_ref());
+        Ok(Turn {
+            job,
+            world: World {
+                ranks,
+                node_ranks,
+                steps_per_epoch,
+            },
+            metrics,
+            at: start.clone(),
+            start,
+            summary: JobSummary {
+                run_dir: self.run_dir.clone(),
+                top1: None,
+                top5: None,
+                first_loss: None,
+                last_loss: None,
+                images_per_s: 0.0,
+            },
+            regrouped: None,
+            watcher: None,
+            error: None,
+            losses: None,
+            places: Vec::new(),
+            next: None,
+            seen: Instant::now(),
+            found_s: 0.0,
+            old_lr: 0.0,
+        })
+    }
+
+    /// Runs the step loop, and what the job's [`Recovery`] says after each of its ends,
+    /// until the job is done or fails.
+    async fn drive(&self, turn: &mut Turn) -> Result<(), JobError> {
+        let mut recovery = Recovery::new(self.settings.elastic, turn.world.ranks.len() as u32);
+        self.output.info(format!(
+            "\n{:>5} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10}",
+            "epoch", "train loss", "val top1", "val top5", "time", "img/s", "data wait"
+        ));
+        let mut action = Action::Train;
+        loop {
+            let event = match action {
+                Action::Train => self.train(turn).await,
+                Action::FindLosses => self.find_losses(turn).await,
+                Action::Regroup => self.regroup(turn).await,
+                Action::Grow => self.grow(turn).await,
+                Action::Wire => self.wire(turn).await?,
+                Action::Finish => return Ok(()),
+                Action::Explain => return Err(self.explain(turn).await),
+                Action::GiveUp(why) => return Err(self.give_up(turn, why).await),
+            };
+            action = recovery
+                .on(event)
+                .map_err(|stray| JobError::Refused(stray.to_string()))?;
+        }
+    }
+
+    /// The step loop over the job's world, from `turn.start`, under a new watcher.
+    async fn train(&self, turn: &mut Turn) -> Event {
+        if let Some(old) = turn.watcher.take() {
+            old.stop();
+        }
+        self.stop.set_ranks(&turn.world.ranks, self.client);
+        let mut watcher = FailureWatcher::start(self.client.clone(), &turn.world.ranks);
+        let running = self.running(&turn.job, &turn.world, &turn.world.ranks, turn.regrouped);
+        let (metrics, summary) = (&mut turn.metrics, &mut turn.summary);
+        let result = tokio::select! {
+            result = train_loop(&running, metrics, &turn.start, &mut turn.at, summary) => result,
+            failure = watcher.failure() => Err(JobError::RankFailed(failure)),
+        };
+        match result {
+            Ok(LoopEnd::Done) => {
+                watcher.stop();
+                Event::LoopDone
+            }
+            Ok(LoopEnd::Grow(places)) => {
+                watcher.stop();
+                turn.seen = Instant::now();
+                turn.places = places;
+                Event::RoomFound
+            }
+            Err(error) => {
+                turn.watcher = Some(watcher);
+                turn.error = Some(error);
+                Event::LoopFailed
+            }
+        }
+    }
+
+    /// After a failure: the ranks it lost, and the survivors rolled back to `turn.at`.
+    async fn find_losses(&self, turn: &mut Turn) -> Event {
+        turn.seen = Instant::now();
+        let error = take_error(turn);
+        let mut watcher = self.watcher(turn);
+        let (world, at) = (&turn.world, &turn.at);
+        let found =
+            elastic::find_losses(self.client, world, at, error, &mut watcher, self.settings).await;
+        match found {
+            Err(error) => {
+                turn.watcher = Some(watcher);
+                turn.error = Some(error);
+                Event::NoLoss
+            }
+            Ok(losses) => {
+                watcher.stop();
+                turn.found_s = turn.seen.elapsed().as_secs_f64();
+                let event = Event::Lost {
+                    lost: losses.lost.len() as u32,
+                    survivors: losses.survivors.len() as u32,
+                };
+                turn.losses = Some(losses);
+                event
+            }
+        }
+    }
+
+    /// The survivors of `turn.losses` as a smaller world, before its ring is wired.
+    async fn regroup(&self, turn: &mut Turn) -> Event {
+        turn.old_lr = turn.job.optim.lr;
+        let regrouped = match &turn.losses {
+            Some(losses) => elastic::regroup(&turn.job, self.settings, losses, &turn.at).await,
+            None => Err(JobError::Refused(
+                "the job's recovery has no losses to regroup after".to_string(),
+            )),
+        };
+        match regrouped {
+            Ok(regrouped) => {
+                let world = regrouped.world.ranks.len() as u32;
+                turn.next = Some(NextWorld::Shrunk(regrouped));
+                Event::Changed { world }
+            }
+            Err(error) => {
+                turn.error = Some(error);
+                Event::ChangeFailed
+            }
+        }
+    }
+
+    /// The job's world grown onto `turn.places`, before its ring is wired.
+    async fn grow(&self, turn: &mut Turn) -> Event {
+        turn.old_lr = turn.job.optim.lr;
+        let context = (self.client, self.trainers, self.job_name.as_str());
+        let places = std::mem::take(&mut turn.places);
+        let (job, world, at) = (&mut turn.job, &turn.world, &turn.at);
+        match elastic::grow(context, job, self.settings, world, &places, at).await {
+            Ok((world, listens, record)) => {
+                let n = world.ranks.len() as u32;
+                turn.next = Some(NextWorld::Grown {
+                    world,
+                    listens,
+                    record,
+                });
+                Event::Changed { world: n }
+            }
+            Err(error) => {
+                turn.error = Some(error);
+                Event::ChangeFailed
+            }
+        }
+    }
+
+    /// Wires the ring of the new world; once it formed, the job goes on in it.
+    async fn wire(&self, turn: &mut Turn) -> Result<Event, JobError> {
+        let (world, listens, mut record) = match turn.next.take() {
+            Some(NextWorld::Shrunk(regrouped)) => return self.wire_shrunk(turn, regrouped).await,
+            Some(NextWorld::Grown {
+                world,
+                listens,
+                record,
+            }) => (world, listens, record),
+            None => {
+                return Err(JobError::Refused(
+                    "the job's recovery has no new world to wire".to_string(),
+                ));
+            }
+        };
+        let wired = self
+            .ring
+            .wire(&turn.job, &world.ranks, &listens, None, true, self.long);
+        if let Err(error) = wired.await {
+            turn.error = Some(error);
+            return Ok(Event::WireFailed);
+        }
+        record.recovery_s = turn.seen.elapsed().as_secs_f64();
+        let line = elastic::regroup_line(&record, turn.world.ranks.len(), turn.old_lr);
+        self.output.warn(line);
+        turn.metrics.write(&MetricsRecord::Regroup(record))?;
+        turn.world = world;
+        turn.start = turn.at.clone();
+        turn.regrouped = None;
+        Ok(Event::Wired)
+    }
+
+    /// Wires the ring of the survivors' world: the job goes on in it at the position its
+    /// ranks hold, even when the ring did not form (whom it lost is then found as after
+    /// any failure).
+    async fn wire_shrunk(&self, turn: &mut Turn, regrouped: Regrouped) -> Result<Event, JobError> {
+        let mut regrouped = regrouped;
+        let record = &mut regrouped.record;
+        turn.job.optim.lr = record.lr;
+        let new_ranks = &regrouped.world.ranks;
+        let listens = &regrouped.listens;
+        let wired = self
+            .ring
+            .wire(&turn.job, new_ranks, listens, None, true, self.long);
+        let wired = wired.await;
+        record.found_s = turn.found_s;
+        record.recovery_s = turn.seen.elapsed().as_secs_f64();
+        let old_world = turn.world.ranks.len();
+        self.output.warn(match &wired {
+            Ok(_) => elastic::regroup_line(record, old_world, turn.old_lr),
+            Err(error) => format!(
+                "elastic: lost rank(s) {:?} ({}); the {} others lost another while they \
+                 formed their ring again: {error}",
+                record.lost, record.cause, record.world
+            ),
+        });
+        turn.metrics
+            .write(&MetricsRecord::Regroup(record.clone()))?;
+        let Regrouped {
+            world,
+            epoch_steps,
+            at,
+            ..
+        } = regrouped;
+        if !at.cursors.is_empty() {
+            turn.regrouped = Some((at.epoch, epoch_steps));
+        }
+        turn.world = world;
+        turn.at = at;
+        turn.start = turn.at.clone();
+        turn.losses = None;
+        Ok(match wired {
+            Ok(_) => Event::Wired,
+            Err(error) => {
+                turn.error = Some(error);
+                Event::WireFailed
+            }
+        })
+    }
+
+    /// The job's error for the failure in `turn`, explained ([`explain_failure`]).
+    async fn explain(&self, turn: &mut Turn) -> JobError {
+        let error = take_error(turn);
+        let mut watcher = self.watcher(turn);
+        explain_failure(self.client, error, &mut watcher, self.settings).await
+    }
+
+    /// The job's error when it gives up for `why`, with a checkpoint at `turn.at`, where
+    /// the ranks that hold the model stand (the survivors, after a loss).
+    async fn give_up(&self, turn: &mut Turn, why: GiveUp) -> JobError {
+        let beyond = turn.losses.as_ref().and_then(|losses| losses.beyond(why));
+        let error = beyond.unwrap_or_else(|| take_error(turn));
+        let ranks = match &turn.losses {
+            Some(losses) => &losses.survivors,
+            None => &turn.world.ranks,
+        };
+        let running = self.running(&turn.job, &turn.world, ranks, turn.regrouped);
+        running.checkpoint_after_loss(error, &turn.at).await
+    }
+
+    /// The watcher of the job's world now: the one that saw its failure, or, for a world
+    /// that has none yet, a new one (with the world's ranks shown to the hang doctor).
+    fn watcher(&self, turn: &mut Turn) -> FailureWatcher {
+        turn.watcher.take().unwrap_or_else(|| {
+            self.stop.set_ranks(&turn.world.ranks, self.client);
+            FailureWatcher::start(self.client.clone(), &turn.world.ranks)
+        })
+    }
+
+    /// The running job of `world` (as `ranks` hold it) for the step loop and its
+    /// checkpoints.
+    fn running<'b>(
+        &'b self,
+        job: &'b JobSpec,
+        world: &'b World,
+        ranks: &'b [Rank],
+        regrouped: Option<(u64, u64)>,
+    ) -> RunningJob<'b> {
+        RunningJob {
+            settings: self.settings,
+            job,
+            ranks,
+            run_dir: &self.run_dir,
+            steps_per_epoch: world.steps_per_epoch,
+            node_ranks: &world.node_ranks,
+            stop: self.stop,
+            output: self.output,
+            regrouped,
+            grow: self.settings.elastic.map(|_| Grow {
+                client: self.client,
+                max_world: self.max_world,
+            }),
+        }
+    }
+}
+
+/// The failure `turn` recovers from or explains.
+fn take_error(turn: &mut Turn) -> JobError {
+    turn.error.take().unwrap_or_else(|| {
+        JobError::Refused("the job's recovery has no failure to report".to_string())
+    })
 }
 
 /// The error a failed step loop ends the job with: the head's loss when the head is
@@ -415,201 +697,12 @@ async fn explain_failure(
     explained
 }
 
-/// How the job's ranks form their ring: its secret, its name, the ring's timeout.
-struct Ring {
-    secret: String,
-    job_id: String,
-    op_timeout_secs: u64,
-}
-
-impl Ring {
-    /// Connects `ranks` into a ring through the ports of their `listens` (and a
-    /// decentralized job's mixing groups); restores `resume` or hands out rank 0's
-    /// weights. `regrouped`: the survivors of a loss, whose weights are the model.
-    async fn wire(
-        &self,
-        job: &JobSpec,
-        ranks: &[Rank],
-        listens: &[ListenReply],
-        resume: Option<ResumeFrom>,
-        regrouped: bool,
-        timeout: Duration,
-    ) -> Result<Vec<ConnectReply>, JobError> {
-        let mix_peers: Vec<MixPeer> = if job.optim.sync == SyncChoice::Decentralized {
-            ranks
-                .iter()
-                .map(|rank| MixPeer {
-                    ip: rank
-                        .place
-                        .ip
-                        .parse()
-                        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
-                    ports: listens[rank.rank as usize].mix_ports.clone(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        call_all(
-            ranks,
-            |rank| {
-                let next = &ranks[(rank.rank as usize + 1) % ranks.len()];
-                let port = listens[next.rank as usize].port;
-                let next_addr = format!("{}:{port}", next.place.ip)
-                    .parse()
-                    .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-                ConnectRequest {
-                    next: next_addr,
-                    secret: self.secret.clone(),
-                    job: self.job_id.clone(),
-                    op_timeout_secs: self.op_timeout_secs,
-                    resume: resume.clone(),
-                    nccl_id: listens[0].nccl_id.clone(),
-                    mix_peers: mix_peers.clone(),
-                    regrouped,
-                }
-            },
-            timeout,
-        )
-        .await
-    }
-}
-
-/// Has every node copy the shards its ranks read into `dir`, a second of copying per call
-/// so that progress shows, until all are in place.
-async fn preload(
-    ranks: &[Rank],
-    dir: &str,
-    output: &dyn JobOutput,
-    timeout: Duration,
-) -> Result<(), JobError> {
-    let started = std::time::Instant::now();
-    let (copied, present, bytes) = loop {
-        let replies: Vec<PreloadReply> =
-            call_all(ranks, |_| PreloadRequest { seconds: 1.0 }, timeout).await?;
-        let done: u64 = replies.iter().map(|r| r.done).sum();
-        let total: u64 = replies.iter().map(|r| r.total).sum();
-        let present: u64 = replies.iter().map(|r| r.present).sum();
-        let bytes: u64 = replies.iter().map(|r| r.bytes).sum();
-        output.event(JobEvent::Preloading { done, total, bytes });
-        if done >= total {
-            break (done - present.min(done), present, bytes);
-        }
-    };
-    output.event(JobEvent::Preloaded);
-    output.info(format!(
-        "preload: {copied} shard(s) copied ({:.1} MB) and {present} already there (over all \
-         nodes), in {dir} on each node, in {:.1} s; the job reads the copies",
-        bytes as f64 / 1e6,
-        started.elapsed().as_secs_f64()
-    ));
-    Ok(())
-}
-
-/// Spawns one trainer per place, ranks `first..` in order, each labelled with the job's
-/// name and its rank (what `imgrun status` shows), for a world of `node_ranks[i]` ranks
-/// on node `i`.
-pub(super) async fn spawn_trainers(
-    client: &ClusterClient,
-    trainers: &Trainers,
-    job: &JobSpec,
-    job_name: &str,
-    places: &[RankPlace],
-    (node_ranks, first): (&[u32], u32),
-) -> Result<Vec<Rank>, JobError> {
-    let world: u32 = node_ranks.iter().sum();
-    // Unique per job, also among the jobs of one coordinator host (the head's daemon).
-    static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let group = format!("train-{}-{serial}", std::process::id());
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, place) in places.iter().enumerate() {
-        let r = first as usize + i;
-        let init = TrainerInit {
-            rank: r as u32,
-            world,
-            node_ranks: node_ranks.to_vec(),
-            threads: place.threads,
-            device: if place.gpu {
-                DeviceSpec::Cuda
-            } else {
-                DeviceSpec::Cpu
-            },
-            job: job.clone(),
-        };
-        let resources = if place.gpu {
-            Resources::new().with_gpus(1)
-        } else {
-            Resources::new().with_cpu_millis(place.cpu_millis)
-        };
-        let process_group = format!("{group}-rank{r}");
-        let label = ActorLabel::new(job_name, r as u32);
-        let options = SpawnOptions::new(TRAINER_KIND)
-            .args(to_json(&init))
-            .resources(resources)
-            .strategy(Strategy::Node(place.node))
-            .process_group(&process_group)
-            .label(label.clone());
-        // The rank's monitor shares its trainer's process, to read its phase.
-        let monitor = SpawnOptions::new(MONITOR_KIND)
-            .strategy(Strategy::Node(place.node))
-            .process_group(process_group)
-            .label(label);
-        let client = client.clone();
-        let place = place.clone();
-        tasks.spawn(async move {
-            let spawned = client.spawn(options).await;
-            let monitor = match &spawned {
-                Ok(_) => match client.spawn(monitor).await {
-                    Ok(monitor) => Some(monitor),
-                    Err(error) => {
-                        tracing::warn!(rank = r, %error, "no monitor for the rank: its phase cannot be shown");
-                        None
-                    }
-                },
-                Err(_) => None,
-            };
-            (r, place, spawned, monitor)
-        });
-    }
-    let mut ranks = Vec::new();
-    let mut failure = None;
-    while let Some(joined) = tasks.join_next().await {
-        let (r, place, spawned, monitor) =
-            joined.map_err(|error| JobError::Refused(format!("a spawn task failed: {error}")))?;
-        if let Some(monitor) = &monitor {
-            trainers.add(monitor.clone());
-        }
-        match spawned {
-            Ok(actor) => {
-                trainers.add(actor.clone());
-                ranks.push(Rank {
-                    rank: r as u32,
-                    place,
-                    actor,
-                    monitor,
-                });
-            }
-            Err(error) => {
-                failure.get_or_insert_with(|| {
-                    format!(
-                        "rank {r} (node {}): starting its trainer: {error}",
-                        place.node
-                    )
-                });
-            }
-        }
-    }
-    if let Some(failure) = failure {
-        return Err(JobError::Refused(failure));
-    }
-    ranks.sort_by_key(|r| r.rank);
-    Ok(ranks)
-}
-
+/// The checkpoint `path` names (`latest`: the newest run's in `runs_dir`), refused when
+/// its run is complete for `job`.
 fn resume_from(
     path: &Path,
     runs_dir: &Path,
+    job: &JobSpec,
     output: &dyn JobOutput,
 ) -> Result<ResumeFrom, JobError> {
     let path = if path == Path::new("latest") {
@@ -627,6 +720,16 @@ fn resume_from(
         state.step_in_epoch,
         state.global_step
     ));
+    if state.epoch >= job.optim.epochs {
+        return Err(JobError::Refused(format!(
+            "{} continues at epoch {} and train.epochs is {}: that run is complete. To \
+             train on, raise train.epochs (`--epochs {}` or more)",
+            dir.display(),
+            state.epoch,
+            job.optim.epochs,
+            state.epoch + 1
+        )));
+    }
     Ok(ResumeFrom { dir, state })
 }
 
@@ -685,12 +788,15 @@ fn new_run_dir(train: &JobSettings) -> Result<PathBuf, JobError> {
 /// The job's plan, as `imgrun train` prints it before anything starts.
 fn plan_lines(
     job: &JobSpec,
-    places: &[RankPlace],
-    node_ranks: &[u32],
-    global_batch: u64,
+    planned: &Planned,
     elastic: Option<Elastic>,
     run_dir: &Path,
 ) -> Vec<String> {
+    let Planned {
+        places,
+        node_ranks,
+        global_batch,
+    } = planned;
     let world = places.len();
     let device = if places.first().is_some_and(|p| p.gpu) {
         "GPU"

@@ -18,19 +18,23 @@
 //!    and rank 0's weights broadcast (they are everyone's already).
 //!
 //! Below `train.min_world`, or at a loss past `train.max_failures`, the job fails instead,
-//! with a checkpoint at the step the survivors rolled back to.
+//! with a checkpoint at the step the survivors rolled back to. When to do which is
+//! decided by `recovery.rs`; this file makes the calls.
 
 use std::time::Duration;
 
 use pipelines::RankCursor;
-use runtime::{ClusterClient, Resources};
+use runtime::ClusterClient;
 
 use super::calls::{Rank, agreed, call_all, call_one};
 use super::error::During as _;
+use super::error::RankFailure;
+use super::recovery::GiveUp;
+use super::spawn::spawn_trainers;
 use super::steps::Position;
-use super::watch::{FailureWatcher, RankFailure};
-use super::world::{RankPlace, Trainers, node_ip};
-use super::{Elastic, JobError, JobSettings};
+use super::watch::FailureWatcher;
+use super::world::{RankPlace, Trainers};
+use super::{JobError, JobSettings};
 use crate::train::phase::AbortRequest;
 use crate::train::{
     JobSpec, ListenReply, ListenRequest, RegroupRecord, RegroupReply, RegroupRequest,
@@ -54,6 +58,32 @@ pub(super) struct Losses {
 }
 
 impl Losses {
+    /// The old rank numbers of the ranks lost.
+    pub(super) fn lost_ranks(&self) -> Vec<u32> {
+        self.lost.iter().map(|(r, _)| *r).collect()
+    }
+
+    /// The job's error when these losses take it past a limit (`why`, from the job's
+    /// [`Recovery`](super::recovery::Recovery)).
+    pub(super) fn beyond(&self, why: GiveUp) -> Option<JobError> {
+        let lost = self.lost_ranks();
+        let cause = self.cause();
+        match why {
+            GiveUp::PastMaxFailures {
+                failures,
+                max_failures,
+            } => Some(JobError::Refused(format!(
+                "lost rank(s) {lost:?}: {cause}; that is {failures} loss(es), past \
+                 train.max_failures = {max_failures}"
+            ))),
+            GiveUp::BelowMinWorld { left, min_world } => Some(JobError::Refused(format!(
+                "lost rank(s) {lost:?}: {cause}; {left} rank(s) left, fewer than \
+                 train.min_world = {min_world}"
+            ))),
+            GiveUp::ChangeFailed => None,
+        }
+    }
+
     pub(super) fn cause(&self) -> String {
         self.lost
             .iter()
@@ -253,28 +283,11 @@ pub(super) struct Regrouped {
 pub(super) async fn regroup(
     job: &JobSpec,
     settings: &JobSettings,
-    elastic: Elastic,
     losses: &Losses,
     at: &Position,
-    failures: u32,
 ) -> Result<Regrouped, JobError> {
     let n = losses.survivors.len() as u32;
-    let lost: Vec<u32> = losses.lost.iter().map(|(r, _)| *r).collect();
-    if failures > elastic.max_failures {
-        return Err(JobError::Refused(format!(
-            "lost rank(s) {lost:?}: {}; that is {failures} loss(es), past train.max_failures \
-             = {}",
-            losses.cause(),
-            elastic.max_failures
-        )));
-    }
-    if n < elastic.min_world {
-        return Err(JobError::Refused(format!(
-            "lost rank(s) {lost:?}: {}; {n} rank(s) left, fewer than train.min_world = {}",
-            losses.cause(),
-            elastic.min_world
-        )));
-    }
+    let lost = losses.lost_ranks();
     // Ranks are numbered node by node, so the survivors in order are too.
     let mut node_ranks: Vec<u32> = Vec::new();
     count_by_node(
@@ -399,53 +412,6 @@ pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64
     )
 }
 
-/// Places for up to `want` more trainers on live nodes that run none of the job's ranks,
-/// of the job's kind: one CPU trainer on a node with a CPU free, or one GPU trainer per
-/// free GPU. None when the cluster cannot be asked.
-pub(super) async fn room_to_grow(
-    client: &ClusterClient,
-    ranks: &[Rank],
-    settings: &JobSettings,
-    want: usize,
-) -> Vec<RankPlace> {
-    let Ok(status) = client.status().await else {
-        return Vec::new();
-    };
-    let gpu = ranks.first().is_some_and(|r| r.place.gpu);
-    let mut places = Vec::new();
-    for node in status.live_nodes() {
-        if ranks.iter().any(|r| r.place.node == node.id) {
-            continue;
-        }
-        let cpus = u64::from(node.cpus.max(1));
-        let used = |kind: &str| node.used.get(kind).copied().unwrap_or(0);
-        let free_cpu_millis = (cpus * 1000).saturating_sub(used(Resources::CPU));
-        let slots = if gpu {
-            (node.gpus.len() as u64).saturating_sub(used(Resources::GPU))
-        } else {
-            u64::from(free_cpu_millis >= 1000)
-        };
-        for _ in 0..slots {
-            if places.len() >= want {
-                return places;
-            }
-            let threads = match settings.threads {
-                0 if gpu => (cpus / slots.max(1)).max(1) as u32,
-                0 => (free_cpu_millis / 1000).max(1) as u32,
-                t => t,
-            };
-            places.push(RankPlace {
-                node: node.id,
-                ip: node_ip(node),
-                gpu,
-                threads,
-                cpu_millis: if gpu { 0 } else { free_cpu_millis },
-            });
-        }
-    }
-    places
-}
-
 /// Grows the job at an epoch's start (`at`) onto `places`: the ranks let go of their
 /// ring, take their place in the larger world (new ranks after the old, the learning
 /// rate for the larger global batch), the new trainers start, and every rank binds a
@@ -489,8 +455,7 @@ pub(super) async fn grow(
     .during(|| "the ranks taking their place in the larger world".to_string())?;
     job.optim.lr = lr;
     let joined =
-        super::driver::spawn_trainers(client, trainers, job, job_name, places, (&node_ranks, old))
-            .await?;
+        spawn_trainers(client, trainers, job, job_name, places, (&node_ranks, old)).await?;
     let mut ranks = world.ranks.clone();
     ranks.extend(joined);
     let listens: Vec<ListenReply> = call_all(&ranks, |_| ListenRequest {}, long)

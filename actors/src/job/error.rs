@@ -1,13 +1,15 @@
-//! Why a job ended without finishing. Every message names the rank, node, file or key
-//! it is about and says its cause once (no variant also reports a `source`), so a
-//! caller prints it whole with `{}`.
+//! Why a job ended without finishing, and where it stood then. Every message names the
+//! rank, node, file or key it is about and says its cause once (no variant also reports
+//! a `source`), so a caller prints it whole with `{}`.
+//!
+//! A leaf of the job's folder: the failures other files carry up ([`RankCallError`],
+//! [`RankFailure`]) and the job's [`Progress`] are defined here, so that every file can
+//! name them without importing the code that makes them.
 
 use std::path::PathBuf;
 
-use runtime::FailureOrigin;
-
-use super::driver::{RankCallError, RankFailure};
-use super::steps::Progress;
+use runtime::{ActorCallError, FailureOrigin};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -221,5 +223,57 @@ impl std::fmt::Display for HeadLost {
                  head is back",
             ),
         }
+    }
+}
+
+/// A checkpoint this job wrote or resumed from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saved {
+    pub dir: PathBuf,
+    pub epoch: u64,
+    pub global_step: u64,
+    pub step_in_epoch: u64,
+}
+
+/// Where a job stands, shared with the code that handles signals: what it needs to say
+/// after an interrupt, even when the step loop did not get to answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Progress {
+    pub run_dir: Option<PathBuf>,
+    /// The newest checkpoint.
+    pub checkpoint: Option<Saved>,
+}
+
+/// A call to a rank that failed: the runtime's error, kept typed so that the job can ask
+/// where a failure started ([`JobError::failure_origin`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{rank}: {method}: {error}")]
+pub struct RankCallError {
+    pub rank: String,
+    pub method: &'static str,
+    pub error: ActorCallError,
+}
+
+/// A failure the head's events tell of (`watch.rs`): what to tell the user, and where it
+/// started.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RankFailure {
+    /// For people only: no decision reads it.
+    pub message: String,
+    pub origin: FailureOrigin,
+    /// The rank it is about (none: the head, whose connection ended).
+    pub rank: Option<u32>,
+}
+
+impl RankFailure {
+    /// Whether the rank is gone with its process or node, not by its own error.
+    pub fn is_loss(&self) -> bool {
+        self.origin.is_loss()
+    }
+
+    /// Whether this is the loss of the head rather than of a rank.
+    pub fn is_head(&self) -> bool {
+        self.rank.is_none()
     }
 }

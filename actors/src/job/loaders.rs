@@ -245,18 +245,7 @@ pub(crate) async fn start(
         )));
     }
     let actors: Vec<ActorRef> = actors.into_iter().flatten().collect();
-    let mut addrs = Vec::with_capacity(actors.len());
-    for (k, actor) in actors.iter().enumerate() {
-        let bytes = actor
-            .call(AddressRequest::NAME, to_json(&AddressRequest {}), timeout)
-            .await
-            .map_err(|error| {
-                JobError::Refused(format!("loader actor {k} (node {}): {error}", actor.node()))
-            })?;
-        let reply: <AddressRequest as LoaderMethod>::Reply = serde_json::from_slice(&bytes)
-            .map_err(|error| JobError::Refused(format!("loader actor {k}: bad reply: {error}")))?;
-        addrs.push(reply.addr);
-    }
+    let addrs = addresses(&actors, timeout).await?;
     let loaders: Vec<Vec<Option<SocketAddr>>> = dealt
         .iter()
         .map(|rank| rank.iter().map(|&k| Some(addrs[k])).collect())
@@ -280,6 +269,23 @@ pub(crate) async fn start(
         nodes.join(", ")
     ));
     Ok(())
+}
+
+/// The address of each loader actor's data channel, in order.
+async fn addresses(actors: &[ActorRef], timeout: Duration) -> Result<Vec<SocketAddr>, JobError> {
+    let mut addrs = Vec::with_capacity(actors.len());
+    for (k, actor) in actors.iter().enumerate() {
+        let bytes = actor
+            .call(AddressRequest::NAME, to_json(&AddressRequest {}), timeout)
+            .await
+            .map_err(|error| {
+                JobError::Refused(format!("loader actor {k} (node {}): {error}", actor.node()))
+            })?;
+        let reply: <AddressRequest as LoaderMethod>::Reply = serde_json::from_slice(&bytes)
+            .map_err(|error| JobError::Refused(format!("loader actor {k}: bad reply: {error}")))?;
+        addrs.push(reply.addr);
+    }
+    Ok(addrs)
 }
 
 #[cfg(test)]

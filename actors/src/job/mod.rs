@@ -12,19 +12,39 @@
 //! runs it renders them (`imgrun train` on its terminal) or keeps them for followers
 //! (the coordinator actor of `coordinator.rs`, which runs a detached job inside the
 //! cluster). The job prints nothing.
+//!
+//! The files' layers, bottom up (a file names only files of the layers below it; CI's
+//! `tools/check-circles.py` fails on a circle among them):
+//! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
+//!    `rules.rs` (the rules between its choices), and the pure decisions: `due.rs` (what
+//!    is due at each step) and `recovery.rs` (what follows each end of the step loop);
+//! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`);
+//! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
+//! 4. what acts on ranks: `watch.rs` (the head's events for them), `ranks.rs` (the hang
+//!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loaders.rs` (remote
+//!    loader actors);
+//! 5. `stop.rs` (how a caller stops the job, and the stop protocol every caller runs it
+//!    under);
+//! 6. `steps.rs` (the step loop, carrying out `due.rs`);
+//! 7. `elastic.rs` (the calls of a loss's recovery and of growth);
+//! 8. `driver.rs` ([`run`], carrying out `recovery.rs`);
+//! 9. `coordinator.rs` (the actor that runs a detached job).
 
 mod calls;
 mod coordinator;
 mod driver;
+mod due;
 mod elastic;
 mod error;
 mod loaders;
 mod metrics;
 mod output;
 mod ranks;
+mod recovery;
 mod rules;
+mod spawn;
 mod steps;
-mod stopping;
+mod stop;
 mod watch;
 mod world;
 
@@ -38,13 +58,12 @@ pub use coordinator::{
     FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, StatusRequest,
     register,
 };
-pub use driver::{RankCallError, RankFailure, elastic_line, newest_run, run, sync_lines};
-pub use error::{HeadLost, Interrupted, JobError};
+pub use driver::{elastic_line, newest_run, run, sync_lines};
+pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
-pub use steps::{Progress, Saved, StopControl, StopRequest};
-pub use stopping::{STOP_GRACE, run_to_end_or_stop};
+pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
 

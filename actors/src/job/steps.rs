@@ -1,112 +1,29 @@
 //! The step loop: calls of the same number of steps to every rank, evaluations and
 //! checkpoints when due, metrics and progress, and the checkpoint at the last step when
-//! the job is asked to stop.
+//! the job is asked to stop. What is due when is decided in `due.rs` ([`Cadence`]); the
+//! loop carries it out, its counters in an [`EpochTally`] per epoch.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use pipelines::RankCursor;
-use serde::{Deserialize, Serialize};
+use runtime::ClusterClient;
 
 use super::calls::{Rank, call_all, call_one};
+use super::due::{BeforeCall, Cadence, Called, Checkpoint, last_checkpoint};
+use super::error::Saved;
 use super::metrics::Metrics;
-use super::ranks::{RankView, hold_ups, rank_views};
+use super::ranks::{hold_ups, rank_views};
+use super::stop::StopControl;
+use super::world::{RankPlace, room_to_grow};
 use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
-    JobSpec, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
+    JobSpec, Late, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
     StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply, TrainRequest,
     late_rank,
 };
-
-/// A checkpoint this job wrote or resumed from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Saved {
-    pub dir: PathBuf,
-    pub epoch: u64,
-    pub global_step: u64,
-    pub step_in_epoch: u64,
-}
-
-/// Where a job stands, shared with the code that handles signals: what it needs to say
-/// after an interrupt, even when the step loop did not get to answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Progress {
-    pub run_dir: Option<PathBuf>,
-    /// The newest checkpoint.
-    pub checkpoint: Option<Saved>,
-}
-
-/// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
-/// and what the loop tells it back.
-#[derive(Clone)]
-pub struct StopControl {
-    requested: tokio::sync::watch::Receiver<Option<&'static str>>,
-    progress: Arc<Mutex<Progress>>,
-    /// The job's ranks, once spawned, and the cluster they run on, for the hang doctor.
-    ranks: Arc<Mutex<(Vec<Rank>, Option<runtime::ClusterClient>)>>,
-}
-
-impl std::fmt::Debug for StopControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StopControl")
-            .field("requested", &*self.requested.borrow())
-            .field("progress", &*self.progress())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The sending half of a [`StopControl`]: asks the job to stop.
-#[derive(Debug)]
-pub struct StopRequest(tokio::sync::watch::Sender<Option<&'static str>>);
-
-impl StopRequest {
-    /// Asks the job to stop after the step in flight; `by` names who asked (`SIGINT`,
-    /// `SIGTERM`, `cancel`).
-    pub fn stop(&self, by: &'static str) {
-        let _ = self.0.send(Some(by));
-    }
-}
-
-impl StopControl {
-    pub fn new() -> (StopRequest, StopControl) {
-        let (tx, requested) = tokio::sync::watch::channel(None);
-        let control = StopControl {
-            requested,
-            progress: Arc::new(Mutex::new(Progress::default())),
-            ranks: Arc::default(),
-        };
-        (StopRequest(tx), control)
-    }
-
-    /// Where the job stands now.
-    pub fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn set_ranks(&self, ranks: &[Rank], client: &runtime::ClusterClient) {
-        *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) =
-            (ranks.to_vec(), Some(client.clone()));
-    }
-
-    /// Every rank's phase now, from its monitor, with its node's last heartbeat (none
-    /// before the ranks are up).
-    pub async fn rank_views(&self) -> Vec<RankView> {
-        let (ranks, client) = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        rank_views(&ranks, client.as_ref()).await
-    }
-
-    fn requested(&self) -> Option<&'static str> {
-        *self.requested.borrow()
-    }
-
-    /// The stop requests, to wait for one.
-    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<Option<&'static str>> {
-        self.requested.clone()
-    }
-}
 
 /// Where the step loop stands between calls: the last step every rank completed, with
 /// every rank's loader cursor and the epoch's running sums there. The loop starts from
@@ -151,14 +68,14 @@ pub(super) enum LoopEnd {
     /// The job's last epoch is done.
     Done,
     /// An elastic job found room for more trainers at an epoch's end: these places.
-    Grow(Vec<super::world::RankPlace>),
+    Grow(Vec<RankPlace>),
 }
 
 /// An elastic job that may grow at its epochs' ends: the cluster to look for room in, and
 /// the most ranks it may have.
 #[derive(Clone, Copy)]
 pub(super) struct Grow<'a> {
-    pub(super) client: &'a runtime::ClusterClient,
+    pub(super) client: &'a ClusterClient,
     pub(super) max_world: usize,
 }
 
@@ -183,16 +100,16 @@ pub(super) struct RunningJob<'a> {
 }
 
 impl RunningJob<'_> {
-    /// Has rank 0 write checkpoint `name`: the job at `global_step`, to continue at step
-    /// `step_in_epoch` of `epoch` with the ranks' loader `cursors` and the epoch's running
-    /// `sums` so far.
+    /// Has rank 0 write `checkpoint`: the job at its global step, to continue at its step
+    /// of its epoch with the ranks' loader `cursors` and the epoch's running `sums` so far.
     pub(super) async fn save(
         &self,
-        name: &str,
-        (epoch, global_step, step_in_epoch): (u64, u64, u64),
+        checkpoint: &Checkpoint,
         cursors: Vec<RankCursor>,
         sums: EpochSums,
     ) -> Result<(), JobError> {
+        let name = checkpoint.name.as_str();
+        let (epoch, global_step, step_in_epoch) = checkpoint.place();
         if step_in_epoch > 0 && self.regrouped.is_some_and(|(e, _)| e == epoch) {
             tracing::info!(
                 name,
@@ -260,45 +177,44 @@ impl RunningJob<'_> {
         Ok(())
     }
 
-    /// The job was asked to stop by `signal` between steps: saves a checkpoint at the
-    /// last completed step unless the newest one is there already, and says where the
-    /// job stands.
+    /// The job was asked to stop by `signal` between steps, at `at`: saves a checkpoint at
+    /// the last completed step unless the newest one is there already, and says where
+    /// the job stands.
     async fn interrupted(
         &self,
         signal: &'static str,
-        at: (u64, u64, u64),
-        cursors: &[RankCursor],
-        sums: EpochSums,
+        at: &Position,
         metrics: &mut Metrics,
     ) -> JobError {
-        let (epoch, global_step, step_in_epoch) = at;
-        let newest = self.stop.progress().checkpoint.clone();
-        let saved_already = newest
+        let place = (at.epoch, at.global_step, at.step_in_epoch);
+        let newest = self
+            .stop
+            .progress()
+            .checkpoint
             .as_ref()
-            .is_some_and(|c| c.global_step == global_step);
-        if !saved_already && global_step > 0 {
-            let (name, cursors, sums) = if step_in_epoch == 0 {
-                (
-                    format!("epoch-{epoch:04}"),
-                    Vec::new(),
-                    EpochSums::default(),
-                )
+            .map(|c| c.global_step);
+        if let Some(checkpoint) = last_checkpoint(place, newest) {
+            let (cursors, sums) = if at.step_in_epoch == 0 {
+                (Vec::new(), EpochSums::default())
             } else {
-                (format!("step-{global_step:08}"), cursors.to_vec(), sums)
+                (at.cursors.clone(), at.sums)
             };
-            if let Err(error) = self.save(&name, at, cursors, sums).await {
+            if let Err(error) = self.save(&checkpoint, cursors, sums).await {
                 return JobError::Interrupted(Box::new(Interrupted::late(
                     signal,
                     self.stop.progress().clone(),
-                    format!("the checkpoint at global step {global_step} failed: {error}"),
+                    format!(
+                        "the checkpoint at global step {} failed: {error}",
+                        at.global_step
+                    ),
                 )));
             }
         }
         let progress = self.stop.progress().clone();
         let _ = metrics.write(&MetricsRecord::Stop(StopRecord {
             signal: signal.to_string(),
-            epoch,
-            step: global_step,
+            epoch: at.epoch,
+            step: at.global_step,
             checkpoint: progress
                 .checkpoint
                 .as_ref()
@@ -313,19 +229,17 @@ impl RunningJob<'_> {
     /// `at`, the step its surviving ranks rolled back to (unless the newest one is
     /// there), and the job's error saying where to continue from.
     pub(super) async fn checkpoint_after_loss(&self, error: JobError, at: &Position) -> JobError {
-        let newest = self.stop.progress().checkpoint.clone();
-        let saved =
-            if at.global_step == 0 || newest.is_some_and(|c| c.global_step == at.global_step) {
-                Ok(())
-            } else {
-                let name = if at.step_in_epoch == 0 {
-                    format!("epoch-{:04}", at.epoch)
-                } else {
-                    format!("step-{:08}", at.global_step)
-                };
-                let place = (at.epoch, at.global_step, at.step_in_epoch);
-                self.save(&name, place, at.cursors.clone(), at.sums).await
-            };
+        let place = (at.epoch, at.global_step, at.step_in_epoch);
+        let newest = self
+            .stop
+            .progress()
+            .checkpoint
+            .as_ref()
+            .map(|c| c.global_step);
+        let saved = match last_checkpoint(place, newest) {
+            Some(checkpoint) => self.save(&checkpoint, at.cursors.clone(), at.sums).await,
+            None => Ok(()),
+        };
         let world: u32 = self.node_ranks.iter().sum();
         let checkpoint = match (saved, &self.stop.progress().checkpoint) {
             (Err(failed), _) => format!(
@@ -381,16 +295,6 @@ impl RunningJob<'_> {
     }
 }
 
-/// The steps a call may run from `global_step`: at most `chunk`, and never past the next
-/// multiple of any nonzero `every` (a checkpoint or an evaluation is due there).
-pub(super) fn steps_until(global_step: u64, chunk: u64, every: &[u64]) -> u64 {
-    every
-        .iter()
-        .filter(|&&e| e > 0)
-        .map(|e| e - global_step % e)
-        .fold(chunk, u64::min)
-}
-
 /// One step's figures for metrics.jsonl, from every rank's record of it: a step lasts
 /// as long as its slowest rank; the data wait, the compute and the allreduce are the
 /// ranks' means.
@@ -419,8 +323,113 @@ pub(super) fn step_figures(samples: u64, ranks: &[&StepRecord]) -> StepFigures {
     }
 }
 
+/// What the step loop counts over one epoch.
+struct EpochTally {
+    epoch: u64,
+    started: Instant,
+    sums: EpochSums,
+    cursors: Vec<RankCursor>,
+    images: u64,
+    busy_s: f64,
+    wait_s: f64,
+    /// What each rank trained on, told by the call that ended the epoch.
+    received: Vec<EpochReceived>,
+    /// The loaders' problems (bad samples skipped, shards whose counts are wrong), each
+    /// told once.
+    told: HashSet<String>,
+    /// Ranks that held the others up this epoch: steps late and the most behind.
+    late: BTreeMap<usize, (u64, f64, LateCause)>,
+    /// Bad samples and shards each rank has skipped so far this epoch.
+    skipped: Vec<u64>,
+}
+
+impl EpochTally {
+    /// Epoch `epoch` of a loop that started at `start`: a resumed epoch's summary counts
+    /// the steps before its checkpoint too.
+    fn new(epoch: u64, start: &Position) -> EpochTally {
+        let resumed = epoch == start.epoch && start.step_in_epoch > 0;
+        EpochTally {
+            epoch,
+            started: Instant::now(),
+            sums: if resumed {
+                start.sums
+            } else {
+                EpochSums::default()
+            },
+            cursors: if resumed {
+                start.cursors.clone()
+            } else {
+                Vec::new()
+            },
+            images: 0,
+            busy_s: 0.0,
+            wait_s: 0.0,
+            received: Vec::new(),
+            told: HashSet::new(),
+            late: BTreeMap::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Counts rank `found.rank` late once more; whether this is its first time this epoch.
+    fn note_late(&mut self, found: &Late) -> bool {
+        let seen = self.late.entry(found.rank).or_insert((0, 0.0, found.cause));
+        let first = seen.0 == 0;
+        seen.0 += 1;
+        if found.behind_s > seen.1 {
+            *seen = (seen.0, found.behind_s, found.cause);
+        }
+        first
+    }
+
+    /// Takes in a call's `replies` (after their steps are recorded), which took `seconds`:
+    /// the loaders' problems not told before, for the caller to tell.
+    fn absorb(&mut self, replies: &[TrainReply], seconds: f64) -> Vec<String> {
+        let samples: u64 = replies.iter().map(|r| r.samples).sum();
+        let data_wait = replies
+            .iter()
+            .map(|r| r.data_wait_s / r.seconds.max(1e-9))
+            .sum::<f64>()
+            / replies.len() as f64;
+        self.skipped = replies.iter().map(|r| r.skipped).collect();
+        let mut new = Vec::new();
+        for (rank, reply) in replies.iter().enumerate() {
+            for problem in &reply.problems {
+                if self.told.insert(problem.clone()) {
+                    new.push(format!("rank {rank}: {problem}"));
+                }
+            }
+        }
+        if replies[0].epoch_done {
+            self.received = replies
+                .iter()
+                .map(|r| r.received.clone().unwrap_or_default())
+                .collect();
+        }
+        self.images += samples;
+        self.busy_s += seconds;
+        self.wait_s += data_wait * seconds;
+        self.cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
+        new
+    }
+}
+
+/// When the step loop started, and the images and busy seconds of the epochs it ran.
+struct Clock {
+    started: Instant,
+    images: u64,
+    train_s: f64,
+}
+
+impl Clock {
+    fn images_per_s(&self) -> f64 {
+        self.images as f64 / self.train_s.max(1e-9)
+    }
+}
+
 /// Runs the job's steps from `start` to its end; `at` follows the last step every rank
-/// completed, and `summary` gathers what the job reports.
+/// completed, and `summary` gathers what the job reports. What is due when comes from
+/// [`Cadence`]; this carries it out.
 pub(super) async fn train_loop(
     run: &RunningJob<'_>,
     metrics: &mut Metrics,
@@ -428,335 +437,397 @@ pub(super) async fn train_loop(
     at: &mut Position,
     summary: &mut JobSummary,
 ) -> Result<LoopEnd, JobError> {
-    let RunningJob {
-        settings: train,
-        job,
-        ranks,
-        run_dir,
-        steps_per_epoch,
-        output,
-        ..
-    } = *run;
-    let long = Duration::from_secs(train.step_timeout_secs.max(10));
-    let started = Instant::now();
-    let (first_epoch, mut step_in_epoch) = (start.epoch, start.step_in_epoch);
-    summary.run_dir = run_dir.to_path_buf();
-    let mut global_step = start.global_step;
+    let job = run.job;
+    let cadence = Cadence::new(
+        run.settings,
+        job.optim.epochs,
+        !job.data.val.is_empty(),
+        run.grow.map(|g| g.max_world),
+    );
+    let mut clock = Clock {
+        started: Instant::now(),
+        images: 0,
+        train_s: 0.0,
+    };
+    summary.run_dir = run.run_dir.to_path_buf();
     *at = start.clone();
-    let (mut total_images, mut total_train_s) = (0u64, 0.0f64);
-    for epoch in first_epoch..job.optim.epochs {
+    for epoch in start.epoch..job.optim.epochs {
         let steps = match run.regrouped {
             Some((regrouped, steps)) if regrouped == epoch => steps,
-            _ => steps_per_epoch,
+            _ => run.steps_per_epoch,
         };
-        output.event(JobEvent::EpochStarted {
+        run.output.event(JobEvent::EpochStarted {
             epoch,
             steps,
-            position: step_in_epoch,
+            position: at.step_in_epoch,
         });
-        let epoch_started = Instant::now();
-        // A resumed epoch's summary counts the steps before its checkpoint too.
-        let resumed = epoch == start.epoch && start.step_in_epoch > 0;
-        let mut sums = if resumed {
-            start.sums
-        } else {
-            EpochSums::default()
-        };
-        let (mut images, mut busy_s, mut wait_s) = (0u64, 0.0f64, 0.0f64);
-        let mut cursors: Vec<RankCursor> = if resumed {
-            start.cursors.clone()
-        } else {
-            Vec::new()
-        };
+        let mut tally = EpochTally::new(epoch, start);
+        run.epoch(&cadence, &mut tally, at, &clock, metrics, summary)
+            .await?;
+        let grow = run
+            .end_epoch(&cadence, &tally, at, &mut clock, metrics, summary)
+            .await?;
+        if let Some(places) = grow {
+            summary.images_per_s = clock.images_per_s();
+            return Ok(LoopEnd::Grow(places));
+        }
+    }
+    summary.images_per_s = clock.images_per_s();
+    Ok(LoopEnd::Done)
+}
+
+impl RunningJob<'_> {
+    /// The calls of `tally`'s epoch until it ends, each followed by what is due; a stop
+    /// asked between calls ends it with the job's error.
+    async fn epoch(
+        &self,
+        cadence: &Cadence,
+        tally: &mut EpochTally,
+        at: &mut Position,
+        clock: &Clock,
+        metrics: &mut Metrics,
+        summary: &mut JobSummary,
+    ) -> Result<(), JobError> {
+        let epoch = tally.epoch;
         let mut chunk = 1u64;
-        let mut done = false;
-        let mut received: Vec<EpochReceived> = Vec::new();
-        // The loaders' problems (bad samples skipped, shards whose counts are wrong),
-        // each told once.
-        let mut told: std::collections::HashSet<String> = std::collections::HashSet::new();
-        // Ranks that held the others up this epoch: steps late and the most behind.
-        let mut late: BTreeMap<usize, (u64, f64, LateCause)> = BTreeMap::new();
-        // Bad samples and shards each rank has skipped so far this epoch.
-        let mut skipped: Vec<u64> = Vec::new();
-        while !done {
-            if let Some(signal) = run.stop.requested() {
-                output.event(JobEvent::EpochEnded { epoch });
-                let at = (epoch, global_step, step_in_epoch);
-                return Err(run.interrupted(signal, at, &cursors, sums, metrics).await);
-            }
-            let max_steps = steps_until(
-                global_step,
-                chunk,
-                &[train.checkpoint_every_steps, train.eval_every_steps],
-            );
-            let request = TrainRequest {
-                epoch,
-                max_steps,
-                sample_ids: train.sample_log,
-            };
-            let called = Instant::now();
-            let called_at_s = started.elapsed().as_secs_f64();
-            let replies: Vec<TrainReply> = {
-                let call = call_all(ranks, |_| request.clone(), long + Duration::from_secs(60));
-                let mut call = std::pin::pin!(call);
-                // While the call is out longer than a straggler may be late, the ranks'
-                // monitors say who the others wait for.
-                let watching = train.straggler_secs > 0.0;
-                let tick = Duration::from_secs_f64(train.straggler_secs.max(1.0));
-                let mut named = std::collections::HashSet::new();
-                loop {
-                    tokio::select! {
-                        replies = &mut call => break replies?,
-                        () = tokio::time::sleep(tick), if watching => {
-                            let views = rank_views(ranks, None).await;
-                            for line in hold_ups(&views, train.straggler_secs, &mut named) {
-                                output.warn(line);
-                            }
-                        }
-                    }
-                }
-            };
-            let elapsed = called.elapsed().as_secs_f64();
-            let first = &replies[0];
-            if let Some(bad) = replies.iter().position(|r| {
-                r.step_in_epoch != first.step_in_epoch || r.epoch_done != first.epoch_done
-            }) {
-                return Err(JobError::Refused(format!(
-                    "ranks out of step: rank 0 at step {} of epoch {epoch}, rank {bad} at {}",
-                    first.step_in_epoch, replies[bad].step_in_epoch
-                )));
-            }
-            if let Some(bad) = replies
-                .iter()
-                .position(|r| r.steps.len() != first.steps.len())
+        loop {
+            let max_steps = match cadence.before_call(self.stop.requested(), at.global_step, chunk)
             {
-                return Err(JobError::Refused(format!(
-                    "ranks out of step: rank 0 ran {} steps in a call, rank {bad} {}",
-                    first.steps.len(),
-                    replies[bad].steps.len()
-                )));
-            }
-            let samples: u64 = replies.iter().map(|r| r.samples).sum();
-            let data_wait = replies
-                .iter()
-                .map(|r| r.data_wait_s / r.seconds.max(1e-9))
-                .sum::<f64>()
-                / replies.len() as f64;
-            // Each step's own figures: when it ended, from the ranks' step timings.
-            let mut step_end_s = called_at_s;
-            let mut last_figures = None;
-            for (i, step) in first.steps.iter().enumerate() {
-                let ranks_records: Vec<&StepRecord> =
-                    replies.iter().filter_map(|r| r.steps.get(i)).collect();
-                let figures = step_figures(step.samples, &ranks_records);
-                step_end_s += figures.step_s;
-                let timings: Vec<StepTiming> = ranks_records.iter().map(|r| r.timing).collect();
-                if let Some(found) = late_rank(&timings, train.straggler_secs) {
-                    let who = &ranks[found.rank];
-                    let seen = late.entry(found.rank).or_insert((0, 0.0, found.cause));
-                    if seen.0 == 0 {
-                        output.warn(format!(
-                            "{} is {:.1} s behind the others at step {}: {}",
-                            who.name(),
-                            found.behind_s,
-                            step.step,
-                            found.cause.explain()
-                        ));
-                    }
-                    seen.0 += 1;
-                    if found.behind_s > seen.1 {
-                        *seen = (seen.0, found.behind_s, found.cause);
-                    }
-                    metrics.write(&MetricsRecord::Late(LateRecord {
-                        epoch,
-                        step: step.step,
-                        rank: who.rank,
-                        node: who.place.node.0,
-                        behind_s: found.behind_s,
-                        cause: found.cause,
-                    }))?;
+                BeforeCall::Stop(signal) => {
+                    self.output.event(JobEvent::EpochEnded { epoch });
+                    return Err(self.interrupted(signal, at, metrics).await);
                 }
-                metrics.write(&MetricsRecord::Step(StepMetrics {
-                    epoch,
-                    step: step.step,
-                    loss: step.loss.into(),
-                    accuracy: step.accuracy.into(),
-                    lr: step.lr,
-                    samples: step.samples,
-                    images_per_s: figures.images_per_s,
-                    data_wait_s: figures.data_wait_s,
-                    compute_s: figures.compute_s,
-                    allreduce_s: figures.allreduce_s,
-                    step_s: figures.step_s,
-                    elapsed_s: step_end_s,
-                    loss_scale: step.loss_scale,
-                    skipped: step.loss_scale.map(|_| step.skipped),
-                }))?;
-                if train.sample_log {
-                    for (rank, record) in ranks_records.iter().enumerate() {
-                        metrics.write(&MetricsRecord::Samples(SamplesRecord {
-                            epoch,
-                            step: step.step,
-                            rank: rank as u32,
-                            samples: record.sample_ids.clone(),
-                        }))?;
-                    }
-                }
-                sums.add(step.loss, step.accuracy, step.samples);
-                summary.first_loss.get_or_insert(step.loss);
-                summary.last_loss = Some(step.loss);
-                last_figures = Some(figures);
-            }
-            skipped = replies.iter().map(|r| r.skipped).collect();
-            for (rank, reply) in replies.iter().enumerate() {
-                for problem in &reply.problems {
-                    if told.insert(problem.clone()) {
-                        output.warn(format!("rank {rank}: {problem}"));
-                    }
-                }
-            }
-            if first.epoch_done {
-                received = replies
-                    .iter()
-                    .map(|r| r.received.clone().unwrap_or_default())
-                    .collect();
-            }
-            images += samples;
-            busy_s += elapsed;
-            wait_s += data_wait * elapsed;
-            global_step = first.global_step;
-            step_in_epoch = first.step_in_epoch;
-            done = first.epoch_done;
-            cursors = replies.iter().filter_map(|r| r.cursor.clone()).collect();
+                BeforeCall::Train { max_steps } => max_steps,
+            };
+            let called = self.call(tally, max_steps, clock, metrics, summary).await?;
             *at = Position {
                 epoch,
-                global_step,
-                step_in_epoch,
-                cursors: cursors.clone(),
-                sums,
+                global_step: called.global_step,
+                step_in_epoch: called.step_in_epoch,
+                cursors: tally.cursors.clone(),
+                sums: tally.sums,
             };
-            if let (Some(last), Some(figures)) = (first.steps.last(), last_figures) {
-                output.event(JobEvent::Stepped {
-                    epoch,
-                    position: step_in_epoch,
-                    loss: last.loss,
-                    images_per_s: figures.images_per_s,
-                });
-            }
-            // Calls of about a second: progress stays live, and Ctrl-C or a failure is
-            // noticed between calls.
-            let per_step = elapsed / first.steps.len().max(1) as f64;
-            chunk = ((1.0 / per_step.max(1e-4)) as u64).clamp(1, 1000);
-            let due = |every: u64| !done && every > 0 && global_step.is_multiple_of(every);
-            if due(train.eval_every_steps) && !job.data.val.is_empty() {
-                let elapsed_s = started.elapsed().as_secs_f64();
-                if let Some(top) = run.evaluate(epoch, global_step, metrics, elapsed_s).await? {
-                    output.info(format!(
+            let after = cadence.after_call(&called);
+            chunk = after.chunk;
+            if after.evaluate {
+                let elapsed_s = clock.started.elapsed().as_secs_f64();
+                let global_step = called.global_step;
+                if let Some(top) = self
+                    .evaluate(epoch, global_step, metrics, elapsed_s)
+                    .await?
+                {
+                    self.output.info(format!(
                         "      step {global_step}: val top-1 {:.2}%, top-5 {:.2}%",
                         top.0 * 100.0,
                         top.1 * 100.0
                     ));
                 }
             }
-            if due(train.checkpoint_every_steps) {
-                let name = format!("step-{global_step:08}");
-                let at = (epoch, global_step, step_in_epoch);
-                run.save(&name, at, cursors.clone(), sums).await?;
+            if let Some(checkpoint) = &after.checkpoint {
+                self.save(checkpoint, tally.cursors.clone(), tally.sums)
+                    .await?;
+            }
+            if called.epoch_done {
+                return Ok(());
             }
         }
-        output.event(JobEvent::EpochEnded { epoch });
+    }
+
+    /// The end of `tally`'s epoch, `at` the last step of it: `at` moves to the next
+    /// epoch's start, then what [`Cadence::epoch_end`] says is due; the places to grow
+    /// onto when the job found room for more ranks.
+    async fn end_epoch(
+        &self,
+        cadence: &Cadence,
+        tally: &EpochTally,
+        at: &mut Position,
+        clock: &mut Clock,
+        metrics: &mut Metrics,
+        summary: &mut JobSummary,
+    ) -> Result<Option<Vec<RankPlace>>, JobError> {
+        let epoch = tally.epoch;
+        self.output.event(JobEvent::EpochEnded { epoch });
+        let global_step = at.global_step;
         *at = Position {
             epoch: epoch + 1,
             global_step,
             ..Position::default()
         };
-        let epoch_s = epoch_started.elapsed().as_secs_f64();
-        total_images += images;
-        total_train_s += busy_s;
-        step_in_epoch = 0;
-        let last_epoch = epoch + 1 == job.optim.epochs;
-        let eval_due = !job.data.val.is_empty()
-            && (last_epoch
-                || (train.eval_every_epochs > 0 && (epoch + 1) % train.eval_every_epochs == 0));
-        let mut top = (None, None);
-        if eval_due {
-            let elapsed_s = started.elapsed().as_secs_f64();
-            if let Some((top1, top5)) = run.evaluate(epoch, global_step, metrics, elapsed_s).await?
-            {
-                top = (Some(top1), Some(top5));
-                summary.top1 = Some(top1);
-                summary.top5 = Some(top5);
+        let epoch_s = tally.started.elapsed().as_secs_f64();
+        clock.images += tally.images;
+        clock.train_s += tally.busy_s;
+        let end = cadence.epoch_end(epoch, global_step, self.ranks.len());
+        let elapsed_s = clock.started.elapsed().as_secs_f64();
+        let top = if end.evaluate {
+            self.evaluate(epoch, global_step, metrics, elapsed_s)
+                .await?
+        } else {
+            None
+        };
+        if let Some((top1, top5)) = top {
+            summary.top1 = Some(top1);
+            summary.top5 = Some(top5);
+        }
+        self.epoch_record(tally, (global_step, epoch_s), top, clock, metrics)?;
+        if let Some(checkpoint) = &end.checkpoint {
+            self.save(checkpoint, Vec::new(), EpochSums::default())
+                .await?;
+        }
+        if let (Some(want), Some(grow)) = (end.look_for_room, self.grow) {
+            let places = self.room_to_grow(grow.client, want).await;
+            if !places.is_empty() {
+                return Ok(Some(places));
             }
         }
-        let (train_loss, train_accuracy) = sums.means();
-        for (rank, (steps, most, cause)) in &late {
-            output.warn(format!(
+        Ok(None)
+    }
+
+    /// One call of up to `max_steps` steps to every rank, its steps recorded in `metrics`
+    /// and `summary` and taken into `tally`; where it left the ranks.
+    async fn call(
+        &self,
+        tally: &mut EpochTally,
+        max_steps: u64,
+        clock: &Clock,
+        metrics: &mut Metrics,
+        summary: &mut JobSummary,
+    ) -> Result<Called, JobError> {
+        let epoch = tally.epoch;
+        let request = TrainRequest {
+            epoch,
+            max_steps,
+            sample_ids: self.settings.sample_log,
+        };
+        let called = Instant::now();
+        let called_at_s = clock.started.elapsed().as_secs_f64();
+        let replies = self.train(request).await?;
+        let seconds = called.elapsed().as_secs_f64();
+        in_step(&replies, epoch)?;
+        let first = &replies[0];
+        let last_figures = self.record_steps(&replies, called_at_s, tally, metrics, summary)?;
+        for line in tally.absorb(&replies, seconds) {
+            self.output.warn(line);
+        }
+        if let (Some(last), Some(figures)) = (first.steps.last(), last_figures) {
+            self.output.event(JobEvent::Stepped {
+                epoch,
+                position: first.step_in_epoch,
+                loss: last.loss,
+                images_per_s: figures.images_per_s,
+            });
+        }
+        Ok(Called {
+            epoch,
+            global_step: first.global_step,
+            step_in_epoch: first.step_in_epoch,
+            epoch_done: first.epoch_done,
+            seconds,
+            steps: first.steps.len(),
+        })
+    }
+
+    /// Has every rank run `request`; while the call is out longer than a straggler may be
+    /// late, the ranks' monitors say who the others wait for.
+    async fn train(&self, request: TrainRequest) -> Result<Vec<TrainReply>, JobError> {
+        let train = self.settings;
+        let long = Duration::from_secs(train.step_timeout_secs.max(10));
+        let call = call_all(
+            self.ranks,
+            |_| request.clone(),
+            long + Duration::from_secs(60),
+        );
+        let mut call = std::pin::pin!(call);
+        let watching = train.straggler_secs > 0.0;
+        let tick = Duration::from_secs_f64(train.straggler_secs.max(1.0));
+        let mut named = HashSet::new();
+        loop {
+            tokio::select! {
+                replies = &mut call => return replies,
+                () = tokio::time::sleep(tick), if watching => {
+                    let views = rank_views(self.ranks, None).await;
+                    for line in hold_ups(&views, train.straggler_secs, &mut named) {
+                        self.output.warn(line);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes each step of a call's `replies` to `metrics` (with the rank that held it
+    /// up, if one did, and the samples when the job logs them) and adds it to the epoch's
+    /// sums and the summary's losses; the figures of the last step.
+    fn record_steps(
+        &self,
+        replies: &[TrainReply],
+        called_at_s: f64,
+        tally: &mut EpochTally,
+        metrics: &mut Metrics,
+        summary: &mut JobSummary,
+    ) -> Result<Option<StepFigures>, JobError> {
+        let (epoch, train) = (tally.epoch, self.settings);
+        // Each step's own figures: when it ended, from the ranks' step timings.
+        let mut step_end_s = called_at_s;
+        let mut last_figures = None;
+        for (i, step) in replies[0].steps.iter().enumerate() {
+            let ranks_records: Vec<&StepRecord> =
+                replies.iter().filter_map(|r| r.steps.get(i)).collect();
+            let figures = step_figures(step.samples, &ranks_records);
+            step_end_s += figures.step_s;
+            let timings: Vec<StepTiming> = ranks_records.iter().map(|r| r.timing).collect();
+            if let Some(found) = late_rank(&timings, train.straggler_secs) {
+                let who = &self.ranks[found.rank];
+                if tally.note_late(&found) {
+                    self.output.warn(format!(
+                        "{} is {:.1} s behind the others at step {}: {}",
+                        who.name(),
+                        found.behind_s,
+                        step.step,
+                        found.cause.explain()
+                    ));
+                }
+                metrics.write(&MetricsRecord::Late(LateRecord {
+                    epoch,
+                    step: step.step,
+                    rank: who.rank,
+                    node: who.place.node.0,
+                    behind_s: found.behind_s,
+                    cause: found.cause,
+                }))?;
+            }
+            metrics.write(&MetricsRecord::Step(StepMetrics {
+                epoch,
+                step: step.step,
+                loss: step.loss.into(),
+                accuracy: step.accuracy.into(),
+                lr: step.lr,
+                samples: step.samples,
+                images_per_s: figures.images_per_s,
+                data_wait_s: figures.data_wait_s,
+                compute_s: figures.compute_s,
+                allreduce_s: figures.allreduce_s,
+                step_s: figures.step_s,
+                elapsed_s: step_end_s,
+                loss_scale: step.loss_scale,
+                skipped: step.loss_scale.map(|_| step.skipped),
+            }))?;
+            if train.sample_log {
+                for (rank, record) in ranks_records.iter().enumerate() {
+                    metrics.write(&MetricsRecord::Samples(SamplesRecord {
+                        epoch,
+                        step: step.step,
+                        rank: rank as u32,
+                        samples: record.sample_ids.clone(),
+                    }))?;
+                }
+            }
+            tally.sums.add(step.loss, step.accuracy, step.samples);
+            summary.first_loss.get_or_insert(step.loss);
+            summary.last_loss = Some(step.loss);
+            last_figures = Some(figures);
+        }
+        Ok(last_figures)
+    }
+
+    /// The record and line of `tally`'s epoch, ended at `global_step` `epoch_s` after it
+    /// started, with its evaluation's `top` accuracies: the ranks that held the others up
+    /// and the samples skipped are told first.
+    fn epoch_record(
+        &self,
+        tally: &EpochTally,
+        (global_step, epoch_s): (u64, f64),
+        top: Option<(f64, f64)>,
+        clock: &Clock,
+        metrics: &mut Metrics,
+    ) -> Result<(), JobError> {
+        let epoch = tally.epoch;
+        let (train_loss, train_accuracy) = tally.sums.means();
+        for (rank, (steps, most, cause)) in &tally.late {
+            self.output.warn(format!(
                 "epoch {epoch}: {} held the others up on {steps} step(s), by up to \
                  {most:.1} s ({})",
-                ranks[*rank].name(),
+                self.ranks[*rank].name(),
                 match cause {
                     LateCause::WaitingForData => "waiting for data",
                     LateCause::Computing => "computing",
                 }
             ));
         }
-        let skipped: u64 = skipped.iter().sum();
+        let skipped: u64 = tally.skipped.iter().sum();
         if skipped > 0 {
-            output.warn(format!(
+            self.output.warn(format!(
                 "epoch {epoch}: {skipped} bad sample(s) or shard(s) skipped \
                  (shards.error_policy = \"skip\")"
             ));
         }
-        let images_per_s = images as f64 / busy_s.max(1e-9);
-        let data_wait_fraction = wait_s / busy_s.max(1e-9);
+        let images_per_s = tally.images as f64 / tally.busy_s.max(1e-9);
+        let data_wait_fraction = tally.wait_s / tally.busy_s.max(1e-9);
         metrics.write(&MetricsRecord::Epoch(EpochRecord {
             epoch,
             step: global_step,
             train_loss,
             train_accuracy,
-            steps: sums.steps,
-            samples: sums.samples,
+            steps: tally.sums.steps,
+            samples: tally.sums.samples,
             images_per_s,
             data_wait_fraction,
             seconds: epoch_s,
-            elapsed_s: started.elapsed().as_secs_f64(),
+            elapsed_s: clock.started.elapsed().as_secs_f64(),
             // What each rank actually trained on (this run's part of a resumed epoch).
-            image_sizes: received.iter().map(|r| r.image_sizes.clone()).collect(),
-            train_shards: received.iter().map(|r| r.shards.clone()).collect(),
+            image_sizes: tally
+                .received
+                .iter()
+                .map(|r| r.image_sizes.clone())
+                .collect(),
+            train_shards: tally.received.iter().map(|r| r.shards.clone()).collect(),
             // Bad samples and shards skipped over all ranks (shards.error_policy = "skip").
             skipped,
         }))?;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-        output.info(format!(
+        self.output.info(format!(
             "{epoch:>5} {train_loss:>10.4} {:>8} {:>8} {:>8.1}s {images_per_s:>8.0} {:>9.1}%",
-            pct(top.0),
-            pct(top.1),
+            pct(top.map(|t| t.0)),
+            pct(top.map(|t| t.1)),
             epoch_s,
             data_wait_fraction * 100.0
         ));
-        let save_due = last_epoch
-            || (train.checkpoint_every_epochs > 0
-                && (epoch + 1) % train.checkpoint_every_epochs == 0);
-        if save_due {
-            let name = format!("epoch-{:04}", epoch + 1);
-            let at = (epoch + 1, global_step, 0);
-            run.save(&name, at, Vec::new(), EpochSums::default())
-                .await?;
-        }
-        if let Some(grow) = run.grow
-            && !last_epoch
-            && ranks.len() < grow.max_world
-        {
-            let want = grow.max_world - ranks.len();
-            let places = super::elastic::room_to_grow(grow.client, ranks, train, want).await;
-            if !places.is_empty() {
-                summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
-                return Ok(LoopEnd::Grow(places));
-            }
+        Ok(())
+    }
+
+    /// Places for up to `want` more trainers where the job has none; none when the
+    /// cluster cannot be asked.
+    async fn room_to_grow(&self, client: &ClusterClient, want: usize) -> Vec<RankPlace> {
+        let taken: Vec<RankPlace> = self.ranks.iter().map(|r| r.place.clone()).collect();
+        match client.status().await {
+            Ok(status) => room_to_grow(&status, &taken, self.settings, want),
+            Err(_) => Vec::new(),
         }
     }
-    summary.images_per_s = total_images as f64 / total_train_s.max(1e-9);
-    Ok(LoopEnd::Done)
+}
+
+/// Whether every rank's reply to a call in `epoch` stands at the same step, having run
+/// as many steps, or the job's error saying which does not.
+fn in_step(replies: &[TrainReply], epoch: u64) -> Result<(), JobError> {
+    let first = &replies[0];
+    if let Some(bad) = replies
+        .iter()
+        .position(|r| r.step_in_epoch != first.step_in_epoch || r.epoch_done != first.epoch_done)
+    {
+        return Err(JobError::Refused(format!(
+            "ranks out of step: rank 0 at step {} of epoch {epoch}, rank {bad} at {}",
+            first.step_in_epoch, replies[bad].step_in_epoch
+        )));
+    }
+    if let Some(bad) = replies
+        .iter()
+        .position(|r| r.steps.len() != first.steps.len())
+    {
+        return Err(JobError::Refused(format!(
+            "ranks out of step: rank 0 ran {} steps in a call, rank {bad} {}",
+            first.steps.len(),
+            replies[bad].steps.len()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -796,23 +867,5 @@ mod tests {
         // No time measured (a clock too coarse) never divides by zero.
         let still = record(0.0, 0.0, 0.0);
         assert!(step_figures(64, &[&still]).images_per_s.is_finite());
-    }
-
-    #[test]
-    pub(super) fn calls_stop_at_every_due_step() {
-        let cases: [(u64, u64, &[u64], u64); 5] = [
-            (0, 100, &[0, 0], 100),
-            (0, 100, &[7, 0], 7),
-            (7, 100, &[7, 5], 3),
-            (9, 2, &[7, 5], 1),
-            (14, 100, &[7, 10], 6),
-        ];
-        for (step, chunk, every, want) in cases {
-            assert_eq!(
-                steps_until(step, chunk, every),
-                want,
-                "{step} {chunk} {every:?}"
-            );
-        }
     }
 }

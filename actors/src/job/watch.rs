@@ -7,6 +7,7 @@ use std::time::Duration;
 use runtime::{ClusterClient, FailureOrigin, NodeId};
 
 use super::calls::Rank;
+use super::error::RankFailure;
 
 /// How long the head may take to answer a status request before a job that failed calls
 /// it lost.
@@ -42,29 +43,6 @@ pub async fn head_lost(client: &ClusterClient) -> Option<String> {
 pub(crate) struct FailureWatcher {
     pub(crate) failures: tokio::sync::mpsc::Receiver<RankFailure>,
     pub(crate) task: tokio::task::JoinHandle<()>,
-}
-
-/// A failure the watcher saw: what to tell the user, and where it started.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct RankFailure {
-    /// For people only: no decision reads it.
-    pub message: String,
-    pub origin: FailureOrigin,
-    /// The rank it is about (none: the head, whose connection ended).
-    pub rank: Option<u32>,
-}
-
-impl RankFailure {
-    /// Whether the rank is gone with its process or node, not by its own error.
-    pub fn is_loss(&self) -> bool {
-        self.origin.is_loss()
-    }
-
-    /// Whether this is the loss of the head rather than of a rank.
-    pub fn is_head(&self) -> bool {
-        self.rank.is_none()
-    }
 }
 
 impl FailureWatcher {

@@ -163,8 +163,52 @@ pub fn plan_world(
     Ok((ranks, per_node))
 }
 
+/// Places for up to `want` more trainers on live nodes of `status` that run none of the
+/// job's ranks (`taken`, the places of its ranks), of the job's kind: one CPU trainer on
+/// a node with a CPU free, or one GPU trainer per free GPU.
+pub(super) fn room_to_grow(
+    status: &runtime::ClusterStatus,
+    taken: &[RankPlace],
+    settings: &JobSettings,
+    want: usize,
+) -> Vec<RankPlace> {
+    let gpu = taken.first().is_some_and(|p| p.gpu);
+    let mut places = Vec::new();
+    for node in status.live_nodes() {
+        if taken.iter().any(|p| p.node == node.id) {
+            continue;
+        }
+        let cpus = u64::from(node.cpus.max(1));
+        let used = |kind: &str| node.used.get(kind).copied().unwrap_or(0);
+        let free_cpu_millis = (cpus * 1000).saturating_sub(used(Resources::CPU));
+        let slots = if gpu {
+            (node.gpus.len() as u64).saturating_sub(used(Resources::GPU))
+        } else {
+            u64::from(free_cpu_millis >= 1000)
+        };
+        for _ in 0..slots {
+            if places.len() >= want {
+                return places;
+            }
+            let threads = match settings.threads {
+                0 if gpu => (cpus / slots.max(1)).max(1) as u32,
+                0 => (free_cpu_millis / 1000).max(1) as u32,
+                t => t,
+            };
+            places.push(RankPlace {
+                node: node.id,
+                ip: node_ip(node),
+                gpu,
+                threads,
+                cpu_millis: if gpu { 0 } else { free_cpu_millis },
+            });
+        }
+    }
+    places
+}
+
 /// The node's IP, where its trainers' ring ports are reached.
-pub(super) fn node_ip(node: &runtime::NodeStatus) -> String {
+fn node_ip(node: &runtime::NodeStatus) -> String {
     node.address
         .rsplit_once(':')
         .map_or(node.address.as_str(), |(ip, _)| ip)
