@@ -44,13 +44,7 @@ pub fn run(loaded: &Loaded, args: DemoArgs) -> anyhow::Result<ExitCode> {
     let train = generate(&args.out.join("train"), "demo-train", args.per_class, 1)?;
     let val = generate(&args.out.join("val"), "demo-val", args.val_per_class, 2)?;
 
-    let name = format!(
-        "demo-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-    );
+    let name = actors::job::timestamped_name("demo");
     let mut overrides = vec![
         format!("data.train={}", toml_string(&train)),
         format!("data.val={}", toml_string(&val)),

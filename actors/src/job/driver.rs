@@ -761,15 +761,7 @@ pub fn newest_run(runs: &Path) -> Result<PathBuf, JobError> {
 }
 
 fn new_run_dir(train: &JobSettings) -> Result<PathBuf, JobError> {
-    let name = if train.name.is_empty() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        format!("run-{now}")
-    } else {
-        train.name.clone()
-    };
+    let name = train.run_name();
     let dir = train.runs_dir.join(name);
     if dir
         .join("checkpoints")

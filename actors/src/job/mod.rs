@@ -135,6 +135,27 @@ pub struct JobSettings {
     pub elastic: Option<Elastic>,
 }
 
+impl JobSettings {
+    /// The run's name: `name` when given, else `run-<unix time>`. Every way of starting a
+    /// job names its run here (the driver, and `imgrun train --detach`, which names it
+    /// before its coordinator starts).
+    pub fn run_name(&self) -> String {
+        if self.name.is_empty() {
+            timestamped_name("run")
+        } else {
+            self.name.clone()
+        }
+    }
+}
+
+/// `<prefix>-<unix time>`: the name of a run that was given none (`run-…`, `demo-…`).
+pub fn timestamped_name(prefix: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{prefix}-{now}")
+}
+
 /// How far an elastic job shrinks (`train.elastic`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Elastic {

@@ -209,9 +209,7 @@ async fn spawn_coordinator(
     // made whole here.
     let settings = &mut request.settings;
     settings.runs_dir = absolute(&settings.runs_dir)?;
-    if settings.name.is_empty() {
-        settings.name = format!("run-{}", unix_seconds());
-    }
+    settings.name = settings.run_name();
     if let Some(resume) = &mut request.resume
         && resume.as_path() != Path::new("latest")
     {
@@ -270,11 +268,4 @@ fn progress(status: Option<&JobStatus>) -> Progress {
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))
-}
-
-fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
