@@ -200,7 +200,7 @@ pub(crate) async fn start(
     let mut tasks = tokio::task::JoinSet::new();
     for (k, &served) in load.iter().enumerate() {
         let init = LoaderInit {
-            job: job.clone(),
+            data: job.data.clone(),
             secret: secret.to_hex(),
             workers: served,
         };

@@ -7,7 +7,7 @@ use pipelines::{WorkerCursor, WorkerPlan};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::train::JobSpec;
+use crate::data::DataSpec;
 
 /// The actor kind of loaders.
 pub const LOADER_KIND: &str = "loader";
@@ -22,8 +22,8 @@ pub trait LoaderMethod: Serialize + DeserializeOwned {
 /// A loader actor's arguments.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoaderInit {
-    /// The job (its data settings: sources, loader, transforms).
-    pub job: JobSpec,
+    /// The job's data settings (sources, loader, transforms).
+    pub data: DataSpec,
     /// The job's data channel secret, in hex: only the job's trainers get batches.
     pub secret: String,
     /// Loader workers this actor runs at once (what it reserved CPUs for).

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::protocol::{AddressRequest, LoadRequest, LoaderAddress, LoaderInit, LoaderMethod};
-use crate::train::JobSpec;
+use crate::data::DataSpec;
 
 /// Longest first frame (the request) a loader accepts.
 const MAX_REQUEST: usize = 16 << 20;
@@ -29,16 +29,16 @@ impl LoaderActor {
             .map_err(|e| MethodError::fatal(format!("bad loader arguments: {e}")))?;
         let secret = ChannelSecret::from_hex(&init.secret)
             .map_err(|e| MethodError::fatal(format!("the data channel secret: {e}")))?;
-        let sources = Sources::new(init.job.data.sources.options());
-        let loader = Loader::new(init.job.data.train_loader(), sources)
+        let sources = Sources::new(init.data.sources.options());
+        let loader = Loader::new(init.data.train_loader(), sources)
             .map_err(|e| MethodError::fatal(e.to_string()))?;
         let listener = DataListener::bind(SocketAddr::new(ctx.data_ip(), 0), secret)
             .map_err(|e| MethodError::fatal(format!("binding the data channel: {e}")))?;
         let addr = listener.local_addr();
-        let job = init.job;
+        let data = init.data;
         std::thread::Builder::new()
             .name("imgrun-loader-accept".into())
-            .spawn(move || accept(&listener, &job, &loader))
+            .spawn(move || accept(&listener, &data, &loader))
             .map_err(|e| MethodError::fatal(format!("starting the data channel: {e}")))?;
         tracing::info!(%addr, workers = init.workers, "loader actor serves its data channel");
         Ok(Self { addr })
@@ -47,16 +47,16 @@ impl LoaderActor {
 
 /// Serves each trainer's channel on a thread of its own, for as long as the process
 /// lives (the actor's process ends with the actor).
-fn accept(listener: &DataListener, job: &JobSpec, loader: &Loader) {
+fn accept(listener: &DataListener, data: &DataSpec, loader: &Loader) {
     loop {
         match listener.accept() {
             Ok(stream) => {
-                let (job, loader) = (job.clone(), loader.clone());
+                let (data, loader) = (data.clone(), loader.clone());
                 let spawned = std::thread::Builder::new()
                     .name("imgrun-loader-serve".into())
                     .spawn(move || {
                         let peer = stream.peer();
-                        if let Err(problem) = serve(stream, &job, &loader) {
+                        if let Err(problem) = serve(stream, &data, &loader) {
                             tracing::warn!(%peer, "a data channel ended early: {problem}");
                         }
                     });
@@ -74,7 +74,7 @@ fn accept(listener: &DataListener, job: &JobSpec, loader: &Loader) {
 
 /// Runs the worker the channel's first frame asks for and sends its frames until its
 /// end, or until the trainer hangs up (which stops the worker).
-fn serve(mut stream: DataStream, job: &JobSpec, loader: &Loader) -> Result<(), String> {
+fn serve(mut stream: DataStream, data: &DataSpec, loader: &Loader) -> Result<(), String> {
     let mut first = Vec::new();
     if !stream
         .recv(&mut first, MAX_REQUEST)
@@ -84,7 +84,7 @@ fn serve(mut stream: DataStream, job: &JobSpec, loader: &Loader) -> Result<(), S
     }
     let request: LoadRequest =
         serde_json::from_slice(&first).map_err(|e| format!("bad load request: {e}"))?;
-    let transform = job.data.train_transform(request.epoch);
+    let transform = data.train_transform(request.epoch);
     let (rank, worker) = (request.rank, request.plan.worker);
     if transform.size() != request.size {
         let message = format!(
@@ -110,7 +110,7 @@ fn serve(mut stream: DataStream, job: &JobSpec, loader: &Loader) -> Result<(), S
         transform,
         resume: request.resume,
     };
-    let queue = job.data.queue_batches.max(1);
+    let queue = data.queue_batches.max(1);
     let (tx, rx) = sync_channel(queue);
     let tally = EpochTally::default();
     if let Err(error) = loader.start_worker(run, &tally, tx) {
