@@ -1,16 +1,16 @@
 //! End-to-end tests of `imgrun export` and `model.init`: jobs on a head and a joined node
-//! (the fixture of tests/train.rs), their checkpoints exported to safetensors and `.pt`,
+//! (the fixture of tests/e2e/train/mod.rs), their checkpoints exported to safetensors and `.pt`,
 //! and Python (torch, torchvision and safetensors, from `tools/pybench.sh`) loading the
 //! files with `load_state_dict(strict=True)` and matching the logits imgrun computes on a
 //! fixed batch. The Python side is `tests/python/weights_check.py`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use common::describe;
-use common::train::{JOB_LIMIT, TrainCluster, checkpoint_dir};
+use crate::common::describe;
+use crate::common::train::{JOB_LIMIT, TrainCluster, checkpoint_dir};
 
 /// The small CNN and ResNet-18, trained for an epoch, load into PyTorch modules from both
 /// formats with the logits imgrun's own model gives; bad requests are named.

@@ -1,11 +1,11 @@
 //! Fault cases, end to end: a disk that fills during a checkpoint, SIGTERM on an embedded
 //! and on a running cluster, garbage on every socket, corrupted checkpoints, and bad
 //! shards in the middle of training. Real `imgrun` processes on loopback, on the tiny
-//! synthetic shards and small CNN of `tests/train.rs`. Each case is bounded in time,
+//! synthetic shards and small CNN of `tests/e2e/train/mod.rs`. Each case is bounded in time,
 //! checks the error or outcome it expects, and that nothing it started is left running.
 //! `docs/faults.md` lists these cases beside the fault cases tested elsewhere.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::train::{
+use crate::common::train::{
     Dataset, Finished, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
     checkpoint_dir, metrics, printed_resume_command, read_json, replica_digest, total_steps,
     wait_for_steps, workers_of,
 };
-use common::{Machine, is_running, wait_alive, wait_for};
+use crate::common::{Machine, is_running, wait_alive, wait_for};
 use rustix::process::Signal;
 
 /// How long a process the job started may outlive the job.
@@ -132,7 +132,7 @@ fn sigterm_on_an_embedded_cluster_checkpoints_and_the_resumed_run_matches() {
 }
 
 /// SIGTERM in the middle of a job on a running cluster: see [`sigterm_case`].
-/// (`tests/train.rs` resumes a SIGTERMed job from an earlier checkpoint; this resumes
+/// (`tests/e2e/train/mod.rs` resumes a SIGTERMed job from an earlier checkpoint; this resumes
 /// from the one the signal wrote, with the command the job printed.)
 #[test]
 fn sigterm_on_a_running_cluster_checkpoints_and_the_resumed_run_matches() {

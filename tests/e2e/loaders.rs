@@ -3,16 +3,16 @@
 //! local loader threads; and a loader actor killed mid-epoch, after which its trainer
 //! runs the rest of the worker's epoch with no sample lost or repeated.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::train::{
+use crate::common::train::{
     Finished, JOB_LIMIT, Job, TrainCluster, metrics, printed_resume_command, replica_digest,
     workers_of,
 };
-use common::wait_for;
+use crate::common::wait_for;
 use rustix::process::{Signal, kill_process};
 
 /// Every job here: split epochs (each sample once), one CPU trainer (on one node, all of

@@ -1,15 +1,13 @@
 //! End-to-end tests of the `imgrun` binary: real processes, real shards, real sockets on
 //! loopback.
 
-mod common;
-#[path = "cli/examples.rs"]
 mod examples;
-
-use common::Server;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use crate::common::Server;
 
 fn imgrun() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));

@@ -6,12 +6,12 @@
 //! several daemons run side by side on one host. Heartbeats are fast (100 ms, dead after
 //! 1 s) so that failure detection is seen quickly; every wait is bounded.
 
-mod common;
+use crate::common;
 
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     DEAD_AFTER_MS, Machine, Netns, describe, is_running, node_states, nodes, pid_of, wait_alive,
     wait_for,
 };

@@ -2,19 +2,17 @@
 //! each, fast heartbeats) that run the real `imgrun` as separate processes, and bounded
 //! polling.
 
-// Each test file uses its own part of the fixture.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use serde_json::Value;
 
 // The workspace's one rule for a test whose precondition is missing here.
-#[path = "../../pipelines/tests/common/skip.rs"]
+#[path = "../../../pipelines/tests/common/skip.rs"]
 pub mod skip;
 pub mod train;
 
@@ -273,7 +271,15 @@ pub struct Netns {
 impl Netns {
     /// The pair, or why it cannot be made here.
     pub fn create() -> Result<Netns, String> {
-        let tag = std::process::id();
+        // Unique to this pair: tests of one process make pairs side by side. (Interface
+        // names fit in 15 bytes: `imga`, a pid of at most 7 digits and `x` leave 3 for
+        // the count.)
+        static PAIRS: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "{}x{}",
+            std::process::id(),
+            PAIRS.fetch_add(1, Ordering::Relaxed)
+        );
         let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
         let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
         let devices = [format!("imga{tag}"), format!("imgb{tag}")];

@@ -3,12 +3,12 @@
 //! the one Slurm's `srun` gives them, train the small CNN together with identical
 //! replicas; a process of the job that dies fails the job, naming it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::train::{Dataset, Finished, JOB_LIMIT, Job};
+use crate::common::train::{Dataset, Finished, JOB_LIMIT, Job};
 use rustix::process::{Signal, kill_process};
 
 /// A UDP port free on loopback now.

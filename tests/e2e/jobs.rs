@@ -3,14 +3,14 @@
 //! it there, and `imgrun jobs`, `imgrun logs` and `imgrun cancel` reach it from separate
 //! processes. Every wait is bounded; each test checks that nothing is left running.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::train::{
+use crate::common::train::{
     Dataset, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, metrics, workers_of,
 };
-use common::{describe, wait_for};
+use crate::common::{describe, wait_for};
 use rustix::process::Signal;
 use serde_json::Value;
 

@@ -6,20 +6,22 @@
 //! Every wait is bounded; a job that does not end in time is killed and fails its test.
 //! Each test stops its cluster and checks that no worker process is left.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::train::{
+use crate::common::train::{
     BATCH, Dataset, JOB_LIMIT, Job, SETTLE_LIMIT, TrainCluster, assert_checkpoint_at_last_step,
     assert_each_sample_once, assert_steps_run_on, checkpoint_dir, last_step_value, logged_samples,
     metrics, printed_resume_command, read_json, replica_digest, synth_shards, total_steps,
     workers_of,
 };
-use common::{Machine, Netns, describe, is_running, node_states, pid_of, wait_alive, wait_for};
+use crate::common::{
+    Machine, Netns, describe, is_running, node_states, pid_of, wait_alive, wait_for,
+};
 use runtime::FAILPOINTS_VARIABLE;
 use rustix::process::{Signal, kill_process};
 use serde_json::Value;
