@@ -1,5 +1,5 @@
 //! End-to-end tests of `imgrun export` and `model.init`: jobs on a head and a joined node
-//! (the fixture of tests/e2e/train/mod.rs), their checkpoints exported to safetensors and `.pt`,
+//! (the fixture of `train/`), their checkpoints exported to safetensors and `.pt`,
 //! and Python (torch, torchvision and safetensors, from `tools/pybench.sh`) loading the
 //! files with `load_state_dict(strict=True)` and matching the logits imgrun computes on a
 //! fixed batch. The Python side is `tests/python/weights_check.py`.

@@ -1,7 +1,7 @@
 //! Fault cases, end to end: a disk that fills during a checkpoint, SIGTERM on an embedded
 //! and on a running cluster, garbage on every socket, corrupted checkpoints, and bad
 //! shards in the middle of training. Real `imgrun` processes on loopback, on the tiny
-//! synthetic shards and small CNN of `tests/e2e/train/mod.rs`. Each case is bounded in time,
+//! synthetic shards and small CNN of `train/`. Each case is bounded in time,
 //! checks the error or outcome it expects, and that nothing it started is left running.
 //! `docs/faults.md` lists these cases beside the fault cases tested elsewhere.
 
@@ -132,7 +132,7 @@ fn sigterm_on_an_embedded_cluster_checkpoints_and_the_resumed_run_matches() {
 }
 
 /// SIGTERM in the middle of a job on a running cluster: see [`sigterm_case`].
-/// (`tests/e2e/train/mod.rs` resumes a SIGTERMed job from an earlier checkpoint; this resumes
+/// (`train::checkpoints` resumes a SIGTERMed job from an earlier checkpoint; this resumes
 /// from the one the signal wrote, with the command the job printed.)
 #[test]
 fn sigterm_on_a_running_cluster_checkpoints_and_the_resumed_run_matches() {

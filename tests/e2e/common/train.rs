@@ -1,4 +1,4 @@
-//! The fixture of the end-to-end training tests (`tests/e2e/train/mod.rs`, `tests/e2e/faults.rs`): a
+//! The fixture of the end-to-end tests that train (`train/`, `faults.rs` and others): a
 //! head and a joined node as background daemons, tiny synthetic shards, `imgrun train`
 //! as a process whose output is collected, and readers of what a run leaves behind
 //! (metrics.jsonl, checkpoints, the replica digest).
