@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use serde_json::Value;
 
@@ -112,7 +111,7 @@ fn plan_and_train_agree_on_every_epochs_steps() {
 /// command. `imgrun plan` gives each job's steps.
 #[test]
 fn python_written_shards_train_without_a_manifest_over_pipe_and_http() {
-    let Some(python) = python_with_webdataset() else {
+    let Some(python) = common::tools_python("tools/pytools.sh") else {
         return;
     };
     let cluster = TrainCluster::start();
@@ -239,28 +238,6 @@ fn python_written_shards_train_without_a_manifest_over_pipe_and_http() {
         out.describe()
     );
     cluster.assert_settled();
-}
-
-/// The Python of `tools/pytools.sh`, which has the `webdataset` library; `None` (after
-/// `skip_or_fail`) where the script says something it needs is missing here.
-fn python_with_webdataset() -> Option<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg("tools/pytools.sh")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run bash tools/pytools.sh");
-    if out.status.code() == Some(2) {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        common::skip::skip_or_fail(stderr.lines().last().unwrap_or("tools/pytools.sh: exit 2"));
-        return None;
-    }
-    assert!(
-        out.status.success(),
-        "tools/pytools.sh:\n{}",
-        describe(&out)
-    );
-    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// A rank whose loader is slow holds every rank up in the gradient average: the job
