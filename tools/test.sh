@@ -53,7 +53,7 @@ skipped() {
 }
 trap skipped EXIT
 
-# The network-namespace test of tests/cluster.rs runs `ip`; as root, install it if missing.
+# The network-namespace test of tests/e2e/cluster.rs runs `ip`; as root, install it if missing.
 if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     step "iproute2 (for the network-namespace test)"
     apt-get install -y -qq iproute2 || { apt-get update -qq && apt-get install -y -qq iproute2; }

@@ -1,44 +1,13 @@
 //! End-to-end tests of the `imgrun` binary: real processes, real shards, real sockets on
 //! loopback.
 
-mod common;
-#[path = "cli/examples.rs"]
 mod examples;
-
-use common::Server;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
-fn imgrun() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
-    command.env_remove("IMGRUN_LOG").stdin(Stdio::null());
-    command
-}
-
-fn run_ok(args: &[&str], cwd: &Path) -> String {
-    let out = imgrun()
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run imgrun");
-    assert!(
-        out.status.success(),
-        "imgrun {args:?} failed:\n{}",
-        describe(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use crate::common::{Server, describe, imgrun, run_ok};
 
 /// Generates a small synthetic dataset and returns its folder and brace spec.
 fn small_dataset(dir: &Path) -> (PathBuf, String) {

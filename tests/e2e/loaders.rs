@@ -3,17 +3,17 @@
 //! local loader threads; and a loader actor killed mid-epoch, after which its trainer
 //! runs the rest of the worker's epoch with no sample lost or repeated.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::train::{
-    Finished, JOB_LIMIT, Job, TrainCluster, metrics, printed_resume_command, replica_digest,
-    workers_of,
-};
-use common::wait_for;
 use rustix::process::{Signal, kill_process};
+
+use crate::common;
+use crate::common::train::{
+    Finished, JOB_LIMIT, Job, TrainCluster, assert_each_sample_once, logged_samples, metrics,
+    printed_resume_command, replica_digest, workers_of,
+};
+use crate::common::wait_for;
 
 /// Every job here: split epochs (each sample once), one CPU trainer (on one node, all of
 /// whose CPUs it reserves, so the loader actor goes to the other), two loader workers,
@@ -65,15 +65,6 @@ fn node_after(finished: &Finished, prefix: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no node number in {line:?}"))
 }
 
-/// Each sample of the training set once per epoch: the union of every step's samples of
-/// the epoch has no repeats and covers the set.
-fn assert_each_sample_once(seen: &BTreeMap<(u64, u64, u64), Vec<String>>, epochs: u64, total: u64) {
-    let steps = seen
-        .iter()
-        .map(|((epoch, _, _), ids)| (*epoch, ids.iter().map(String::as_str).collect()));
-    common::train::assert_each_sample_once(steps, epochs, total);
-}
-
 #[test]
 fn remote_loaders_on_another_node_give_the_trainer_the_same_batches_as_local_ones() {
     let cluster = TrainCluster::start();
@@ -96,7 +87,8 @@ fn remote_loaders_on_another_node_give_the_trainer_the_same_batches_as_local_one
     );
     let (local_seen, remote_seen) = (samples(&cluster, "local"), samples(&cluster, "remote"));
     assert!(!local_seen.is_empty(), "no samples records");
-    assert_each_sample_once(&local_seen, 2, total);
+    let records = metrics(&cluster.runs.join("local"));
+    assert_each_sample_once(logged_samples(&records), 2, total);
     assert_eq!(
         remote_seen, local_seen,
         "the remote loaders served other batches"
@@ -172,7 +164,8 @@ fn a_loader_actor_killed_mid_epoch_loses_and_repeats_no_sample() {
         killed.describe()
     );
     let (local_seen, killed_seen) = (samples(&cluster, "local"), samples(&cluster, "killed"));
-    assert_each_sample_once(&killed_seen, epochs, total);
+    let records = metrics(&cluster.runs.join("killed"));
+    assert_each_sample_once(logged_samples(&records), epochs, total);
     assert_eq!(
         killed_seen, local_seen,
         "the batches after the loss should be the ones the loader would have sent"
@@ -206,7 +199,8 @@ fn a_job_stopped_with_remote_loaders_resumes_with_local_ones_on_the_same_samples
     let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);
     assert!(resumed.status.success(), "{}", resumed.describe());
     let (whole_seen, cut_seen) = (samples(&cluster, "whole"), samples(&cluster, "cut"));
-    assert_each_sample_once(&cut_seen, epochs, total);
+    let records = metrics(&cluster.runs.join("cut"));
+    assert_each_sample_once(logged_samples(&records), epochs, total);
     assert_eq!(
         cut_seen, whole_seen,
         "a run stopped and resumed elsewhere should see the uninterrupted run's samples"

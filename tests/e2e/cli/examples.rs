@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{describe, imgrun, run_ok};
+use crate::common::{describe, imgrun, run_ok};
 
 #[test]
 fn every_example_loads_and_plans_as_its_header_says() {

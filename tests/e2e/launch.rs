@@ -3,13 +3,13 @@
 //! the one Slurm's `srun` gives them, train the small CNN together with identical
 //! replicas; a process of the job that dies fails the job, naming it.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::train::{Dataset, Finished, JOB_LIMIT, Job};
 use rustix::process::{Signal, kill_process};
+
+use crate::common;
+use crate::common::train::{Dataset, Finished, JOB_LIMIT, Job};
 
 /// A UDP port free on loopback now.
 fn free_port() -> u16 {
@@ -19,11 +19,10 @@ fn free_port() -> u16 {
 
 /// `imgrun train` as launcher process `rank`, with `vars` as its launcher's environment.
 fn process(root: &Path, data: &Dataset, rank: usize, vars: &[(String, String)]) -> Job {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
+    let mut command = common::imgrun();
     command
         .args(data.args(&root.join("runs"), "launched", 2))
         .args(["--no-plot", "--set", "train.eval_every_epochs=0"])
-        .env_remove("IMGRUN_LOG")
         .env("IMGRUN_STATE_DIR", root.join(format!("state-{rank}")))
         .env("IMGRUN_CLUSTER__HEARTBEAT_MS", "200")
         .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", "3000")

@@ -2,19 +2,17 @@
 //! each, fast heartbeats) that run the real `imgrun` as separate processes, and bounded
 //! polling.
 
-// Each test file uses its own part of the fixture.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use serde_json::Value;
 
 // The workspace's one rule for a test whose precondition is missing here.
-#[path = "../../pipelines/tests/common/skip.rs"]
+#[path = "../../../pipelines/tests/common/skip.rs"]
 pub mod skip;
 pub mod train;
 
@@ -29,6 +27,34 @@ pub struct Machine {
     pub env: Vec<(String, String)>,
 }
 
+/// The `imgrun` under test, with no `IMGRUN_LOG` and no standard input.
+pub fn imgrun() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imgrun"));
+    command.env_remove("IMGRUN_LOG").stdin(Stdio::null());
+    command
+}
+
+/// `imgrun ARGS` in `cwd`, on no machine's state folder: its standard output, after it
+/// succeeded.
+pub fn run_ok(args: &[&str], cwd: &Path) -> String {
+    let out = imgrun()
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run imgrun");
+    stdout_of_success(args, &out)
+}
+
+/// The standard output of `imgrun ARGS`, which must have succeeded.
+fn stdout_of_success(args: &[&str], out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "imgrun {args:?} failed:\n{}",
+        describe(out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 impl Machine {
     pub fn new(root: &Path, name: &str) -> Machine {
         Machine {
@@ -39,24 +65,22 @@ impl Machine {
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        let binary = env!("CARGO_BIN_EXE_imgrun");
         let mut command = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, binary]);
+                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_imgrun")]);
+                c.env_remove("IMGRUN_LOG").stdin(Stdio::null());
                 c
             }
-            None => Command::new(binary),
+            None => imgrun(),
         };
         command
             .args(args)
-            .env_remove("IMGRUN_LOG")
             .env("IMGRUN_STATE_DIR", &self.state)
             .env("IMGRUN_CLUSTER__HEARTBEAT_MS", HEARTBEAT_MS)
             .env("IMGRUN_CLUSTER__DEAD_AFTER_MS", DEAD_AFTER_MS)
             .env("IMGRUN_CLUSTER__START_TIMEOUT_SECS", "20")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null());
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
     }
 
@@ -65,13 +89,7 @@ impl Machine {
     }
 
     pub fn run_ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "imgrun {args:?} failed:\n{}",
-            describe(&out)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of_success(args, &self.run(args))
     }
 
     pub fn status(&self) -> Value {
@@ -220,12 +238,10 @@ impl Server {
 
     /// With `env` set (`IMGRUN_SERVE__*`, `IMGRUN_LOG`).
     pub fn start_with(dir: &Path, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_imgrun"))
-            .env_remove("IMGRUN_LOG")
+        let mut child = imgrun()
             .envs(env.iter().copied())
-            .args(["serve", dir.to_str().expect("utf-8 path")])
+            .args(["serve", path_str(dir)])
             .args(["--port", "0", "--bind", "127.0.0.1"])
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -273,7 +289,15 @@ pub struct Netns {
 impl Netns {
     /// The pair, or why it cannot be made here.
     pub fn create() -> Result<Netns, String> {
-        let tag = std::process::id();
+        // Unique to this pair: tests of one process make pairs side by side. (Interface
+        // names fit in 15 bytes: `imga`, a pid of at most 7 digits and `x` leave 3 for
+        // the count.)
+        static PAIRS: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "{}x{}",
+            std::process::id(),
+            PAIRS.fetch_add(1, Ordering::Relaxed)
+        );
         let names = [format!("imgrun-a-{tag}"), format!("imgrun-b-{tag}")];
         let addresses = ["10.77.0.1".to_string(), "10.77.0.2".to_string()];
         let devices = [format!("imga{tag}"), format!("imgb{tag}")];
@@ -389,6 +413,31 @@ impl Drop for Netns {
                 .status();
         }
     }
+}
+
+/// A path as the `&str` an argument needs (the tests' temporary paths are UTF-8).
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// The Python of a venv script of `tools/` (`pytools.sh`: webdataset; `pybench.sh`:
+/// torch, torchvision, safetensors), which prints its path; `None` (after
+/// `skip_or_fail`) where the script says, exiting 2, that something it needs is missing.
+pub fn tools_python(script: &str) -> Option<PathBuf> {
+    let out = Command::new("bash")
+        .arg(script)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run bash {script}: {e}"));
+    if out.status.code() == Some(2) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let why = stderr.lines().last().map(str::to_owned);
+        skip::skip_or_fail(&why.unwrap_or_else(|| format!("{script}: exit 2")));
+        return None;
+    }
+    assert!(out.status.success(), "{script}:\n{}", describe(&out));
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// The first `program` on `PATH`, as a shell would find it.

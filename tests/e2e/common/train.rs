@@ -1,4 +1,4 @@
-//! The fixture of the end-to-end training tests (`tests/train.rs`, `tests/faults.rs`): a
+//! The fixture of the end-to-end tests that train (`train/`, `faults.rs` and others): a
 //! head and a joined node as background daemons, tiny synthetic shards, `imgrun train`
 //! as a process whose output is collected, and readers of what a run leaves behind
 //! (metrics.jsonl, checkpoints, the replica digest).
@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,11 @@ pub const JOB_LIMIT: Duration = Duration::from_secs(90);
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(15);
 /// Per-rank batch size of every job.
 pub const BATCH: u64 = 16;
+/// How long a process a job started may outlive the job.
+pub const GONE_LIMIT: Duration = Duration::from_secs(5);
+/// Set on every job these tests start, different for each (its workers inherit it): what
+/// finds the processes a job left behind.
+const MARK: &str = "IMGRUN_TEST_JOB_MARK";
 
 /// A head and one joined node, with no GPUs, a dataset, and a folder for runs.
 pub struct TrainCluster {
@@ -102,14 +108,9 @@ impl TrainCluster {
         plot: bool,
         flags: &[String],
     ) -> Job {
-        let mut args = self.data.args(&self.runs, name, epochs);
-        for set in sets {
-            args.extend(["--set".to_string(), set.to_string()]);
-        }
-        if !plot {
-            args.push("--no-plot".to_string());
-        }
-        args.extend_from_slice(flags);
+        let args = self
+            .data
+            .job_args(&self.runs, name, epochs, sets, plot, flags);
         Job::start(&self.head, &args, self.root.path())
     }
 
@@ -235,7 +236,7 @@ pub fn synth_shards(
 ) -> (PathBuf, String) {
     let dir = root.join(name);
     let number = |n: u64| n.to_string();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_imgrun"))
+    let out = super::imgrun()
         .args(["shards", "synth"])
         .arg(&dir)
         .args(["--classes", "4", "--per-class", &number(per_class.into())])
@@ -247,8 +248,6 @@ pub fn synth_shards(
             &number(seed),
         ])
         .args(["--prefix", name, "--threads", "1"])
-        .env_remove("IMGRUN_LOG")
-        .stdin(Stdio::null())
         .output()
         .expect("run imgrun shards synth");
     assert!(out.status.success(), "synth failed:\n{}", describe(&out));
@@ -306,6 +305,28 @@ impl Dataset {
         sets
     }
 
+    /// [`Dataset::args`], then `sets`, `--no-plot` unless `plot`, and `flags`: what every
+    /// test that starts the tiny job runs.
+    pub fn job_args(
+        &self,
+        runs: &Path,
+        name: &str,
+        epochs: u64,
+        sets: &[&str],
+        plot: bool,
+        flags: &[impl AsRef<str>],
+    ) -> Vec<String> {
+        let mut args = self.args(runs, name, epochs);
+        for set in sets {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        if !plot {
+            args.push("--no-plot".to_string());
+        }
+        args.extend(flags.iter().map(|f| f.as_ref().to_string()));
+        args
+    }
+
     /// The arguments of a small job on this data: the small CNN of width 8 on 32-pixel
     /// images, one loader worker, batches of 16, no warm-up.
     pub fn args(&self, runs: &Path, name: &str, epochs: u64) -> Vec<String> {
@@ -350,6 +371,8 @@ pub struct Job {
     child: Child,
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
+    /// The value of [`MARK`] in its environment and its processes'.
+    mark: String,
 }
 
 /// What an ended job printed.
@@ -389,7 +412,14 @@ impl Job {
     }
 
     pub fn spawn(mut command: std::process::Command, cwd: &Path) -> Job {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mark = format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         let mut child = command
+            .env(MARK, &mark)
             .current_dir(cwd)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -408,6 +438,7 @@ impl Job {
             child,
             stdout,
             stderr,
+            mark,
         }
     }
 
@@ -446,6 +477,53 @@ impl Job {
             status,
             stdout: take(self.stdout.take()),
             stderr: take(self.stderr.take()),
+        }
+    }
+
+    /// No process that the job started (its workers included) runs [`GONE_LIMIT`] after
+    /// it ended.
+    pub fn assert_nothing_left(&self) {
+        let needle = format!("{MARK}={}", self.mark);
+        let left = || -> Vec<u32> {
+            let Ok(entries) = std::fs::read_dir("/proc") else {
+                return Vec::new();
+            };
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&pid| {
+                    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                    environ
+                        .split(|&b| b == 0)
+                        .any(|var| var == needle.as_bytes())
+                })
+                .filter(|&pid| is_running(pid))
+                .collect()
+        };
+        let deadline = Instant::now() + GONE_LIMIT;
+        loop {
+            let running = left();
+            if running.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let lines: Vec<String> = running
+                    .iter()
+                    .map(|pid| {
+                        let cmdline =
+                            std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                        format!(
+                            "{pid}: {}",
+                            String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "processes of the job still run {GONE_LIMIT:?} after it:\n{}",
+                    lines.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

@@ -3,16 +3,16 @@
 //! it there, and `imgrun jobs`, `imgrun logs` and `imgrun cancel` reach it from separate
 //! processes. Every wait is bounded; each test checks that nothing is left running.
 
-mod common;
-
 use std::time::Duration;
 
-use common::train::{
-    Dataset, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, metrics, workers_of,
-};
-use common::{describe, wait_for};
 use rustix::process::Signal;
 use serde_json::Value;
+
+use crate::common;
+use crate::common::train::{
+    Dataset, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, metrics, workers_of,
+};
+use crate::common::{describe, wait_for};
 
 /// Steps recorded so far in the run `name`'s metrics.
 fn steps_of(cluster: &TrainCluster, name: &str) -> usize {

@@ -2,9 +2,7 @@
 //! each node reads into a node-local folder before training and reads the copies; a
 //! second job finds them in place and never touches the source.
 
-mod common;
-
-use common::train::{JOB_LIMIT, TrainCluster};
+use crate::common::train::{JOB_LIMIT, TrainCluster};
 
 /// Shards read through a `pipe:` command that works only while `gate` exists are
 /// preloaded, once, by each node; with the gate gone, a second job trains from the

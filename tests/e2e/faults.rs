@@ -1,11 +1,9 @@
 //! Fault cases, end to end: a disk that fills during a checkpoint, SIGTERM on an embedded
 //! and on a running cluster, garbage on every socket, corrupted checkpoints, and bad
 //! shards in the middle of training. Real `imgrun` processes on loopback, on the tiny
-//! synthetic shards and small CNN of `tests/train.rs`. Each case is bounded in time,
+//! synthetic shards and small CNN of `train/`. Each case is bounded in time,
 //! checks the error or outcome it expects, and that nothing it started is left running.
 //! `docs/faults.md` lists these cases beside the fault cases tested elsewhere.
-
-mod common;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -15,20 +13,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::train::{
-    Dataset, Finished, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
+use rustix::process::Signal;
+
+use crate::common;
+use crate::common::train::{
+    Dataset, Finished, GONE_LIMIT, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
     checkpoint_dir, metrics, printed_resume_command, read_json, replica_digest, total_steps,
     wait_for_steps, workers_of,
 };
-use common::{Machine, is_running, wait_alive, wait_for};
-use rustix::process::Signal;
+use crate::common::{Machine, is_running, path_str, wait_alive, wait_for};
 
-/// How long a process the job started may outlive the job.
-const GONE_LIMIT: Duration = Duration::from_secs(5);
 /// Slurm's default `KillWait`: a job gets this long between SIGTERM and SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(30);
-/// Set on every job these tests start (workers inherit it), to find what it left behind.
-const MARK: &str = "IMGRUN_FAULTS_MARK";
 
 /// The disk of the runs folder fills after the first checkpoint. The next save fails with
 /// an error that names the file and the newest intact checkpoint; the job exits 1 (no
@@ -132,7 +128,7 @@ fn sigterm_on_an_embedded_cluster_checkpoints_and_the_resumed_run_matches() {
 }
 
 /// SIGTERM in the middle of a job on a running cluster: see [`sigterm_case`].
-/// (`tests/train.rs` resumes a SIGTERMed job from an earlier checkpoint; this resumes
+/// (`train::checkpoints` resumes a SIGTERMed job from an earlier checkpoint; this resumes
 /// from the one the signal wrote, with the command the job printed.)
 #[test]
 fn sigterm_on_a_running_cluster_checkpoints_and_the_resumed_run_matches() {
@@ -145,7 +141,9 @@ fn sigterm_on_a_running_cluster_checkpoints_and_the_resumed_run_matches() {
 /// cluster keeps no reservation of it. That command, run as printed, ends with the
 /// weights of an uninterrupted run, to the bit.
 fn sigterm_case(site: Site) {
-    const EPOCHS: u64 = 8;
+    // 21 steps, run three times (whole, cut, resumed): the signal comes after step 3 with
+    // most of the job ahead, which is all `saved_step < total` needs.
+    const EPOCHS: u64 = 3;
     let quick = [
         "train.eval_every_epochs=0",
         "train.checkpoint_every_epochs=0",
@@ -156,11 +154,11 @@ fn sigterm_case(site: Site) {
 
     let run = site.runs().join("cut");
     let mut job = site.job("cut", EPOCHS, &quick, &[]);
-    wait_for_steps(&mut job.job, &run, 3);
+    wait_for_steps(&mut job, &run, 3);
     let trainers = site.trainers(&job);
     assert!(!trainers.is_empty(), "no trainer process seen");
     let signalled = Instant::now();
-    job.job.signal(Signal::TERM);
+    job.signal(Signal::TERM);
     let out = job.finish(KILL_WAIT);
     let took = signalled.elapsed();
     eprintln!("SIGTERM: `imgrun train` exited after {took:?}");
@@ -461,12 +459,6 @@ enum Site {
     Cluster(Box<TrainCluster>),
 }
 
-/// A job and the mark its processes carry.
-struct MarkedJob {
-    job: Job,
-    mark: String,
-}
-
 impl Site {
     fn embedded() -> Site {
         let root = tempfile::tempdir().expect("temp dir");
@@ -510,36 +502,23 @@ impl Site {
     }
 
     /// Starts `imgrun train` of the tiny job `name` with `sets` and `flags`, no plot.
-    fn job(&self, name: &str, epochs: u64, sets: &[&str], flags: &[&str]) -> MarkedJob {
-        let mut args = self.data().args(self.runs(), name, epochs);
-        for set in sets {
-            args.extend(["--set".to_string(), set.to_string()]);
-        }
-        args.push("--no-plot".to_string());
-        args.extend(flags.iter().map(|f| f.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        MarkedJob::spawn(self.machine().command(&args), self.root())
+    fn job(&self, name: &str, epochs: u64, sets: &[&str], flags: &[&str]) -> Job {
+        let args = self
+            .data()
+            .job_args(self.runs(), name, epochs, sets, false, flags);
+        Job::start(self.machine(), &args, self.root())
     }
 
     /// Runs a command line through `sh`, with the machine's environment.
-    fn shell(&self, line: &str) -> MarkedJob {
-        let template = self.machine().command(&[]);
-        let mut command = Command::new("sh");
-        command.args(["-c", line]);
-        for (key, value) in template.get_envs() {
-            match value {
-                Some(value) => command.env(key, value),
-                None => command.env_remove(key),
-            };
-        }
-        MarkedJob::spawn(command, self.root())
+    fn shell(&self, line: &str) -> Job {
+        Job::start_shell(self.machine(), line, self.root())
     }
 
     /// The trainer processes of `job`, which is running: the `imgrun worker` children of
     /// the job (embedded) or of the cluster's daemons.
-    fn trainers(&self, job: &MarkedJob) -> Vec<u32> {
+    fn trainers(&self, job: &Job) -> Vec<u32> {
         match self {
-            Site::Embedded { .. } => workers_of(job.job.pid()),
+            Site::Embedded { .. } => workers_of(job.pid()),
             Site::Cluster(cluster) => [&cluster.head, &cluster.node]
                 .iter()
                 .flat_map(|m| m.daemon_pids())
@@ -552,74 +531,6 @@ impl Site {
     fn assert_settled(&self) {
         if let Site::Cluster(cluster) = self {
             cluster.assert_settled();
-        }
-    }
-}
-
-impl MarkedJob {
-    fn spawn(mut command: Command, cwd: &Path) -> MarkedJob {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mark = format!("{}-{n}", std::process::id());
-        command.env(MARK, &mark);
-        MarkedJob {
-            job: Job::spawn(command, cwd),
-            mark,
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        self.job.running()
-    }
-
-    fn finish(&mut self, limit: Duration) -> Finished {
-        self.job.finish(limit)
-    }
-
-    /// No process that the job started (its workers included) runs a few seconds after
-    /// it ended.
-    fn assert_nothing_left(&self) {
-        let needle = format!("{MARK}={}", self.mark);
-        let left = || -> Vec<u32> {
-            let Ok(entries) = std::fs::read_dir("/proc") else {
-                return Vec::new();
-            };
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .filter(|&pid| {
-                    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-                    environ
-                        .split(|&b| b == 0)
-                        .any(|var| var == needle.as_bytes())
-                })
-                .filter(|&pid| is_running(pid))
-                .collect()
-        };
-        let deadline = Instant::now() + GONE_LIMIT;
-        loop {
-            let running = left();
-            if running.is_empty() {
-                return;
-            }
-            if Instant::now() >= deadline {
-                let lines: Vec<String> = running
-                    .iter()
-                    .map(|pid| {
-                        let cmdline =
-                            std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                        format!(
-                            "{pid}: {}",
-                            String::from_utf8_lossy(&cmdline).replace('\0', " ")
-                        )
-                    })
-                    .collect();
-                panic!(
-                    "processes of the job still run {GONE_LIMIT:?} after it:\n{}",
-                    lines.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -711,10 +622,6 @@ fn entries(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
 }
 
 fn copy_dir(from: &Path, to: &Path) {

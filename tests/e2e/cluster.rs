@@ -6,17 +6,17 @@
 //! several daemons run side by side on one host. Heartbeats are fast (100 ms, dead after
 //! 1 s) so that failure detection is seen quickly; every wait is bounded.
 
-mod common;
-
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use common::{
+use rustix::process::{Signal, kill_process};
+use serde_json::Value;
+
+use crate::common;
+use crate::common::{
     DEAD_AFTER_MS, Machine, Netns, describe, is_running, node_states, nodes, pid_of, wait_alive,
     wait_for,
 };
-use rustix::process::{Signal, kill_process};
-use serde_json::Value;
 
 fn total_gpus(status: &Value) -> u64 {
     status["totals"]["gpus"].as_u64().unwrap_or(u64::MAX)

@@ -1,28 +1,27 @@
 //! End-to-end tests of `imgrun export` and `model.init`: jobs on a head and a joined node
-//! (the fixture of tests/train.rs), their checkpoints exported to safetensors and `.pt`,
+//! (the fixture of `train/`), their checkpoints exported to safetensors and `.pt`,
 //! and Python (torch, torchvision and safetensors, from `tools/pybench.sh`) loading the
 //! files with `load_state_dict(strict=True)` and matching the logits imgrun computes on a
 //! fixed batch. The Python side is `tests/python/weights_check.py`.
 
-mod common;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
-use common::describe;
-use common::train::{JOB_LIMIT, TrainCluster, checkpoint_dir};
+use crate::common;
+use crate::common::train::{JOB_LIMIT, TrainCluster, checkpoint_dir};
+use crate::common::{describe, path_str};
 
 /// The small CNN and ResNet-18, trained for an epoch, load into PyTorch modules from both
 /// formats with the logits imgrun's own model gives; bad requests are named.
 #[test]
 fn trained_models_load_in_torch_with_imgruns_logits() {
-    let Some(python) = python_with_torchvision() else {
+    let Some(python) = common::tools_python("tools/pybench.sh") else {
         return;
     };
     let cluster = TrainCluster::start();
     let dir = cluster.root.path();
     let images = dir.join("images.safetensors");
-    run_python(&python, &["images", path(&images)]);
+    run_python(&python, &["images", path_str(&images)]);
     let cases = [
         ("small", "small_cnn", &[][..]),
         (
@@ -46,23 +45,23 @@ fn trained_models_load_in_torch_with_imgruns_logits() {
         let printed = export(
             &cluster,
             &[
-                path(&run),
+                path_str(&run),
                 "--format",
                 "safetensors",
                 "-o",
-                path(&st),
+                path_str(&st),
                 "--logits-for",
-                path(&images),
+                path_str(&images),
                 "--logits-to",
-                path(&logits),
+                path_str(&logits),
             ],
         );
         assert!(
             printed.contains(&format!("{model} (4 classes), safetensors")),
             "{printed}"
         );
-        let mut by_name = cluster.head.command(&["export", name, "-o", path(&pt)]);
-        by_name.env("IMGRUN_TRAIN__RUNS_DIR", path(&cluster.runs));
+        let mut by_name = cluster.head.command(&["export", name, "-o", path_str(&pt)]);
+        by_name.env("IMGRUN_TRAIN__RUNS_DIR", path_str(&cluster.runs));
         let out = by_name.output().expect("run imgrun export");
         assert!(out.status.success(), "export {name}: {}", describe(&out));
         let width = if model == "small_cnn" { "8" } else { "0" };
@@ -73,10 +72,10 @@ fn trained_models_load_in_torch_with_imgruns_logits() {
                 model,
                 "4",
                 width,
-                path(&pt),
-                path(&st),
-                path(&images),
-                path(&logits),
+                path_str(&pt),
+                path_str(&st),
+                path_str(&images),
+                path_str(&logits),
             ],
         );
         assert!(checked.contains("strict load"), "{checked}");
@@ -92,36 +91,45 @@ fn trained_models_load_in_torch_with_imgruns_logits() {
     let again = dir.join("again.pt");
     export(
         &cluster,
-        &[path(&small), "--checkpoint", named, "-o", path(&again)],
+        &[
+            path_str(&small),
+            "--checkpoint",
+            named,
+            "-o",
+            path_str(&again),
+        ],
     );
-    export(&cluster, &[path(&checkpoint), "-o", path(&again)]);
+    export(&cluster, &[path_str(&checkpoint), "-o", path_str(&again)]);
     let (nope, bin, missing) = (
         dir.join("nope"),
         dir.join("w.bin"),
         dir.join("missing/w.pt"),
     );
     let failures = [
-        (vec![path(&nope), "-o", path(&again)], "nope: no such run"),
+        (
+            vec![path_str(&nope), "-o", path_str(&again)],
+            "nope: no such run",
+        ),
         (
             vec![
-                path(&small),
+                path_str(&small),
                 "--checkpoint",
                 "epoch-9999",
                 "-o",
-                path(&again),
+                path_str(&again),
             ],
             "no checkpoint \"epoch-9999\"",
         ),
         (
-            vec![path(&small), "--format", "onnx", "-o", path(&again)],
+            vec![path_str(&small), "--format", "onnx", "-o", path_str(&again)],
             "unknown format \"onnx\"; expected one of safetensors, pt",
         ),
         (
-            vec![path(&small), "-o", path(&bin)],
+            vec![path_str(&small), "-o", path_str(&bin)],
             "w.bin: say --format safetensors or --format pt",
         ),
         (
-            vec![path(&small), "-o", path(&missing)],
+            vec![path_str(&small), "-o", path_str(&missing)],
             "missing/w.pt: No such file or directory",
         ),
     ];
@@ -141,16 +149,16 @@ fn trained_models_load_in_torch_with_imgruns_logits() {
 /// another model is refused before anything starts, naming the tensor and the file.
 #[test]
 fn a_job_starts_from_torchvisions_resnet50_weights() {
-    let Some(python) = python_with_torchvision() else {
+    let Some(python) = common::tools_python("tools/pybench.sh") else {
         return;
     };
     let cluster = TrainCluster::start();
     let dir = cluster.root.path();
     let images = dir.join("images.safetensors");
-    run_python(&python, &["images", path(&images)]);
+    run_python(&python, &["images", path_str(&images)]);
     let init = dir.join("torchvision-resnet50.pt");
-    run_python(&python, &["torchvision", "resnet50", "4", path(&init)]);
-    let init_set = format!("model.init={:?}", path(&init));
+    run_python(&python, &["torchvision", "resnet50", "4", path_str(&init)]);
+    let init_set = format!("model.init={:?}", path_str(&init));
     let sets = [
         "model.name=resnet50",
         "data.epoch_size=64",
@@ -160,7 +168,7 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
     let mut job = cluster.job("r50", 1, &sets, false);
     let out = job.finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
-    let said = format!("tensors from {}", path(&init));
+    let said = format!("tensors from {}", path_str(&init));
     assert!(
         out.stdout.contains("model.init: ")
             && out.stdout.contains(&said)
@@ -171,17 +179,17 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
     let run = cluster.runs.join("r50");
     let logits = dir.join("r50.logits.safetensors");
     let (pt, st) = (dir.join("r50.pt"), dir.join("r50.safetensors"));
-    export(&cluster, &[path(&run), "-o", path(&pt)]);
+    export(&cluster, &[path_str(&run), "-o", path_str(&pt)]);
     export(
         &cluster,
         &[
-            path(&run),
+            path_str(&run),
             "-o",
-            path(&st),
+            path_str(&st),
             "--logits-for",
-            path(&images),
+            path_str(&images),
             "--logits-to",
-            path(&logits),
+            path_str(&logits),
         ],
     );
     let checked = run_python(
@@ -191,19 +199,19 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
             "resnet50",
             "4",
             "0",
-            path(&pt),
-            path(&st),
-            path(&images),
-            path(&logits),
-            path(&init),
+            path_str(&pt),
+            path_str(&st),
+            path_str(&images),
+            path_str(&logits),
+            path_str(&init),
         ],
     );
     assert!(checked.contains("parameters are"), "{checked}");
 
     // ResNet-18's weights do not fit ResNet-50: refused before the job starts.
     let wrong = dir.join("torchvision-resnet18.pt");
-    run_python(&python, &["torchvision", "resnet18", "4", path(&wrong)]);
-    let wrong_set = format!("model.init={:?}", path(&wrong));
+    run_python(&python, &["torchvision", "resnet18", "4", path_str(&wrong)]);
+    let wrong_set = format!("model.init={:?}", path_str(&wrong));
     let mut job = cluster.job(
         "wrong",
         1,
@@ -222,10 +230,6 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
         out.describe()
     );
     assert!(!cluster.runs.join("wrong").join("checkpoints").exists());
-}
-
-fn path(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 temp path")
 }
 
 fn args_with_export<'a>(args: &[&'a str]) -> Vec<&'a str> {
@@ -256,26 +260,4 @@ fn run_python(python: &Path, args: &[&str]) -> String {
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("weights_check.py {}:\n{printed}", args[0]);
     printed
-}
-
-/// The Python of `tools/pybench.sh` (torch, torchvision, safetensors); `None` (after
-/// `skip_or_fail`) where the script says PyPI cannot be reached.
-fn python_with_torchvision() -> Option<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg("tools/pybench.sh")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run bash tools/pybench.sh");
-    if out.status.code() == Some(2) {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        common::skip::skip_or_fail(stderr.lines().last().unwrap_or("tools/pybench.sh: exit 2"));
-        return None;
-    }
-    assert!(
-        out.status.success(),
-        "tools/pybench.sh:\n{}",
-        describe(&out)
-    );
-    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }

@@ -1,0 +1,340 @@
+//! Checkpoints and resuming: from a mid-epoch checkpoint as an uninterrupted run, at
+//! every multiple of the step interval, and after Ctrl-C with the command the job prints.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::Value;
+
+use super::steps;
+use crate::common::train::{
+    JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, last_step_value, metrics,
+    printed_resume_command, read_json, replica_digest, total_steps,
+};
+
+/// A job stopped with SIGTERM after a mid-epoch checkpoint and resumed from that
+/// checkpoint continues at the saved step and trains exactly as an uninterrupted job: its
+/// metrics.jsonl holds every step once (what was written past the checkpoint is
+/// dropped) and the resumed epoch's train loss covers the whole epoch.
+#[test]
+fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one() {
+    const EPOCHS: u64 = 3;
+    // Every step: `checkpoint_every_steps` saves only when a call of several steps ends on
+    // a multiple (see `step_checkpoints_land_on_every_multiple`), so a larger interval
+    // may never save mid-epoch. No epoch checkpoints, so `latest` stays mid-epoch.
+    let every = [
+        "train.checkpoint_every_steps=1",
+        "train.checkpoint_every_epochs=0",
+    ];
+    let cluster = TrainCluster::start();
+
+    let whole = cluster
+        .job("whole", EPOCHS, &every, false)
+        .finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+    let whole_records = metrics(&cluster.runs.join("whole"));
+    let whole_steps = steps(&whole_records);
+    let whole_digest = replica_digest(&whole.stdout);
+
+    // Interrupted once a checkpoint in the second epoch exists.
+    let run = cluster.runs.join("cut");
+    let mut job = cluster.job("cut", EPOCHS, &every, false);
+    let checkpoints = run.join("checkpoints");
+    let deadline = Instant::now() + JOB_LIMIT;
+    let mid_epoch = loop {
+        assert!(
+            job.running(),
+            "the job ended before a checkpoint in epoch 1:\n{}",
+            job.finish(JOB_LIMIT).describe()
+        );
+        assert!(Instant::now() < deadline, "no checkpoint in epoch 1");
+        let named = std::fs::read_to_string(checkpoints.join("latest")).unwrap_or_default();
+        let dir = checkpoints.join(named.trim());
+        let state = read_json(&dir.join("state.json"));
+        if named.starts_with("step-")
+            && state["epoch"].as_u64() >= Some(1)
+            && state["step_in_epoch"].as_u64() > Some(0)
+        {
+            break dir;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    job.signal(Signal::TERM);
+    let cut = job.finish(JOB_LIMIT);
+    assert_eq!(cut.status.code(), Some(143), "{}", cut.describe());
+    assert!(
+        cut.stderr.contains("interrupted by SIGTERM"),
+        "{}",
+        cut.stderr
+    );
+    assert_checkpoint_at_last_step(&run);
+    cluster.assert_settled();
+
+    // Resumed from the mid-epoch checkpoint seen above, which the run went past: the
+    // records after it are dropped from metrics.jsonl.
+    let saved_dir = mid_epoch;
+    let saved = read_json(&saved_dir.join("state.json"));
+    let saved_step = saved["global_step"].as_u64().expect("global_step");
+    assert!(
+        saved["step_in_epoch"].as_u64() > Some(0),
+        "not a mid-epoch checkpoint: {saved}"
+    );
+    let resume = ["--resume".to_string(), saved_dir.display().to_string()];
+    let resumed = cluster
+        .job_with("cut", EPOCHS, &every, false, &resume)
+        .finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+
+    let records = metrics(&run);
+    let job_at = records
+        .iter()
+        .rposition(|r| r["kind"] == "job")
+        .expect("job record");
+    assert!(
+        records[job_at]["resumed_from"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(
+                saved_dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("?")
+            )),
+        "{}",
+        records[job_at]
+    );
+    assert_eq!(
+        records[job_at]["resumed_at_step"], saved_step,
+        "the job record names the step it continues after (imgrun plot cuts there)"
+    );
+    let after = steps(&records[job_at..]);
+    assert_eq!(
+        after.keys().next().copied(),
+        Some(saved_step + 1),
+        "the first step after resuming"
+    );
+    assert_each_step_once(&records, whole_steps.len() as u64);
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["kind"] == "stop")
+            .all(|r| r["step"].as_u64() <= Some(saved_step)),
+        "the stop record past the checkpoint was dropped"
+    );
+    // Every epoch's summary, the resumed one included, as the uninterrupted job's.
+    let epoch_losses = |records: &[Value]| -> Vec<(u64, f64, u64)> {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "epoch")
+            .map(|r| {
+                let field = |k: &str| r[k].as_f64().expect(k);
+                (
+                    field("epoch") as u64,
+                    field("train_loss"),
+                    field("steps") as u64,
+                )
+            })
+            .collect()
+    };
+    let resumed_epoch = saved["epoch"].as_u64().expect("epoch");
+    let (whole_epochs, cut_epochs) = (epoch_losses(&whole_records), epoch_losses(&records));
+    eprintln!("epoch train losses: whole {whole_epochs:?}, resumed {cut_epochs:?}");
+    assert_eq!(
+        cut_epochs, whole_epochs,
+        "epoch summaries (epoch {resumed_epoch} resumed mid-way)"
+    );
+    assert_eq!(
+        after.keys().last(),
+        whole_steps.keys().last(),
+        "the final global step"
+    );
+    // Same data order, same weights, same threads: the CPU math is the same to the bit,
+    // so no tolerance is needed.
+    let worst = after
+        .iter()
+        .map(|(step, loss)| (loss - whole_steps[step]).abs())
+        .fold(0.0f64, f64::max);
+    eprintln!(
+        "resumed at global step {saved_step} of {}: largest loss difference from the \
+         uninterrupted job {worst:e}",
+        whole_steps.len()
+    );
+    let whole_after: BTreeMap<u64, f64> = whole_steps
+        .range(saved_step + 1..)
+        .map(|(s, l)| (*s, *l))
+        .collect();
+    assert_eq!(after, whole_after, "step losses after resuming");
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        whole_digest,
+        "the final weights of the resumed and the uninterrupted job"
+    );
+    cluster.assert_settled();
+}
+
+/// `checkpoint_every_steps = K` saves a checkpoint at every multiple of K inside an epoch.
+#[test]
+fn step_checkpoints_land_on_every_multiple() {
+    const EVERY: u64 = 3;
+    let cluster = TrainCluster::start();
+    let every = format!("train.checkpoint_every_steps={EVERY}");
+    let out = cluster.job("every", 2, &[&every], false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let records = metrics(&cluster.runs.join("every"));
+    let per_epoch = records
+        .iter()
+        .filter(|r| r["kind"] == "step" && r["epoch"] == 0)
+        .count() as u64;
+    let total = last_step_value(&records)
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let want: Vec<String> = (1..=total)
+        .filter(|s| s % EVERY == 0 && s % per_epoch != 0)
+        .map(|s| format!("step-{s:08}"))
+        .collect();
+    let mut have: Vec<String> = std::fs::read_dir(cluster.runs.join("every/checkpoints"))
+        .expect("checkpoints")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    have.sort();
+    assert_eq!(have, want);
+
+    // Resuming a finished run with the same epochs says so instead of exiting 0.
+    let run = cluster.runs.join("every").display().to_string();
+    let flags = ["--resume".to_string(), run];
+    let again = cluster
+        .job_with("every", 2, &[], false, &flags)
+        .finish(JOB_LIMIT);
+    assert!(!again.status.success(), "{}", again.describe());
+    assert!(
+        again.stderr.contains("that run is complete") && again.stderr.contains("--epochs 3"),
+        "{}",
+        again.describe()
+    );
+}
+
+/// While a job runs, `imgrun status` names its job and each trainer's rank. Ctrl-C then
+/// lets the step in flight end, saves a checkpoint at the last completed step, stops
+/// every trainer, exits with 130 and prints the command that continues the run; that
+/// command, run as printed, finishes the job with every step in metrics.jsonl once.
+#[test]
+fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
+    // Long enough to be running still when the signal comes (three epochs can take a
+    // second); no evaluations or checkpoints before the end, so the resumed run is short.
+    const EPOCHS: u64 = 12;
+    let quick = [
+        "train.eval_every_epochs=0",
+        "train.checkpoint_every_epochs=0",
+    ];
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("interrupted", EPOCHS, &quick, false);
+    cluster.wait_for_steps(&mut job, "interrupted", 1);
+    let table = cluster.head.run_ok(&["status"]);
+    let status = cluster.head.status();
+    let reserved = status["reservations"].as_array().map_or(0, Vec::len);
+    // One per trainer holds CPUs (the coordinator and the monitors reserve a place only).
+    let holding = status["reservations"].as_array().map_or(0, |r| {
+        r.iter()
+            .filter(|r| r["resources"]["cpu"].as_u64() > Some(0))
+            .count()
+    });
+    assert_eq!(
+        holding, 2,
+        "one reservation with CPUs per trainer while it runs"
+    );
+    assert_eq!(
+        reserved, 5,
+        "and the coordinator's and each rank's monitor's"
+    );
+    let mut trainers: Vec<(String, u64, String)> = status["actors"]
+        .as_array()
+        .expect("actors in status --json")
+        .iter()
+        .filter(|a| a["kind"] == "trainer")
+        .map(|a| {
+            let job = a["job"].as_str().unwrap_or("?").to_string();
+            (
+                job,
+                a["rank"].as_u64().unwrap_or(99),
+                a["state"].to_string(),
+            )
+        })
+        .collect();
+    trainers.sort();
+    let running = "\"running\"".to_string();
+    assert_eq!(
+        trainers,
+        [
+            ("interrupted".to_string(), 0, running.clone()),
+            ("interrupted".to_string(), 1, running)
+        ],
+        "{status}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.contains("trainer") && l.split_whitespace().last() == Some("1"))
+        .unwrap_or_else(|| panic!("no row for rank 1 in:\n{table}"));
+    assert!(row.contains("interrupted"), "{table}");
+
+    assert!(job.running(), "the job ended before the signal");
+    let signalled = Instant::now();
+    job.signal(Signal::INT);
+    let out = job.finish(Duration::from_secs(30));
+    eprintln!(
+        "SIGINT: `imgrun train` exited after {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(130), "{}", out.describe());
+    assert!(
+        out.stderr.contains("interrupted by SIGINT"),
+        "{}",
+        out.stderr
+    );
+    let run = cluster.runs.join("interrupted");
+    let (saved_step, total) = (
+        assert_checkpoint_at_last_step(&run),
+        total_steps(&out.stdout, EPOCHS),
+    );
+    assert!(
+        saved_step < total,
+        "the job was not cut: step {saved_step} of {total}"
+    );
+    let command = printed_resume_command(&out.stderr, &run);
+    cluster.assert_settled();
+
+    let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);
+    assert!(
+        resumed.status.success(),
+        "{command}\n{}",
+        resumed.describe()
+    );
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+    assert_each_step_once(&metrics(&run), total);
+    cluster.assert_settled();
+}
+
+/// The run's step records number 1 to `total`, each once.
+fn assert_each_step_once(records: &[Value], total: u64) {
+    let mut numbers: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    numbers.sort_unstable();
+    let want: Vec<u64> = (1..=total).collect();
+    assert_eq!(numbers, want, "every step once in metrics.jsonl");
+}
