@@ -3,7 +3,7 @@
 //! pipe) must parse with [`Cli`], flags and values, so a flag renamed in the code and not
 //! in the README fails here. A block with such commands must say, in an HTML comment
 //! just before it, which tests run what it shows (`<!-- illustration: covered by
-//! tests/cli.rs::name, tests/train.rs::other -->`), and each named test must exist.
+//! tests/e2e/cli.rs::name, tests/e2e/train/basics.rs::other -->`), and each named test must exist.
 //!
 //! Placeholders a reader fills in are allowed: a `...` word (left out), optional parts in
 //! brackets (`[--resize 160]`, `[--policy join|drop]`: kept, the first choice taken) and

@@ -2,7 +2,7 @@
 # Prints the path of a Python with torch, torchvision, safetensors, `webdataset`, Pillow
 # and NumPy, creating the cached virtual environment on first use. The loader benchmark
 # uses it to time the usual PyTorch input pipeline on the same shards as imgrun; the
-# export tests (tests/export.rs) load imgrun's weights into torchvision with it.
+# export tests (tests/e2e/export.rs) load imgrun's weights into torchvision with it.
 #
 #   python=$(tools/pybench.sh)
 #

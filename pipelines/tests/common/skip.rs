@@ -5,7 +5,7 @@
 //!
 //! One file for the whole workspace, so that every test crate prints and logs skips in
 //! the form `tools/test.sh` counts: `pipelines` includes it in its integration tests,
-//! the binary's tests through `tests/common`. (The photos the tests read are in the
+//! the binary's tests through `tests/e2e/common`. (The photos the tests read are in the
 //! repository, `assets/photos/`: a test that misses them fails.)
 
 use std::io::Write;
