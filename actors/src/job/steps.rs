@@ -187,12 +187,7 @@ impl RunningJob<'_> {
         metrics: &mut Metrics,
     ) -> JobError {
         let place = (at.epoch, at.global_step, at.step_in_epoch);
-        let newest = self
-            .stop
-            .progress()
-            .checkpoint
-            .as_ref()
-            .map(|c| c.global_step);
+        let newest = self.newest_checkpoint_step();
         if let Some(checkpoint) = last_checkpoint(place, newest) {
             let (cursors, sums) = if at.step_in_epoch == 0 {
                 (Vec::new(), EpochSums::default())
@@ -225,17 +220,21 @@ impl RunningJob<'_> {
 }
 
 impl RunningJob<'_> {
+    /// The global step of the newest checkpoint, if any.
+    fn newest_checkpoint_step(&self) -> Option<u64> {
+        self.stop
+            .progress()
+            .checkpoint
+            .as_ref()
+            .map(|c| c.global_step)
+    }
+
     /// An elastic job that cannot go on after a loss (`error` says why): a checkpoint at
     /// `at`, the step its surviving ranks rolled back to (unless the newest one is
     /// there), and the job's error saying where to continue from.
     pub(super) async fn checkpoint_after_loss(&self, error: JobError, at: &Position) -> JobError {
         let place = (at.epoch, at.global_step, at.step_in_epoch);
-        let newest = self
-            .stop
-            .progress()
-            .checkpoint
-            .as_ref()
-            .map(|c| c.global_step);
+        let newest = self.newest_checkpoint_step();
         let saved = match last_checkpoint(place, newest) {
             Some(checkpoint) => self.save(&checkpoint, at.cursors.clone(), at.sums).await,
             None => Ok(()),
