@@ -49,3 +49,7 @@ python3 "$(dirname "$0")/check-codemap.py"
 
 # No function over its folder's limit in the folders that keep them short (actors/src/job).
 python3 "$(dirname "$0")/check-fn-length.py"
+
+# The libtorch-free build (`cargo test -p pipelines -p runtime`) turns on the same features
+# of the dependencies it shares with the libtorch build, so they compile once.
+python3 "$(dirname "$0")/check-feature-union.py"

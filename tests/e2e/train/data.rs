@@ -242,13 +242,22 @@ fn python_written_shards_train_without_a_manifest_over_pipe_and_http() {
 
 /// A rank whose loader is slow holds every rank up in the gradient average: the job
 /// names it, its node and why, and records it in the metrics. Rank 1's shards come
-/// through a command that waits 3 s before it sends anything.
+/// through a command that waits 3 s before it sends anything, and then until the test
+/// has seen the wait (a file it creates): on a loaded machine a fixed wait could end
+/// before `imgrun jobs` answers once.
 #[test]
 fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
     let cluster = TrainCluster::start();
     let dir = cluster.data.train_dir.display().to_string();
+    let seen_marker = cluster.root.path().join("rank-1-seen-waiting");
     let shard = |i: usize| format!("{dir}/train-{i:06}.tar");
-    let slow = |i: usize| format!("pipe:sh -c 'sleep 3; cat {}'", shard(i));
+    let slow = |i: usize| {
+        format!(
+            "pipe:sh -c 'sleep 3; while [ ! -e {} ]; do sleep 0.1; done; cat {}'",
+            seen_marker.display(),
+            shard(i)
+        )
+    };
     // Split mode gives rank r the shards r, r + 2, ...: rank 1 reads 1 and 3.
     let spec = [shard(0), slow(1), shard(2), slow(3), shard(4)].join("::");
     let train = format!("data.train={spec:?}");
@@ -280,6 +289,7 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
         });
         (waiting && ranks.len() == 2).then_some(ranks)
     });
+    std::fs::write(&seen_marker, b"").expect("write the marker the slow shards wait for");
     assert!(
         seen[0]["phase"]["phase"].is_string(),
         "rank 0 answers: {seen:?}"
@@ -300,7 +310,7 @@ fn a_rank_that_waits_for_data_is_named_with_its_node_and_why() {
     assert!(out.status.success(), "{}", out.describe());
     assert!(
         out.stderr.contains("has been waiting for data for")
-            && out.stderr.contains(", reading pipe:sh -c 'sleep 3; cat "),
+            && out.stderr.contains(", reading pipe:sh -c 'sleep 3; "),
         "no live word of the rank the others wait for and its shard:\n{}",
         out.describe()
     );
