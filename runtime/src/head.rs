@@ -78,6 +78,25 @@ pub struct HeadConfig {
     pub beat_port: u16,
 }
 
+impl HeadConfig {
+    /// A head on this machine only: any free port on 127.0.0.1, its heartbeats on any
+    /// free UDP port, default membership, transport and actor hosting. The embedded
+    /// cluster, the tests and the benchmarks start from it and change what they need
+    /// (`HeadConfig { membership, ..HeadConfig::loopback(state, resources) }`).
+    pub fn loopback(state: StateDir, resources: NodeResources) -> HeadConfig {
+        HeadConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            state,
+            resources,
+            membership: MembershipConfig::default(),
+            transport: TransportOptions::default(),
+            actors: ActorHosting::default(),
+            beat_port: 0,
+        }
+    }
+}
+
 /// A running head. Dropping it without [`Head::stop`] is like killing the process: its
 /// port closes, its record stays in the state folder.
 #[derive(Debug)]

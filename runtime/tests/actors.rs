@@ -136,17 +136,15 @@ impl Cluster {
     async fn start() -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = HeadConfig {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            advertise: None,
-            state: StateDir::at(dir.path().join("head")),
-            resources: resources("head", 4, 0),
             membership: MembershipConfig {
                 heartbeat_interval_ms: HEARTBEAT_MS,
                 dead_after_ms: DEAD_AFTER_MS,
             },
-            transport: TransportOptions::default(),
             actors: hosting(),
-            beat_port: 0,
+            ..HeadConfig::loopback(
+                StateDir::at(dir.path().join("head")),
+                resources("head", 4, 0),
+            )
         };
         let head = within("head start", Head::start(config))
             .await

@@ -77,16 +77,14 @@ impl Cluster {
 fn head_config(dir: &TempDir, port: u16) -> HeadConfig {
     HeadConfig {
         bind: SocketAddr::from(([127, 0, 0, 1], port)),
-        advertise: None,
-        state: StateDir::at(dir.path().join("head")),
-        resources: resources("head", 4, 2),
         membership: MembershipConfig {
             heartbeat_interval_ms: HEARTBEAT_MS,
             dead_after_ms: DEAD_AFTER_MS,
         },
-        transport: TransportOptions::default(),
-        actors: ActorHosting::default(),
-        beat_port: 0,
+        ..HeadConfig::loopback(
+            StateDir::at(dir.path().join("head")),
+            resources("head", 4, 2),
+        )
     }
 }
 

@@ -17,9 +17,9 @@ use anyhow::{Context, Result, bail, ensure};
 use runtime::{
     Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
     ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, DiscoverOptions, ExitReason,
-    FailureOrigin, Head, HeadConfig, MembershipConfig, MethodError, Node, NodeConfig, PoolOptions,
-    Resources, SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, WorkerCommand,
-    WorkerPool, discover, worker_main,
+    FailureOrigin, Head, HeadConfig, MethodError, Node, NodeConfig, PoolOptions, Resources,
+    SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, WorkerCommand, WorkerPool,
+    discover, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -744,18 +744,12 @@ async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
     });
     resources.hostname = Some("head".to_owned());
     let config = HeadConfig {
-        bind: "127.0.0.1:0".parse()?,
-        advertise: None,
-        state: state.clone(),
-        resources,
-        membership: MembershipConfig::default(),
-        transport: TransportOptions::default(),
         actors: ActorHosting {
             registry: registry(),
             worker: Some(WorkerCommand::current_exe(["worker"])?),
             ..ActorHosting::default()
         },
-        beat_port: 0,
+        ..HeadConfig::loopback(state.clone(), resources)
     };
     let _head = Head::start(config).await?;
     let client = ClusterClient::connect(&state, None).await?;
@@ -817,16 +811,10 @@ async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<
         resources.hostname = Some(name.to_owned());
         resources
     };
-    let head = Head::start(HeadConfig {
-        bind: "127.0.0.1:0".parse()?,
-        advertise: None,
-        state: StateDir::at(dir.path().join("head")),
-        resources: machine("head"),
-        membership: MembershipConfig::default(),
-        transport: TransportOptions::default(),
-        actors: ActorHosting::default(),
-        beat_port: 0,
-    })
+    let head = Head::start(HeadConfig::loopback(
+        StateDir::at(dir.path().join("head")),
+        machine("head"),
+    ))
     .await?;
     let node = Node::start(NodeConfig {
         head: head.join_address(),

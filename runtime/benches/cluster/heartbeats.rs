@@ -6,17 +6,13 @@
 //! every node stayed alive, and its events whether any went suspect or dead meanwhile.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use runtime::{
-    ActorHosting, ClusterEvent, Head, HeadConfig, LossReason, MembershipConfig, NodeState,
-    StateDir, TransportOptions,
-};
+use runtime::{ClusterEvent, Head, HeadConfig, LossReason, NodeState, StateDir};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
 use tokio::sync::broadcast;
@@ -176,16 +172,10 @@ impl EventCounts {
 /// One cluster of `nodes` fake nodes and a fresh head.
 async fn cluster(nodes: usize, warm_up: Duration, window: Duration) -> Result<Row> {
     let dir = tempfile::tempdir().context("temporary folder")?;
-    let head = Head::start(HeadConfig {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        advertise: None,
-        state: StateDir::at(dir.path().join("head")),
-        resources: resources(),
-        membership: MembershipConfig::default(),
-        transport: TransportOptions::default(),
-        actors: ActorHosting::default(),
-        beat_port: 0,
-    })
+    let head = Head::start(HeadConfig::loopback(
+        StateDir::at(dir.path().join("head")),
+        resources(),
+    ))
     .await
     .context("starting the head")?;
     let counts = Arc::new(EventCounts::default());

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use runtime::{
     ActorHosting, Client, ClientTls, ClusterCa, ClusterClient, ClusterEvent, DiscoverOptions, Head,
-    HeadConfig, MembershipConfig, Node, NodeConfig, NodeResources, NodeState, StateDir,
-    TransportOptions, VisibleDevices, discover,
+    HeadConfig, Node, NodeConfig, NodeResources, NodeState, StateDir, TransportOptions,
+    VisibleDevices, discover,
 };
 use tokio::sync::broadcast;
 
@@ -34,16 +34,10 @@ pub async fn run(options: &Options) -> Result<Figures> {
     );
     let dir = tempfile::tempdir().context("temporary folder")?;
     let resources = resources();
-    let head = Head::start(HeadConfig {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        advertise: None,
-        state: StateDir::at(dir.path().join("head")),
-        resources: resources.clone(),
-        membership: MembershipConfig::default(),
-        transport: TransportOptions::default(),
-        actors: ActorHosting::default(),
-        beat_port: 0,
-    })
+    let head = Head::start(HeadConfig::loopback(
+        StateDir::at(dir.path().join("head")),
+        resources.clone(),
+    ))
     .await
     .context("starting the head")?;
     let client = Arc::new(

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use runtime::{
-    ActorHosting, ActorRef, ClusterClient, ECHO_KIND, Head, HeadConfig, MembershipConfig, Node,
-    NodeConfig, SpawnOptions, StateDir, Strategy, TransportOptions, WorkerCommand,
-    diagnostic_registry,
+    ActorHosting, ActorRef, ClusterClient, ECHO_KIND, Head, HeadConfig, Node, NodeConfig,
+    SpawnOptions, StateDir, Strategy, TransportOptions, WorkerCommand, diagnostic_registry,
 };
 
 use crate::Options;
@@ -53,14 +52,8 @@ pub async fn run(options: &Options) -> Result<Figures> {
     let resources = crate::join::resources();
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let head = Head::start(HeadConfig {
-        bind: loopback,
-        advertise: None,
-        state: StateDir::at(dir.path().join("head")),
-        resources: resources.clone(),
-        membership: MembershipConfig::default(),
-        transport: TransportOptions::default(),
         actors: hosting(),
-        beat_port: 0,
+        ..HeadConfig::loopback(StateDir::at(dir.path().join("head")), resources.clone())
     })
     .await
     .context("starting the head")?;

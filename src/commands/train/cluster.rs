@@ -51,14 +51,12 @@ impl Cluster {
             .context("making the embedded cluster's state folder")?;
         let state = runtime::StateDir::at(dir.path());
         let head = runtime::Head::start(runtime::HeadConfig {
-            bind: "127.0.0.1:0".parse().context("loopback address")?,
-            advertise: None,
-            state: state.clone(),
-            resources: runtime::discover(&runtime::DiscoverOptions::default()),
             membership: crate::commands::cluster::membership(&config.cluster),
-            transport: runtime::TransportOptions::default(),
             actors: crate::commands::cluster::actor_hosting(),
-            beat_port: 0,
+            ..runtime::HeadConfig::loopback(
+                state.clone(),
+                runtime::discover(&runtime::DiscoverOptions::default()),
+            )
         })
         .await
         .context("starting the embedded cluster")?;
