@@ -7,11 +7,11 @@ preflight:
 	@bash tools/preflight.sh
 
 # Runs the main job on the embedded default dataset; the binary is target/release/imgrun.
-# `make test` ends with `make demo PROFILE=dev`: the same job, from the build its tests
+# `make test` ends with `make demo DEMO_PROFILE=dev`: the same job, from the build its tests
 # already made (target/debug/imgrun), rather than a second, optimised build of it all.
-PROFILE ?= release
+DEMO_PROFILE ?= release
 demo: preflight
-	eval "$$(bash tools/libtorch.sh)" && cargo run --locked --profile $(PROFILE) -- demo
+	eval "$$(bash tools/libtorch.sh)" && cargo run --locked --profile $(DEMO_PROFILE) -- demo
 
 # Runs the whole test suite (format, dependency direction, clippy, tests).
 test: preflight
