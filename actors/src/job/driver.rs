@@ -66,7 +66,7 @@ pub async fn run(
         output,
         ring: Ring {
             secret: secret_hex(&runtime::RingSecret::random()),
-            job_id: format!("{}", run_dir.display()),
+            id: format!("{}", run_dir.display()),
             op_timeout_secs: settings.step_timeout_secs,
         },
         job_name,

@@ -116,10 +116,11 @@ pub(super) async fn spawn_trainers(
     Ok(ranks)
 }
 
-/// How the job's ranks form their ring: its secret, its name, the ring's timeout.
+/// How the job's ranks form their ring: its secret, its id, the ring's timeout.
 pub(super) struct Ring {
     pub(super) secret: String,
-    pub(super) job_id: String,
+    /// The ring's id (the run folder's path), which its handshake checks.
+    pub(super) id: String,
     pub(super) op_timeout_secs: u64,
 }
 
@@ -162,7 +163,7 @@ impl Ring {
                 ConnectRequest {
                     next: next_addr,
                     secret: self.secret.clone(),
-                    job: self.job_id.clone(),
+                    ring_id: self.id.clone(),
                     op_timeout_secs: self.op_timeout_secs,
                     resume: resume.clone(),
                     nccl_id: listens[0].nccl_id.clone(),

@@ -105,7 +105,9 @@ pub struct ConnectRequest {
     pub next: SocketAddr,
     /// The job's ring secret, hex.
     pub secret: String,
-    pub job: String,
+    /// The ring's id, the same on every rank (the run folder's path): a peer of another
+    /// ring is refused.
+    pub ring_id: String,
     pub op_timeout_secs: u64,
     pub resume: Option<ResumeFrom>,
     /// Rank 0's NCCL unique id, passed on to every rank.

@@ -324,7 +324,7 @@ impl Trainer {
             op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
             ..CollectiveOptions::default()
         };
-        let job = request.job.clone();
+        let ring_id = request.ring_id.clone();
         let next = request.next;
         let connect = move || async move {
             let listener = listener
@@ -334,7 +334,8 @@ impl Trainer {
                     rank,
                     what: format!("the ring's listening socket: {e}"),
                 })?;
-            runtime::RingGroup::connect(rank, world, listener, next, &secret, &job, options).await
+            runtime::RingGroup::connect(rank, world, listener, next, &secret, &ring_id, options)
+                .await
         };
         let bucket_bytes = self.init.job.optim.bucket_bytes;
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
