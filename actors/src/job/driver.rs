@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use runtime::{ClusterClient, FailureOrigin, NodeId};
 
-use super::calls::{Rank, agreed, call_all};
+use super::calls::{RankHandle, agreed, call_all};
 use super::elastic::{self, Losses, Regrouped, World};
 use super::error::Saved;
 use super::loaders;
@@ -207,7 +207,7 @@ fn open_metrics(
 /// then every rank's digest must be the same.
 async fn check_replicas(
     job: &JobSpec,
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     output: &dyn JobOutput,
     long: Duration,
 ) -> Result<(), JobError> {
@@ -638,7 +638,7 @@ impl Driver<'_> {
         &'b self,
         job: &'b JobSpec,
         world: &'b World,
-        ranks: &'b [Rank],
+        ranks: &'b [RankHandle],
         regrouped: Option<(u64, u64)>,
     ) -> RunningJob<'b> {
         RunningJob {

@@ -9,7 +9,7 @@ use runtime::channel::ChannelSecret;
 use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
 
 use super::JobError;
-use super::calls::{Rank, call_all, to_json};
+use super::calls::{RankHandle, call_all, to_json};
 use super::output::JobOutput;
 use super::world::Trainers;
 use crate::load::{AddressRequest, LOADER_KIND, LoaderInit, LoaderMethod};
@@ -161,7 +161,7 @@ pub(crate) async fn start(
     trainers: &Trainers,
     job: &JobSpec,
     job_name: &str,
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     output: &dyn JobOutput,
     timeout: Duration,
 ) -> Result<(), JobError> {

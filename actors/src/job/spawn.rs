@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use runtime::{ActorLabel, ClusterClient, Resources, SpawnOptions, Strategy};
 
-use super::calls::{Rank, call_all, to_json};
+use super::calls::{RankHandle, call_all, to_json};
 use super::error::JobError;
 use super::output::{JobEvent, JobOutput};
 use super::world::{RankPlace, Trainers};
@@ -25,7 +25,7 @@ pub(super) async fn spawn_trainers(
     job_name: &str,
     places: &[RankPlace],
     (node_ranks, first): (&[u32], u32),
-) -> Result<Vec<Rank>, JobError> {
+) -> Result<Vec<RankHandle>, JobError> {
     let world: u32 = node_ranks.iter().sum();
     // Unique per job, also among the jobs of one coordinator host (the head's daemon).
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -92,7 +92,7 @@ pub(super) async fn spawn_trainers(
         match spawned {
             Ok(actor) => {
                 trainers.add(actor.clone());
-                ranks.push(Rank {
+                ranks.push(RankHandle {
                     rank: r as u32,
                     place,
                     actor,
@@ -131,7 +131,7 @@ impl Ring {
     pub(super) async fn wire(
         &self,
         job: &JobSpec,
-        ranks: &[Rank],
+        ranks: &[RankHandle],
         listens: &[ListenReply],
         resume: Option<ResumeFrom>,
         regrouped: bool,
@@ -180,7 +180,7 @@ impl Ring {
 /// Has every node copy the shards its ranks read into `dir`, a second of copying per call
 /// so that progress shows, until all are in place.
 pub(super) async fn preload(
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     dir: &str,
     output: &dyn JobOutput,
     timeout: Duration,

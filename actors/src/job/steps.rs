@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pipelines::RankCursor;
 use runtime::ClusterClient;
 
-use super::calls::{Rank, call_all, call_one};
+use super::calls::{RankHandle, call_all, call_one};
 use super::due::{BeforeCall, Cadence, Called, Checkpoint, last_checkpoint};
 use super::error::Saved;
 use super::metrics::Metrics;
@@ -85,7 +85,7 @@ pub(super) struct Grow<'a> {
 pub(super) struct RunningJob<'a> {
     pub(super) settings: &'a JobSettings,
     pub(super) job: &'a JobSpec,
-    pub(super) ranks: &'a [Rank],
+    pub(super) ranks: &'a [RankHandle],
     pub(super) run_dir: &'a Path,
     pub(super) steps_per_epoch: u64,
     pub(super) node_ranks: &'a [u32],
