@@ -88,10 +88,12 @@ struct Group {
 struct PoolActor {
     group: Arc<Group>,
     kind: String,
-    phase: Phase,
+    lifecycle: Lifecycle,
 }
 
-enum Phase {
+/// Where a pooled actor is in its life: starting (with whom to tell), running, or asked
+/// to stop.
+enum Lifecycle {
     Starting(oneshot::Sender<Result<(), ActorError>>),
     Running,
     Stopping,
@@ -167,7 +169,7 @@ impl WorkerPool {
                 PoolActor {
                     group: process,
                     kind: kind.clone(),
-                    phase: Phase::Starting(started),
+                    lifecycle: Lifecycle::Starting(started),
                 },
             );
             (outgoing, outcome)
@@ -276,10 +278,10 @@ impl WorkerPool {
             let Some(entry) = state.actors.get_mut(&actor) else {
                 return Err(state.tombstones.missing(actor));
             };
-            match (&entry.phase, kill) {
-                (Phase::Stopping, false) => None,
-                (Phase::Running, false) => {
-                    entry.phase = Phase::Stopping;
+            match (&entry.lifecycle, kill) {
+                (Lifecycle::Stopping, false) => None,
+                (Lifecycle::Running, false) => {
+                    entry.lifecycle = Lifecycle::Stopping;
                     Some((entry.group.outgoing.clone(), false))
                 }
                 // A kill, or a stop of an actor still starting (nothing of it queued).
@@ -449,11 +451,11 @@ impl PoolInner {
                 match actor_state.as_str() {
                     "running" => {
                         if let Some(entry) = state.actors.get_mut(&actor) {
-                            match std::mem::replace(&mut entry.phase, Phase::Running) {
-                                Phase::Starting(started) => {
+                            match std::mem::replace(&mut entry.lifecycle, Lifecycle::Running) {
+                                Lifecycle::Starting(started) => {
                                     let _ = started.send(Ok(()));
                                 }
-                                other => entry.phase = other,
+                                other => entry.lifecycle = other,
                             }
                         }
                     }
@@ -536,13 +538,13 @@ impl PoolState {
         match self.actors.get(&actor) {
             Some(PoolActor {
                 group,
-                phase: Phase::Running,
+                lifecycle: Lifecycle::Running,
                 ..
             }) => Ok(group),
-            Some(PoolActor { phase, .. }) => Err(ActorError::NotRunning {
+            Some(PoolActor { lifecycle, .. }) => Err(ActorError::NotRunning {
                 actor_id: actor,
-                state: match phase {
-                    Phase::Starting(_) => "starting",
+                state: match lifecycle {
+                    Lifecycle::Starting(_) => "starting",
                     _ => "stopping",
                 },
             }),
@@ -575,8 +577,8 @@ impl PoolState {
                 let _ = pending.reply.send(Err(error.clone()));
             }
         }
-        match entry.phase {
-            Phase::Starting(started) => {
+        match entry.lifecycle {
+            Lifecycle::Starting(started) => {
                 let error = match reason {
                     ExitReason::Failed { reason, .. } => ActorError::Start {
                         actor_id: actor,
@@ -587,7 +589,7 @@ impl PoolState {
                 };
                 let _ = started.send(Err(error));
             }
-            Phase::Running | Phase::Stopping => {
+            Lifecycle::Running | Lifecycle::Stopping => {
                 self.tombstones.insert(actor, reason.clone());
                 let _ = exits.send(ActorExit {
                     actor_id: actor,
