@@ -12,7 +12,7 @@ use runtime::{ClusterClient, FailureOrigin, NodeId};
 use super::calls::{RankHandle, agreed, call_all};
 use super::elastic::{self, Losses, Regrouped, World};
 use super::error::Saved;
-use super::loaders;
+use super::loader_actors;
 use super::metrics::{Metrics, rewind};
 use super::recovery::{Action, Event, GiveUp, Recovery};
 use super::spawn::{Ring, preload, spawn_trainers};
@@ -342,7 +342,8 @@ impl Driver<'_> {
         ));
         if job.data.loaders == Loaders::Remote {
             let name = &self.job_name;
-            loaders::start(self.client, self.trainers, &job, name, &ranks, output, long).await?;
+            loader_actors::start(self.client, self.trainers, &job, name, &ranks, output, long)
+                .await?;
         }
         let wired = self
             .ring

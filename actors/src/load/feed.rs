@@ -30,7 +30,7 @@ pub struct RemoteWorkers {
     /// The trainer's own loader, for its local workers and for those whose loader is lost.
     loader: Loader,
     /// Each worker's loader actor (`None`: the worker runs here).
-    loaders: Vec<Option<SocketAddr>>,
+    loader_actors: Vec<Option<SocketAddr>>,
     secret: ChannelSecret,
     queue: usize,
     /// Loader actors found lost: their workers run here from then on.
@@ -40,13 +40,13 @@ pub struct RemoteWorkers {
 impl RemoteWorkers {
     pub fn new(
         loader: Loader,
-        loaders: Vec<Option<SocketAddr>>,
+        loader_actors: Vec<Option<SocketAddr>>,
         secret: ChannelSecret,
         queue: usize,
     ) -> Self {
         Self {
             loader,
-            loaders,
+            loader_actors,
             secret,
             queue: queue.max(1),
             lost: Arc::default(),
@@ -55,14 +55,14 @@ impl RemoteWorkers {
 
     /// Workers fed by loader actors.
     pub fn remote_workers(&self) -> usize {
-        self.loaders.iter().flatten().count()
+        self.loader_actors.iter().flatten().count()
     }
 }
 
 impl std::fmt::Debug for RemoteWorkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteWorkers")
-            .field("loaders", &self.loaders)
+            .field("loader_actors", &self.loader_actors)
             .finish_non_exhaustive()
     }
 }
@@ -75,7 +75,7 @@ impl WorkerPlacement for RemoteWorkers {
     ) -> Result<Receiver<WorkerMsg>, LoaderError> {
         let (tx, rx) = sync_channel(self.queue);
         let addr = self
-            .loaders
+            .loader_actors
             .get(run.plan.worker.0 as usize)
             .copied()
             .flatten();

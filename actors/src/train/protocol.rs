@@ -48,20 +48,21 @@ impl TrainerMethod for PreloadRequest {
 /// worker's loader actor (`None`: the worker runs in the trainer's process) and the job's
 /// data channel secret, in hex. From the next epoch started on.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct LoadersRequest {
-    pub loaders: Vec<Option<std::net::SocketAddr>>,
+pub struct LoaderActorsRequest {
+    /// The data channel address of each loader worker's loader actor, by worker.
+    pub loader_actors: Vec<Option<std::net::SocketAddr>>,
     pub secret: String,
 }
 
-/// Workers the rank's loader actors run.
+/// Loader workers the rank's loader actors run.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct LoadersReply {
+pub struct LoaderActorsReply {
     pub remote_workers: u32,
 }
 
-impl TrainerMethod for LoadersRequest {
-    const NAME: &'static str = "loaders";
-    type Reply = LoadersReply;
+impl TrainerMethod for LoaderActorsRequest {
+    const NAME: &'static str = "loader_actors";
+    type Reply = LoaderActorsReply;
 }
 
 /// Opens the trainer's ring port (and, between CUDA trainers, an NCCL id).
@@ -445,7 +446,7 @@ impl TrainerMethod for AbortRequest {
 pub const METHODS: [&str; 12] = [
     PhaseRequest::NAME,
     PreloadRequest::NAME,
-    LoadersRequest::NAME,
+    LoaderActorsRequest::NAME,
     ListenRequest::NAME,
     ConnectRequest::NAME,
     TrainRequest::NAME,

@@ -13,7 +13,7 @@ use super::calls::{RankHandle, call_all, to_json};
 use super::output::JobOutput;
 use super::world::Trainers;
 use crate::load::{AddressRequest, LOADER_KIND, LoaderInit, LoaderMethod};
-use crate::train::{JobSpec, LoadersRequest};
+use crate::train::{JobSpec, LoaderActorsRequest};
 
 /// CPU a loader actor reserves per loader worker it runs (a decoder thread, and a reader
 /// thread that mostly waits).
@@ -36,7 +36,7 @@ const CPU_MILLIS_PER_WORKER: u64 = 1000;
 ///
 /// The number of loader workers, on which the plan depends, never changes. Only a
 /// cluster without a free CPU has no placement.
-pub(crate) fn size_loaders(
+pub(crate) fn size_loader_actors(
     free: &[(NodeId, u32)],
     pairs: u32,
     wanted: u32,
@@ -104,7 +104,7 @@ pub(crate) fn size_loaders(
     Ok(placed)
 }
 
-/// One loader actor of [`size_loaders`]: its node, the loader workers it runs, the CPUs
+/// One loader actor of [`size_loader_actors`]: its node, the loader workers it runs, the CPUs
 /// it reserves (as many as its workers, unless the cluster has fewer free).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LoaderPlace {
@@ -177,7 +177,7 @@ pub(crate) async fn start(
         .await
         .map_err(JobError::cluster("asking for the cluster's free CPUs"))?;
     let free = free_cpus(&status);
-    let placed = size_loaders(&free, pairs, wanted).map_err(|room| {
+    let placed = size_loader_actors(&free, pairs, wanted).map_err(|room| {
         JobError::Refused(format!(
             "data.loaders = \"remote\": no node has a CPU free for the {} loader workers of \
              {world} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
@@ -246,14 +246,14 @@ pub(crate) async fn start(
     }
     let actors: Vec<ActorRef> = actors.into_iter().flatten().collect();
     let addrs = addresses(&actors, timeout).await?;
-    let loaders: Vec<Vec<Option<SocketAddr>>> = dealt
+    let loader_actors: Vec<Vec<Option<SocketAddr>>> = dealt
         .iter()
         .map(|rank| rank.iter().map(|&k| Some(addrs[k])).collect())
         .collect();
     call_all(
         ranks,
-        |rank| LoadersRequest {
-            loaders: loaders[rank.rank as usize].clone(),
+        |rank| LoaderActorsRequest {
+            loader_actors: loader_actors[rank.rank as usize].clone(),
             secret: secret.to_hex(),
         },
         timeout,
@@ -355,7 +355,7 @@ mod tests {
             (&[], 4, 1, None),
         ];
         for (free, pairs, wanted, want) in cases {
-            let got = size_loaders(free, *pairs, *wanted);
+            let got = size_loader_actors(free, *pairs, *wanted);
             match want {
                 Some(want) => {
                     let want: Vec<LoaderPlace> = want
