@@ -53,8 +53,8 @@ pub use inspect::{
 };
 pub use loader::{
     Batch, EpochBatches, EpochStats, EpochTally, FrameDecoder, FrameError, Images, Loader,
-    LoaderConfig, LoaderError, RankCursor, ReadingNow, Regrouped, SampleId, ShardReading,
-    Transform, WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame, regroup,
+    LoaderConfig, LoaderError, LoaderWorkerMsg, LoaderWorkerRun, RankCursor, ReadingNow, Regrouped,
+    SampleId, ShardReading, Transform, WorkerCursor, WorkerPlacement, encode_frame, regroup,
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
 pub use plan::{

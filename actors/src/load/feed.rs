@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pipelines::{
-    EpochTally, FrameDecoder, Loader, LoaderError, WorkerCursor, WorkerMsg, WorkerPlacement,
-    WorkerRun,
+    EpochTally, FrameDecoder, Loader, LoaderError, LoaderWorkerMsg, LoaderWorkerRun, WorkerCursor,
+    WorkerPlacement,
 };
 use runtime::channel::{ChannelSecret, DataStream};
 
@@ -70,9 +70,9 @@ impl std::fmt::Debug for RemoteWorkers {
 impl WorkerPlacement for RemoteWorkers {
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError> {
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError> {
         let (tx, rx) = sync_channel(self.queue);
         let addr = self
             .loader_actors
@@ -108,7 +108,7 @@ impl WorkerPlacement for RemoteWorkers {
 }
 
 struct Feed {
-    run: WorkerRun,
+    run: LoaderWorkerRun,
     addr: SocketAddr,
     secret: ChannelSecret,
     loader: Loader,
@@ -118,7 +118,7 @@ struct Feed {
 }
 
 impl Feed {
-    fn run(self, tx: SyncSender<WorkerMsg>) {
+    fn run(self, tx: SyncSender<LoaderWorkerMsg>) {
         let mut last = self.run.resume;
         let Err(problem) = self.pass_on(&tx, &mut last) else {
             return;
@@ -136,18 +136,22 @@ impl Feed {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.addr);
-        let run = WorkerRun {
+        let run = LoaderWorkerRun {
             resume: last,
             ..self.run.clone()
         };
         if let Err(error) = self.loader.start_worker(run, &self.tally, tx.clone()) {
-            let _ = tx.send(WorkerMsg::Failed(error));
+            let _ = tx.send(LoaderWorkerMsg::Failed(error));
         }
     }
 
     /// Passes on the loader actor's messages until the worker's end (Ok) or until the
     /// loader is lost (Err), keeping in `last` the cursor of the last batch passed on.
-    fn pass_on(&self, tx: &SyncSender<WorkerMsg>, last: &mut WorkerCursor) -> Result<(), String> {
+    fn pass_on(
+        &self,
+        tx: &SyncSender<LoaderWorkerMsg>,
+        last: &mut WorkerCursor,
+    ) -> Result<(), String> {
         let run = &self.run;
         let mut stream = DataStream::connect(self.addr, &self.secret, CONNECT_TIMEOUT)
             .map_err(|e| e.to_string())?;
@@ -182,8 +186,8 @@ impl Feed {
             let (msg, stats) = decoder.decode(frame).map_err(|e| e.to_string())?;
             self.tally.add(&stats);
             let cursor = match &msg {
-                WorkerMsg::Batch(_, cursor) => Some(*cursor),
-                WorkerMsg::Done | WorkerMsg::Failed(_) => None,
+                LoaderWorkerMsg::Batch(_, cursor) => Some(*cursor),
+                LoaderWorkerMsg::Done | LoaderWorkerMsg::Failed(_) => None,
             };
             if tx.send(msg).is_err() {
                 // The epoch is over for the trainer: hang up, which stops the worker.

@@ -8,7 +8,7 @@ use std::sync::mpsc::Receiver;
 use super::batch::{Batch, Held};
 use super::cursor::{RankCursor, WorkerCursor};
 use super::stats::{EpochStats, ReadingNow};
-use super::worker::{EpochTally, WorkerMsg, WorkerRun};
+use super::worker::{EpochTally, LoaderWorkerMsg, LoaderWorkerRun};
 use super::{LoaderError, Transform};
 use crate::plan::{Plan, Rank, SplitMix64, derive_seed, mix64};
 
@@ -47,20 +47,20 @@ pub struct EpochBatches {
 
 #[derive(Debug)]
 struct Worker {
-    batches: Receiver<WorkerMsg>,
+    batches: Receiver<LoaderWorkerMsg>,
     done: bool,
 }
 
-/// Where a rank's loader workers run: each one's [`WorkerRun`] is started somewhere, and
+/// Where a rank's loader workers run: each one's [`LoaderWorkerRun`] is started somewhere, and
 /// its messages arrive on the receiver returned. [`Loader::epoch`](super::Loader::epoch)
 /// runs them all in this process; a trainer fed by loader actors sends some elsewhere.
 pub trait WorkerPlacement {
     /// Starts `run`; its counts go to `tally` (a remote worker's as it reports them).
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError>;
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError>;
 }
 
 impl EpochBatches {
@@ -101,7 +101,7 @@ impl EpochBatches {
         let tally = EpochTally::default();
         let mut workers = Vec::with_capacity(rank_plan.workers.len());
         for (w, worker_plan) in rank_plan.workers.iter().enumerate() {
-            let run = WorkerRun {
+            let run = LoaderWorkerRun {
                 epoch: plan.epoch,
                 rank,
                 plan: worker_plan.clone(),
@@ -236,12 +236,12 @@ impl EpochBatches {
                 continue;
             }
             match self.workers[w].batches.recv() {
-                Ok(WorkerMsg::Batch(batch, position)) => {
+                Ok(LoaderWorkerMsg::Batch(batch, position)) => {
                     self.positions[w] = position;
                     return Ok(Some(batch));
                 }
-                Ok(WorkerMsg::Done) => self.workers[w].done = true,
-                Ok(WorkerMsg::Failed(error)) => return Err(error),
+                Ok(LoaderWorkerMsg::Done) => self.workers[w].done = true,
+                Ok(LoaderWorkerMsg::Failed(error)) => return Err(error),
                 Err(_) => {
                     return Err(LoaderError::WorkerLost {
                         rank: self.rank,

@@ -44,7 +44,7 @@ pub use epoch::{EpochBatches, WorkerPlacement};
 pub use regroup::{Regrouped, regroup};
 pub use stats::{EpochStats, ReadingNow, ShardReading};
 pub use wire::{FrameDecoder, FrameError, encode_frame};
-pub use worker::{EpochTally, WorkerMsg, WorkerRun};
+pub use worker::{EpochTally, LoaderWorkerMsg, LoaderWorkerRun};
 
 use crate::error::{ErrorPolicy, ShardError};
 use crate::plan::{Plan, PlanError, Rank};
@@ -246,9 +246,9 @@ impl Loader {
     /// `out`, and stop at the end of the worker's epoch or when `out`'s receiver is gone.
     pub fn start_worker(
         &self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-        out: SyncSender<WorkerMsg>,
+        out: SyncSender<LoaderWorkerMsg>,
     ) -> Result<(), LoaderError> {
         worker::spawn(run, self.config.clone(), self.reader.clone(), tally, out)
     }
@@ -258,9 +258,9 @@ impl Loader {
 impl WorkerPlacement for Loader {
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError> {
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError> {
         let (out, batches) = sync_channel(self.config.queue_batches);
         self.start_worker(run, tally, out)?;
         Ok(batches)

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::batch::{Batch, BufferPool, Images, SampleId};
 use super::cursor::WorkerCursor;
 use super::stats::EpochStats;
-use super::worker::WorkerMsg;
+use super::worker::LoaderWorkerMsg;
 use super::{LoaderError, Transform};
 use crate::plan::{Rank, WorkerId};
 use crate::transform::OutputFormat;
@@ -68,13 +68,13 @@ enum Header {
 /// the header and trailer into `header` (cleared first), and returns the pixels. Send the
 /// pixels, then `header`, as one frame.
 pub fn encode_frame<'a>(
-    msg: &'a WorkerMsg,
+    msg: &'a LoaderWorkerMsg,
     stats: EpochStats,
     header: &mut Vec<u8>,
 ) -> Result<&'a [u8], FrameError> {
     header.clear();
     let (head, pixels): (Header, &[u8]) = match msg {
-        WorkerMsg::Batch(batch, cursor) => {
+        LoaderWorkerMsg::Batch(batch, cursor) => {
             let pixels = if batch.is_empty() {
                 &[][..]
             } else {
@@ -105,8 +105,8 @@ pub fn encode_frame<'a>(
             };
             (head, pixels)
         }
-        WorkerMsg::Done => (Header::Done { stats }, &[][..]),
-        WorkerMsg::Failed(error) => {
+        LoaderWorkerMsg::Done => (Header::Done { stats }, &[][..]),
+        LoaderWorkerMsg::Failed(error) => {
             let message = error.to_string();
             (Header::Failed { message, stats }, &[][..])
         }
@@ -164,7 +164,10 @@ impl FrameDecoder {
     }
 
     /// The message in `frame`, and the counts its worker sent with it.
-    pub fn decode(&mut self, mut frame: Vec<u8>) -> Result<(WorkerMsg, EpochStats), FrameError> {
+    pub fn decode(
+        &mut self,
+        mut frame: Vec<u8>,
+    ) -> Result<(LoaderWorkerMsg, EpochStats), FrameError> {
         let len = frame.len();
         let Some(at) = len.checked_sub(TRAILER) else {
             return Err(FrameError::Short { len });
@@ -181,14 +184,14 @@ impl FrameDecoder {
         let head: Header = serde_json::from_slice(&frame[pixels..at])
             .map_err(|e| FrameError::Header(e.to_string()))?;
         match head {
-            Header::Done { stats } => Ok((WorkerMsg::Done, stats)),
+            Header::Done { stats } => Ok((LoaderWorkerMsg::Done, stats)),
             Header::Failed { message, stats } => {
                 let error = LoaderError::Remote {
                     rank: self.rank,
                     worker: self.worker.0,
                     message,
                 };
-                Ok((WorkerMsg::Failed(error), stats))
+                Ok((LoaderWorkerMsg::Failed(error), stats))
             }
             Header::Batch {
                 epoch,
@@ -219,7 +222,7 @@ impl FrameDecoder {
                         key,
                     })
                     .collect();
-                Ok((WorkerMsg::Batch(batch, cursor), stats))
+                Ok((LoaderWorkerMsg::Batch(batch, cursor), stats))
             }
         }
     }
@@ -302,7 +305,7 @@ mod tests {
         batch
     }
 
-    fn frame(msg: &WorkerMsg, stats: EpochStats) -> Vec<u8> {
+    fn frame(msg: &LoaderWorkerMsg, stats: EpochStats) -> Vec<u8> {
         let mut header = Vec::new();
         let pixels = encode_frame(msg, stats, &mut header).expect("encodes");
         [pixels, &header[..]].concat()
@@ -322,12 +325,12 @@ mod tests {
             problems: vec!["x: bad".into()],
             ..EpochStats::default()
         };
-        let bytes = frame(&WorkerMsg::Batch(sent, cursor), stats.clone());
+        let bytes = frame(&LoaderWorkerMsg::Batch(sent, cursor), stats.clone());
         let mut decoder =
             FrameDecoder::new(Rank(0), WorkerId(1), transform(), 4, 2).expect("decoder");
         let (msg, got_stats) = decoder.decode(bytes).expect("decodes");
         assert_eq!(got_stats, stats);
-        let WorkerMsg::Batch(got, got_cursor) = msg else {
+        let LoaderWorkerMsg::Batch(got, got_cursor) = msg else {
             panic!("not a batch: {msg:?}");
         };
         assert_eq!(got_cursor, cursor);
@@ -344,17 +347,17 @@ mod tests {
         let mut decoder =
             FrameDecoder::new(Rank(2), WorkerId(0), transform(), 4, 2).expect("decoder");
         let (msg, _) = decoder
-            .decode(frame(&WorkerMsg::Done, EpochStats::default()))
+            .decode(frame(&LoaderWorkerMsg::Done, EpochStats::default()))
             .expect("decodes");
-        assert!(matches!(msg, WorkerMsg::Done));
-        let failed = WorkerMsg::Failed(LoaderError::Config {
+        assert!(matches!(msg, LoaderWorkerMsg::Done));
+        let failed = LoaderWorkerMsg::Failed(LoaderError::Config {
             field: "x",
             problem: "broken".into(),
         });
         let (msg, _) = decoder
             .decode(frame(&failed, EpochStats::default()))
             .expect("decodes");
-        let WorkerMsg::Failed(error) = msg else {
+        let LoaderWorkerMsg::Failed(error) = msg else {
             panic!("not a failure");
         };
         assert_eq!(
@@ -367,7 +370,7 @@ mod tests {
     fn bad_frames_are_errors_that_say_why() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 4 * 12, 2);
         let good = frame(
-            &WorkerMsg::Batch(batch(&pool, 2), WorkerCursor::default()),
+            &LoaderWorkerMsg::Batch(batch(&pool, 2), WorkerCursor::default()),
             EpochStats::default(),
         );
         let mut decoder =

@@ -20,9 +20,9 @@ use crate::sample::Sample;
 /// draw from unrelated streams.
 const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4531;
 
-/// What a worker sends its rank.
+/// What a loader worker sends its rank.
 #[derive(Debug)]
-pub enum WorkerMsg {
+pub enum LoaderWorkerMsg {
     /// A batch, and the worker's cursor once the batch is handed out.
     Batch(Batch, WorkerCursor),
     /// The worker's data (or its planned batches) is finished.
@@ -34,7 +34,7 @@ pub enum WorkerMsg {
 /// batches and transforms, and where it starts. A rank's epoch makes one per worker; a
 /// loader elsewhere (a loader actor) gets one over the network and runs it the same way.
 #[derive(Debug, Clone)]
-pub struct WorkerRun {
+pub struct LoaderWorkerRun {
     pub epoch: u64,
     pub rank: Rank,
     pub plan: WorkerPlan,
@@ -94,17 +94,17 @@ struct WorkerJob {
     resume: WorkerCursor,
     stats: Arc<Mutex<EpochStats>>,
     reading: Arc<ReadingNow>,
-    out: SyncSender<WorkerMsg>,
+    out: SyncSender<LoaderWorkerMsg>,
 }
 
 /// Starts the threads of `run`, counting into `tally` and sending to `out`. They stop by
 /// themselves at the end of the worker's epoch, or as soon as `out`'s receiver is gone.
 pub(crate) fn spawn(
-    run: WorkerRun,
+    run: LoaderWorkerRun,
     config: Arc<LoaderConfig>,
     reader: SampleReader,
     tally: &EpochTally,
-    out: SyncSender<WorkerMsg>,
+    out: SyncSender<LoaderWorkerMsg>,
 ) -> Result<(), LoaderError> {
     let job = WorkerJob {
         epoch: run.epoch,
@@ -134,7 +134,7 @@ impl WorkerJob {
     fn run(self) {
         let out = self.out.clone();
         if let Err(error) = self.batch_all() {
-            let _ = out.send(WorkerMsg::Failed(error));
+            let _ = out.send(LoaderWorkerMsg::Failed(error));
         }
     }
 
@@ -143,7 +143,7 @@ impl WorkerJob {
         let quota = self.plan.batches;
         let mut cursor = self.resume;
         if quota.is_some_and(|q| cursor.batches >= q) {
-            let _ = self.out.send(WorkerMsg::Done);
+            let _ = self.out.send(LoaderWorkerMsg::Done);
             return Ok(());
         }
         let samples = self.start_reader()?;
@@ -195,7 +195,7 @@ impl WorkerJob {
                 cursor.batches += 1;
                 cursor.samples += full.len() as u64;
                 cursor.consumed = this + 1;
-                if self.out.send(WorkerMsg::Batch(full, cursor)).is_err() {
+                if self.out.send(LoaderWorkerMsg::Batch(full, cursor)).is_err() {
                     return Ok(());
                 }
             }
@@ -208,11 +208,15 @@ impl WorkerJob {
             cursor.batches += 1;
             cursor.samples += partial.len() as u64;
             cursor.consumed = ordinal;
-            if self.out.send(WorkerMsg::Batch(partial, cursor)).is_err() {
+            if self
+                .out
+                .send(LoaderWorkerMsg::Batch(partial, cursor))
+                .is_err()
+            {
                 return Ok(());
             }
         }
-        let _ = self.out.send(WorkerMsg::Done);
+        let _ = self.out.send(LoaderWorkerMsg::Done);
         Ok(())
     }
 
