@@ -531,7 +531,7 @@ struct Framed {
     restarts: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
-impl pipelines::WorkerPlacement for Framed {
+impl pipelines::LoaderWorkerPlacement for Framed {
     fn start(
         &mut self,
         run: pipelines::LoaderWorkerRun,

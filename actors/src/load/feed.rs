@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pipelines::{
-    EpochTally, FrameDecoder, Loader, LoaderError, LoaderWorkerMsg, LoaderWorkerRun, WorkerCursor,
-    WorkerPlacement,
+    EpochTally, FrameDecoder, Loader, LoaderError, LoaderWorkerCursor, LoaderWorkerMsg,
+    LoaderWorkerPlacement, LoaderWorkerRun,
 };
 use runtime::channel::{ChannelSecret, DataStream};
 
@@ -26,7 +26,7 @@ const MAX_HEADER: usize = 64 << 20;
 /// Places a rank's loader workers: those the job gave to a loader actor are fed from it,
 /// the others run here.
 #[derive(Clone)]
-pub struct RemoteWorkers {
+pub struct RemoteLoaderWorkers {
     /// The trainer's own loader, for its local workers and for those whose loader is lost.
     loader: Loader,
     /// Each worker's loader actor (`None`: the worker runs here).
@@ -37,7 +37,7 @@ pub struct RemoteWorkers {
     lost: Arc<Mutex<BTreeSet<SocketAddr>>>,
 }
 
-impl RemoteWorkers {
+impl RemoteLoaderWorkers {
     pub fn new(
         loader: Loader,
         loader_actors: Vec<Option<SocketAddr>>,
@@ -59,15 +59,15 @@ impl RemoteWorkers {
     }
 }
 
-impl std::fmt::Debug for RemoteWorkers {
+impl std::fmt::Debug for RemoteLoaderWorkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteWorkers")
+        f.debug_struct("RemoteLoaderWorkers")
             .field("loader_actors", &self.loader_actors)
             .finish_non_exhaustive()
     }
 }
 
-impl WorkerPlacement for RemoteWorkers {
+impl LoaderWorkerPlacement for RemoteLoaderWorkers {
     fn start(
         &mut self,
         run: LoaderWorkerRun,
@@ -150,7 +150,7 @@ impl Feed {
     fn pass_on(
         &self,
         tx: &SyncSender<LoaderWorkerMsg>,
-        last: &mut WorkerCursor,
+        last: &mut LoaderWorkerCursor,
     ) -> Result<(), String> {
         let run = &self.run;
         let mut stream = DataStream::connect(self.addr, &self.secret, CONNECT_TIMEOUT)

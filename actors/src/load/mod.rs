@@ -21,7 +21,7 @@ mod feed;
 mod protocol;
 mod server;
 
-pub use feed::RemoteWorkers;
+pub use feed::RemoteLoaderWorkers;
 pub use protocol::{
     AddressRequest, LOADER_KIND, LoadRequest, LoaderAddress, LoaderInit, LoaderMethod,
 };

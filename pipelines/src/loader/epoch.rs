@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
 use super::batch::{Batch, Held};
-use super::cursor::{RankCursor, WorkerCursor};
+use super::cursor::{LoaderWorkerCursor, RankCursor};
 use super::stats::{EpochStats, ReadingNow};
 use super::worker::{EpochTally, LoaderWorkerMsg, LoaderWorkerRun};
 use super::{LoaderError, Transform};
@@ -28,13 +28,13 @@ const MIX_STREAM: u64 = 0x4d49_5842_4154_4348;
 pub struct EpochBatches {
     rank: Rank,
     transform: Transform,
-    workers: Vec<Worker>,
+    workers: Vec<LoaderWorker>,
     planned_steps: Option<u64>,
     nominal_steps: Option<u64>,
     /// The current block's positions; `steps` and `in_block` are kept up to date.
     cursor: RankCursor,
     /// The workers' positions and turn as of the last batch taken from them.
-    positions: Vec<WorkerCursor>,
+    positions: Vec<LoaderWorkerCursor>,
     turn: u32,
     /// The current block's batches not yet handed out.
     block: VecDeque<Batch>,
@@ -46,7 +46,7 @@ pub struct EpochBatches {
 }
 
 #[derive(Debug)]
-struct Worker {
+struct LoaderWorker {
     batches: Receiver<LoaderWorkerMsg>,
     done: bool,
 }
@@ -54,7 +54,7 @@ struct Worker {
 /// Where a rank's loader workers run: each one's [`LoaderWorkerRun`] is started somewhere, and
 /// its messages arrive on the receiver returned. [`Loader::epoch`](super::Loader::epoch)
 /// runs them all in this process; a trainer fed by loader actors sends some elsewhere.
-pub trait WorkerPlacement {
+pub trait LoaderWorkerPlacement {
     /// Starts `run`; its counts go to `tally` (a remote worker's as it reports them).
     fn start(
         &mut self,
@@ -65,7 +65,7 @@ pub trait WorkerPlacement {
 
 impl EpochBatches {
     pub(crate) fn start(
-        placement: &mut dyn WorkerPlacement,
+        placement: &mut dyn LoaderWorkerPlacement,
         plan: &Plan,
         rank: Rank,
         transform: Transform,
@@ -110,7 +110,7 @@ impl EpochBatches {
                 transform,
                 resume: cursor.workers[w],
             };
-            workers.push(Worker {
+            workers.push(LoaderWorker {
                 batches: placement.start(run, &tally)?,
                 done: false,
             });

@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 pub use batch::{Batch, Images, SampleId};
-pub use cursor::{RankCursor, WorkerCursor};
-pub use epoch::{EpochBatches, WorkerPlacement};
+pub use cursor::{LoaderWorkerCursor, RankCursor};
+pub use epoch::{EpochBatches, LoaderWorkerPlacement};
 pub use regroup::{Regrouped, regroup};
 pub use stats::{EpochStats, ReadingNow, ShardReading};
 pub use wire::{FrameDecoder, FrameError, encode_frame};
@@ -230,7 +230,7 @@ impl Loader {
         rank: Rank,
         transform: Transform,
         resume: Option<&RankCursor>,
-        placement: &mut dyn WorkerPlacement,
+        placement: &mut dyn LoaderWorkerPlacement,
     ) -> Result<EpochBatches, LoaderError> {
         EpochBatches::start(
             placement,
@@ -255,7 +255,7 @@ impl Loader {
 }
 
 /// Every worker in this process.
-impl WorkerPlacement for Loader {
+impl LoaderWorkerPlacement for Loader {
     fn start(
         &mut self,
         run: LoaderWorkerRun,

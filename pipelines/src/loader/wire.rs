@@ -15,11 +15,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::batch::{Batch, BufferPool, Images, SampleId};
-use super::cursor::WorkerCursor;
+use super::cursor::LoaderWorkerCursor;
 use super::stats::EpochStats;
 use super::worker::LoaderWorkerMsg;
 use super::{LoaderError, Transform};
-use crate::plan::{Rank, WorkerId};
+use crate::plan::{LoaderWorkerId, Rank};
 use crate::transform::OutputFormat;
 
 /// Bytes of the trailer that gives the header's length.
@@ -52,7 +52,7 @@ enum Header {
         /// The batch's shard URLs, each once; `ids` index into it.
         urls: Vec<String>,
         ids: Vec<(u32, String)>,
-        cursor: WorkerCursor,
+        cursor: LoaderWorkerCursor,
         stats: EpochStats,
     },
     Done {
@@ -124,7 +124,7 @@ pub fn encode_frame<'a>(
 #[derive(Debug)]
 pub struct FrameDecoder {
     rank: Rank,
-    worker: WorkerId,
+    worker: LoaderWorkerId,
     size: u32,
     batch_size: usize,
     pool: BufferPool,
@@ -136,7 +136,7 @@ impl FrameDecoder {
     /// `batch_size` images made by `transform`; `keep` buffers are kept for reuse.
     pub fn new(
         rank: Rank,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
         transform: Transform,
         batch_size: usize,
         keep: usize,
@@ -209,7 +209,7 @@ impl FrameDecoder {
                 frame.resize(self.batch_size * self.slot_len(), 0);
                 let mut batch = Batch::new(
                     epoch,
-                    WorkerId(worker),
+                    LoaderWorkerId(worker),
                     size,
                     Images::U8(frame),
                     self.pool.clone(),
@@ -289,7 +289,7 @@ mod tests {
     }
 
     fn batch(pool: &BufferPool, samples: usize) -> Batch {
-        let mut batch = Batch::new(3, WorkerId(1), 2, pool.take(), pool.clone());
+        let mut batch = Batch::new(3, LoaderWorkerId(1), 2, pool.take(), pool.clone());
         if let Images::U8(pixels) = batch.images_mut() {
             for (i, v) in pixels.iter_mut().enumerate() {
                 *v = i as u8;
@@ -315,7 +315,7 @@ mod tests {
     fn a_batch_comes_back_as_it_was_sent() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 4 * 12, 2);
         let sent = batch(&pool, 3);
-        let cursor = WorkerCursor {
+        let cursor = LoaderWorkerCursor {
             batches: 5,
             samples: 40,
             consumed: 41,
@@ -327,7 +327,7 @@ mod tests {
         };
         let bytes = frame(&LoaderWorkerMsg::Batch(sent, cursor), stats.clone());
         let mut decoder =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 4, 2).expect("decoder");
         let (msg, got_stats) = decoder.decode(bytes).expect("decodes");
         assert_eq!(got_stats, stats);
         let LoaderWorkerMsg::Batch(got, got_cursor) = msg else {
@@ -339,13 +339,16 @@ mod tests {
         assert!(Arc::ptr_eq(&got.ids[0].url, &got.ids[1].url));
         let expected: Vec<u8> = (0..36).map(|i| i as u8).collect();
         assert_eq!(got.pixels_u8(), Some(&expected[..]));
-        assert_eq!((got.epoch, got.worker, got.size), (3, Some(WorkerId(1)), 2));
+        assert_eq!(
+            (got.epoch, got.worker, got.size),
+            (3, Some(LoaderWorkerId(1)), 2)
+        );
     }
 
     #[test]
     fn done_and_failed_come_back() {
         let mut decoder =
-            FrameDecoder::new(Rank(2), WorkerId(0), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(2), LoaderWorkerId(0), transform(), 4, 2).expect("decoder");
         let (msg, _) = decoder
             .decode(frame(&LoaderWorkerMsg::Done, EpochStats::default()))
             .expect("decodes");
@@ -370,18 +373,18 @@ mod tests {
     fn bad_frames_are_errors_that_say_why() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 4 * 12, 2);
         let good = frame(
-            &LoaderWorkerMsg::Batch(batch(&pool, 2), WorkerCursor::default()),
+            &LoaderWorkerMsg::Batch(batch(&pool, 2), LoaderWorkerCursor::default()),
             EpochStats::default(),
         );
         let mut decoder =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 4, 2).expect("decoder");
         let mut cut = good.clone();
         cut.remove(0);
         let mut long_header = good.clone();
         let at = long_header.len() - 4;
         long_header[at..].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut other_worker =
-            FrameDecoder::new(Rank(0), WorkerId(0), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(0), transform(), 4, 2).expect("decoder");
         let cases: Vec<(&str, Result<_, FrameError>)> = vec![
             ("empty", decoder.decode(Vec::new()).map(drop)),
             ("garbage", decoder.decode(b"garbage!".to_vec()).map(drop)),
@@ -394,7 +397,7 @@ mod tests {
             assert!(!error.to_string().is_empty(), "{case}");
         }
         let mut small =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 1, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 1, 2).expect("decoder");
         let error = small.decode(good).map(drop).expect_err("too many samples");
         assert!(
             error
@@ -409,7 +412,7 @@ mod tests {
             output: OutputFormat::IMAGENET_F32,
             ..TrainTransform::new(2)
         });
-        let error = FrameDecoder::new(Rank(0), WorkerId(0), float, 4, 2).expect_err("float");
+        let error = FrameDecoder::new(Rank(0), LoaderWorkerId(0), float, 4, 2).expect_err("float");
         assert_eq!(error, FrameError::Float);
     }
 }

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::batch::{Batch, BufferPool, SampleId};
-use super::cursor::WorkerCursor;
+use super::cursor::LoaderWorkerCursor;
 use super::shuffle::ShuffleBuffer;
 use super::stats::{EpochStats, ReadingNow};
 use super::{LoaderConfig, LoaderError, Transform};
 use crate::error::{ErrorPolicy, ShardError};
-use crate::plan::{Rank, SplitMix64, WorkItem, WorkerPlan, mix64};
+use crate::plan::{LoaderWorkerPlan, Rank, SplitMix64, WorkItem, mix64};
 use crate::reader::{ReadStats, SampleReader};
 use crate::sample::Sample;
 
@@ -24,7 +24,7 @@ const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4531;
 #[derive(Debug)]
 pub enum LoaderWorkerMsg {
     /// A batch, and the worker's cursor once the batch is handed out.
-    Batch(Batch, WorkerCursor),
+    Batch(Batch, LoaderWorkerCursor),
     /// The worker's data (or its planned batches) is finished.
     Done,
     Failed(LoaderError),
@@ -37,12 +37,12 @@ pub enum LoaderWorkerMsg {
 pub struct LoaderWorkerRun {
     pub epoch: u64,
     pub rank: Rank,
-    pub plan: WorkerPlan,
+    pub plan: LoaderWorkerPlan,
     pub batch_size: usize,
     pub drop_partial: bool,
     pub transform: Transform,
     /// Where the worker starts: at the beginning, or after what its rank already took.
-    pub resume: WorkerCursor,
+    pub resume: LoaderWorkerCursor,
 }
 
 /// The counters one epoch's workers share with whoever reads them: what was skipped, and
@@ -82,16 +82,16 @@ impl EpochTally {
 }
 
 /// Everything one worker needs for one epoch.
-struct WorkerJob {
+struct LoaderWorkerJob {
     epoch: u64,
     rank: Rank,
-    plan: WorkerPlan,
+    plan: LoaderWorkerPlan,
     batch_size: usize,
     drop_partial: bool,
     transform: Transform,
     config: Arc<LoaderConfig>,
     reader: SampleReader,
-    resume: WorkerCursor,
+    resume: LoaderWorkerCursor,
     stats: Arc<Mutex<EpochStats>>,
     reading: Arc<ReadingNow>,
     out: SyncSender<LoaderWorkerMsg>,
@@ -106,7 +106,7 @@ pub(crate) fn spawn(
     tally: &EpochTally,
     out: SyncSender<LoaderWorkerMsg>,
 ) -> Result<(), LoaderError> {
-    let job = WorkerJob {
+    let job = LoaderWorkerJob {
         epoch: run.epoch,
         rank: run.rank,
         plan: run.plan,
@@ -130,7 +130,7 @@ pub(crate) fn spawn(
 
 type ReadResult = Result<Sample, ShardError>;
 
-impl WorkerJob {
+impl LoaderWorkerJob {
     fn run(self) {
         let out = self.out.clone();
         if let Err(error) = self.batch_all() {

@@ -106,7 +106,7 @@ struct Trainer {
     /// The copies this node's shards are being preloaded into (`data.preload`).
     preloader: Option<pipelines::Preloader>,
     /// The loader actors that run this rank's loader workers (`data.loaders = "remote"`).
-    remote: Option<crate::load::RemoteWorkers>,
+    remote: Option<crate::load::RemoteLoaderWorkers>,
     /// An elastic job's state at the start of the last `train` call.
     snapshot: Option<elastic::Snapshot>,
     /// The rest of an epoch after a regroup: its plan for this world.
@@ -252,7 +252,7 @@ impl Trainer {
         }
         let secret = runtime::channel::ChannelSecret::from_hex(&request.secret)
             .map_err(|e| MethodError::new(format!("the data channel secret: {e}")))?;
-        let remote = crate::load::RemoteWorkers::new(
+        let remote = crate::load::RemoteLoaderWorkers::new(
             self.loader.clone(),
             request.loader_actors,
             secret,
