@@ -376,10 +376,10 @@ pub(super) async fn regroup(
 }
 
 /// What the job says when it regrouped.
-pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64) -> String {
+pub(super) fn regroup_line(record: &RegroupRecord, old_world_size: usize, old_lr: f64) -> String {
     if record.lost.is_empty() {
         return format!(
-            "elastic: {}; growing from {old_world} to {} ranks at epoch {} (global step {}); \
+            "elastic: {}; growing from {old_world_size} to {} ranks at epoch {} (global step {}); \
              global batch {}, lr {old_lr:.4} -> {:.4}; the new ranks took the model and \
              optimiser state from rank 0, in {:.1} s",
             record.cause,
@@ -392,7 +392,7 @@ pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64
         );
     }
     format!(
-        "elastic: lost rank(s) {:?} ({}); going on with {} of {old_world} ranks from global \
+        "elastic: lost rank(s) {:?} ({}); going on with {} of {old_world_size} ranks from global \
          step {} (step {} of epoch {}){}; global batch {}, lr {old_lr:.4} -> {:.4} (each rank \
          keeps its batch); recovered in {:.1} s",
         record.lost,

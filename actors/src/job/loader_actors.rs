@@ -122,8 +122,8 @@ pub(crate) struct NoRoom {
 /// Which loader actor runs each (rank, worker): dealt out in turn over the ranks' workers,
 /// so that each actor serves as many ranks as it can and each rank several actors; an
 /// actor that runs its share (`loads`) is passed over.
-pub(crate) fn deal(world: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
-    let mut by_rank = vec![Vec::with_capacity(workers as usize); world as usize];
+pub(crate) fn deal(world_size: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
+    let mut by_rank = vec![Vec::with_capacity(workers as usize); world_size as usize];
     let mut left = loads.to_vec();
     let mut next = 0;
     for _ in 0..workers {
@@ -165,11 +165,11 @@ pub(crate) async fn start(
     output: &dyn JobOutput,
     timeout: Duration,
 ) -> Result<(), JobError> {
-    let world = ranks.len() as u32;
+    let world_size = ranks.len() as u32;
     let workers = job.data.loader_workers.max(1);
-    let pairs = world * workers;
+    let pairs = world_size * workers;
     let wanted = match job.data.loader_actors {
-        0 => world,
+        0 => world_size,
         n => n,
     };
     let status = client
@@ -180,7 +180,7 @@ pub(crate) async fn start(
     let placed = size_loader_actors(&free, pairs, wanted).map_err(|room| {
         JobError::Refused(format!(
             "data.loaders = \"remote\": no node has a CPU free for the {} loader workers of \
-             {world} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
+             {world_size} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
             room.pairs
         ))
     })?;
@@ -193,7 +193,7 @@ pub(crate) async fn start(
     }
     let load: Vec<u32> = placed.iter().map(|p| p.workers).collect();
     let count = load.len() as u32;
-    let dealt = deal(world, workers, &load);
+    let dealt = deal(world_size, workers, &load);
     let secret = ChannelSecret::random();
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -263,7 +263,7 @@ pub(crate) async fn start(
     nodes.sort();
     nodes.dedup();
     output.info(format!(
-        "loaders: {} loader actor(s) on node(s) {} run the {pairs} loader workers of {world} \
+        "loaders: {} loader actor(s) on node(s) {} run the {pairs} loader workers of {world_size} \
          rank(s), sending uint8 batches over data channels",
         actors.len(),
         nodes.join(", ")
@@ -300,17 +300,17 @@ mod tests {
         assert_eq!(deal(1, 4, &[2, 2]), vec![vec![0, 1, 0, 1]]);
         // Uneven shares: an actor that runs its share is passed over.
         assert_eq!(deal(2, 2, &[3, 1]), vec![vec![0, 0], vec![1, 0]]);
-        for (world, workers, actors) in [(4, 3, 5), (1, 1, 1), (8, 4, 3)] {
-            let pairs = world * workers;
+        for (world_size, workers, actors) in [(4, 3, 5), (1, 1, 1), (8, 4, 3)] {
+            let pairs = world_size * workers;
             let loads: Vec<u32> = (0..actors)
                 .map(|k| pairs / actors + u32::from(k < pairs % actors))
                 .collect();
-            let dealt = deal(world, workers, &loads);
+            let dealt = deal(world_size, workers, &loads);
             let mut load = vec![0; actors as usize];
             for a in dealt.iter().flatten() {
                 load[*a] += 1;
             }
-            assert_eq!(load, loads, "{world} {workers} {actors}");
+            assert_eq!(load, loads, "{world_size} {workers} {actors}");
         }
     }
 

@@ -38,8 +38,8 @@ pub(super) enum Event {
     NoLoss,
     /// `lost` ranks are lost, and `survivors` rolled back.
     Lost { lost: u32, survivors: u32 },
-    /// The regroup or the growth asked for is done: the world has `world` ranks.
-    Changed { world: u32 },
+    /// The regroup or the growth asked for is done: the world has `world_size` ranks.
+    Changed { world_size: u32 },
     /// The regroup or the growth asked for failed.
     ChangeFailed,
     /// The new world's ring formed.
@@ -108,17 +108,17 @@ pub(super) enum Phase {
 pub(super) struct Recovery {
     elastic: Option<Elastic>,
     failures: u32,
-    world: u32,
+    world_size: u32,
     phase: Phase,
 }
 
 impl Recovery {
-    /// A job of `world` ranks, elastic or not, about to run its step loop.
-    pub(super) fn new(elastic: Option<Elastic>, world: u32) -> Recovery {
+    /// A job of `world_size` ranks, elastic or not, about to run its step loop.
+    pub(super) fn new(elastic: Option<Elastic>, world_size: u32) -> Recovery {
         Recovery {
             elastic,
             failures: 0,
-            world,
+            world_size,
             phase: Phase::Training,
         }
     }
@@ -151,12 +151,12 @@ impl Recovery {
             }
             (P::Training, E::LoopFailed) | (P::FindingLosses, E::NoLoss) => (P::Ended, A::Explain),
             (P::FindingLosses, E::Lost { lost, survivors }) => self.lost(lost, survivors)?,
-            (P::Regrouping, E::Changed { world }) => {
-                self.world = world;
+            (P::Regrouping, E::Changed { world_size }) => {
+                self.world_size = world_size;
                 (P::Wiring { grown: false }, A::Wire)
             }
-            (P::Growing, E::Changed { world }) => {
-                self.world = world;
+            (P::Growing, E::Changed { world_size }) => {
+                self.world_size = world_size;
                 (P::Wiring { grown: true }, A::Wire)
             }
             (P::Regrouping | P::Growing, E::ChangeFailed)

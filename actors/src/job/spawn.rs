@@ -26,7 +26,7 @@ pub(super) async fn spawn_trainers(
     places: &[RankPlace],
     (node_ranks, first): (&[u32], u32),
 ) -> Result<Vec<RankHandle>, JobError> {
-    let world: u32 = node_ranks.iter().sum();
+    let world_size: u32 = node_ranks.iter().sum();
     // Unique per job, also among the jobs of one coordinator host (the head's daemon).
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -36,7 +36,7 @@ pub(super) async fn spawn_trainers(
         let r = first as usize + i;
         let init = TrainerInit {
             rank: r as u32,
-            world,
+            world: world_size,
             node_ranks: node_ranks.to_vec(),
             threads: place.threads,
             device: if place.gpu {

@@ -76,7 +76,7 @@ pub(super) enum LoopEnd {
 #[derive(Clone, Copy)]
 pub(super) struct Grow<'a> {
     pub(super) client: &'a ClusterClient,
-    pub(super) max_world: usize,
+    pub(super) max_world_size: usize,
 }
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
@@ -239,7 +239,7 @@ impl RunningJob<'_> {
             Some(checkpoint) => self.save(&checkpoint, at.cursors.clone(), at.sums).await,
             None => Ok(()),
         };
-        let world: u32 = self.node_ranks.iter().sum();
+        let world_size: u32 = self.node_ranks.iter().sum();
         let checkpoint = match (saved, &self.stop.progress().checkpoint) {
             (Err(failed), _) => format!(
                 "; the checkpoint at step {} failed: {failed}",
@@ -247,7 +247,7 @@ impl RunningJob<'_> {
             ),
             (Ok(()), Some(newest)) => format!(
                 "; checkpoint {} (step {}): continue with --resume {} once the cluster has \
-                 room for the job's {world} ranks",
+                 room for the job's {world_size} ranks",
                 newest.dir.display(),
                 newest.global_step,
                 self.run_dir.display()
@@ -441,7 +441,7 @@ pub(super) async fn train_loop(
         run.settings,
         job.optim.epochs,
         !job.data.val.is_empty(),
-        run.grow.map(|g| g.max_world),
+        run.grow.map(|g| g.max_world_size),
     );
     let mut clock = Clock {
         started: Instant::now(),
