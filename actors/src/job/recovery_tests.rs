@@ -10,7 +10,7 @@ const ELASTIC: Option<Elastic> = Some(Elastic {
 });
 
 /// Runs `steps` on the recovery of a job of `world_size` ranks and checks the line of
-/// each answer: the action, then the phase, the world size and the losses so far.
+/// each answer: the action, then the stage, the world size and the losses so far.
 fn run(name: &str, elastic: Option<Elastic>, world_size: u32, steps: &[(Event, &str)]) {
     let mut recovery = Recovery::new(elastic, world_size);
     for (i, (event, want)) in steps.iter().enumerate() {
@@ -19,9 +19,9 @@ fn run(name: &str, elastic: Option<Elastic>, world_size: u32, steps: &[(Event, &
             "{}; {:?}, world size {}, failures {}",
             match action {
                 Ok(action) => show(action),
-                Err(stray) => format!("stray: {:?} while {:?}", stray.event, stray.phase),
+                Err(stray) => format!("stray: {:?} while {:?}", stray.event, stray.stage),
             },
-            recovery.phase,
+            recovery.stage,
             recovery.world_size,
             recovery.failures
         );
