@@ -432,7 +432,7 @@ pub struct ShardRead {
 }
 
 /// Aborts the collective the rank's trainer waits in, if any (an elastic job that lost
-/// a peer): its communication threads end their job with an error and drop their
+/// a peer): its communication threads end the op in flight with an error and drop their
 /// connections, so the trainer's call returns.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AbortRequest {}
