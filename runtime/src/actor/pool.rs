@@ -88,12 +88,12 @@ struct Group {
 struct PoolActor {
     group: Arc<Group>,
     kind: String,
-    lifecycle: Lifecycle,
+    state: PoolEntryState,
 }
 
 /// Where a pooled actor is in its life: starting (with whom to tell), running, or asked
 /// to stop.
-enum Lifecycle {
+enum PoolEntryState {
     Starting(oneshot::Sender<Result<(), ActorError>>),
     Running,
     Stopping,
@@ -169,7 +169,7 @@ impl WorkerPool {
                 PoolActor {
                     group: process,
                     kind: kind.clone(),
-                    lifecycle: Lifecycle::Starting(started),
+                    state: PoolEntryState::Starting(started),
                 },
             );
             (outgoing, outcome)
@@ -278,10 +278,10 @@ impl WorkerPool {
             let Some(entry) = state.actors.get_mut(&actor) else {
                 return Err(state.tombstones.missing(actor));
             };
-            match (&entry.lifecycle, kill) {
-                (Lifecycle::Stopping, false) => None,
-                (Lifecycle::Running, false) => {
-                    entry.lifecycle = Lifecycle::Stopping;
+            match (&entry.state, kill) {
+                (PoolEntryState::Stopping, false) => None,
+                (PoolEntryState::Running, false) => {
+                    entry.state = PoolEntryState::Stopping;
                     Some((entry.group.outgoing.clone(), false))
                 }
                 // A kill, or a stop of an actor still starting (nothing of it queued).
@@ -451,11 +451,11 @@ impl PoolInner {
                 match actor_state.as_str() {
                     "running" => {
                         if let Some(entry) = state.actors.get_mut(&actor) {
-                            match std::mem::replace(&mut entry.lifecycle, Lifecycle::Running) {
-                                Lifecycle::Starting(started) => {
+                            match std::mem::replace(&mut entry.state, PoolEntryState::Running) {
+                                PoolEntryState::Starting(started) => {
                                     let _ = started.send(Ok(()));
                                 }
-                                other => entry.lifecycle = other,
+                                other => entry.state = other,
                             }
                         }
                     }
@@ -538,13 +538,13 @@ impl PoolState {
         match self.actors.get(&actor) {
             Some(PoolActor {
                 group,
-                lifecycle: Lifecycle::Running,
+                state: PoolEntryState::Running,
                 ..
             }) => Ok(group),
-            Some(PoolActor { lifecycle, .. }) => Err(ActorError::NotRunning {
+            Some(PoolActor { state, .. }) => Err(ActorError::NotRunning {
                 actor_id: actor,
-                state: match lifecycle {
-                    Lifecycle::Starting(_) => "starting",
+                state: match state {
+                    PoolEntryState::Starting(_) => "starting",
                     _ => "stopping",
                 },
             }),
@@ -577,8 +577,8 @@ impl PoolState {
                 let _ = pending.reply.send(Err(error.clone()));
             }
         }
-        match entry.lifecycle {
-            Lifecycle::Starting(started) => {
+        match entry.state {
+            PoolEntryState::Starting(started) => {
                 let error = match reason {
                     ExitReason::Failed { reason, .. } => ActorError::Start {
                         actor_id: actor,
@@ -589,7 +589,7 @@ impl PoolState {
                 };
                 let _ = started.send(Err(error));
             }
-            Lifecycle::Running | Lifecycle::Stopping => {
+            PoolEntryState::Running | PoolEntryState::Stopping => {
                 self.tombstones.insert(actor, reason.clone());
                 let _ = exits.send(ActorExit {
                     actor_id: actor,
