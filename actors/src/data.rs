@@ -70,12 +70,12 @@ pub struct DataSpec {
     pub label_field: String,
     pub errors: ErrorPolicy,
     /// Train crop side, by epoch: `(first epoch, size)`, sorted; the first entry is epoch 0.
-    /// Each entry starts a phase.
+    /// Each entry starts a size phase.
     pub sizes: Vec<(u64, u32)>,
-    /// The phases that read shards of their own (pre-resized copies of `train`), by first
-    /// epoch; other phases read `train`.
+    /// The size phases that read shards of their own (pre-resized copies of `train`), by
+    /// first epoch; other size phases read `train`.
     #[serde(default)]
-    pub phase_train: Vec<(u64, ShardSet)>,
+    pub size_phase_train: Vec<(u64, ShardSet)>,
     pub eval_size: u32,
     pub crop_scale: (f32, f32),
     pub resize_ratio: f32,
@@ -183,26 +183,26 @@ impl DataSpec {
             config.shards = shards.plan_shards();
             Planner::new(config, hooks)
         };
-        let mut phases = Vec::with_capacity(self.phase_train.len());
-        for (first, shards) in &self.phase_train {
-            phases.push((*first, planner(shards)?));
+        let mut size_phases = Vec::with_capacity(self.size_phase_train.len());
+        for (first, shards) in &self.size_phase_train {
+            size_phases.push((*first, planner(shards)?));
         }
         Ok(TrainPlanner {
             base: planner(&self.train)?,
-            phases,
+            size_phases,
             starts: self.sizes.iter().map(|(first, _)| *first).collect(),
         })
     }
 
-    /// The first epoch of the phase `epoch` is in (0 without a size schedule).
-    fn phase_start(&self, epoch: u64) -> u64 {
-        phase_start(self.sizes.iter().map(|(first, _)| *first), epoch)
+    /// The first epoch of the size phase `epoch` is in (0 without a size schedule).
+    fn size_phase_start(&self, epoch: u64) -> u64 {
+        size_phase_start(self.sizes.iter().map(|(first, _)| *first), epoch)
     }
 
-    /// The training shards `epoch` reads: its phase's own, or `train`.
+    /// The training shards `epoch` reads: its size phase's own, or `train`.
     pub fn train_set_at(&self, epoch: u64) -> &ShardSet {
-        let start = self.phase_start(epoch);
-        self.phase_train
+        let start = self.size_phase_start(epoch);
+        self.size_phase_train
             .iter()
             .find(|(first, _)| *first == start)
             .map_or(&self.train, |(_, set)| set)
@@ -270,28 +270,28 @@ impl DataSpec {
     }
 }
 
-/// Plans training epochs, each with the shards of its phase (see
-/// [`DataSpec::phase_train`]); a pure function of the epoch, as [`Planner`] is.
+/// Plans training epochs, each with the shards of its size phase (see
+/// [`DataSpec::size_phase_train`]); a pure function of the epoch, as [`Planner`] is.
 pub struct TrainPlanner {
     base: Planner,
-    phases: Vec<(u64, Planner)>,
+    size_phases: Vec<(u64, Planner)>,
     starts: Vec<u64>,
 }
 
 impl std::fmt::Debug for TrainPlanner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let own: Vec<u64> = self.phases.iter().map(|(first, _)| *first).collect();
+        let own: Vec<u64> = self.size_phases.iter().map(|(first, _)| *first).collect();
         f.debug_struct("TrainPlanner")
-            .field("phase_starts", &self.starts)
-            .field("phases_with_own_shards", &own)
+            .field("size_phase_starts", &self.starts)
+            .field("size_phases_with_own_shards", &own)
             .finish_non_exhaustive()
     }
 }
 
 impl TrainPlanner {
     pub fn plan(&self, epoch: u64) -> Result<pipelines::Plan, PlanError> {
-        let start = phase_start(self.starts.iter().copied(), epoch);
-        self.phases
+        let start = size_phase_start(self.starts.iter().copied(), epoch);
+        self.size_phases
             .iter()
             .find(|(first, _)| *first == start)
             .map_or(&self.base, |(_, planner)| planner)
@@ -299,8 +299,8 @@ impl TrainPlanner {
     }
 }
 
-/// The last of the sorted phase `starts` at or before `epoch` (0 when none is).
-fn phase_start(starts: impl Iterator<Item = u64>, epoch: u64) -> u64 {
+/// The last of the sorted size phase `starts` at or before `epoch` (0 when none is).
+fn size_phase_start(starts: impl Iterator<Item = u64>, epoch: u64) -> u64 {
     starts
         .take_while(|first| *first <= epoch)
         .last()
@@ -322,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn phases_read_their_own_shards_from_their_first_epoch() {
+    fn size_phases_read_their_own_shards_from_their_first_epoch() {
         let mut data = test_data();
         let set = |name: &str| ShardSet {
             urls: vec![format!("{name}-000.tar"), format!("{name}-001.tar")],
@@ -330,7 +330,7 @@ mod tests {
         };
         data.train = set("full");
         data.sizes = vec![(0, 128), (3, 192), (6, 224)];
-        data.phase_train = vec![(0, set("small")), (3, set("medium"))];
+        data.size_phase_train = vec![(0, set("small")), (3, set("medium"))];
         let read: Vec<&str> = (0..8)
             .map(|e| data.train_set_at(e).urls[0].as_str())
             .collect();
@@ -347,7 +347,7 @@ mod tests {
                 "full-000.tar"
             ]
         );
-        // The planner plans each epoch from its phase's shards.
+        // The planner plans each epoch from its size phase's shards.
         let planner = data
             .train_planner(ClusterShape::new(1, 1, 1), 8)
             .expect("planner");
@@ -398,7 +398,7 @@ mod tests {
             label_field: "cls".into(),
             errors: ErrorPolicy::Skip,
             sizes: vec![(0, 32)],
-            phase_train: Vec::new(),
+            size_phase_train: Vec::new(),
             eval_size: 32,
             crop_scale: (0.35, 1.0),
             resize_ratio: 1.0,

@@ -53,14 +53,15 @@ pub use inspect::{
 };
 pub use loader::{
     Batch, EpochBatches, EpochStats, EpochTally, FrameDecoder, FrameError, Images, Loader,
-    LoaderConfig, LoaderError, RankCursor, ReadingNow, Regrouped, SampleId, ShardReading,
-    Transform, WorkerCursor, WorkerMsg, WorkerPlacement, WorkerRun, encode_frame, regroup,
+    LoaderConfig, LoaderError, LoaderWorkerCursor, LoaderWorkerMsg, LoaderWorkerPlacement,
+    LoaderWorkerRun, RankCursor, ReadingNow, Regrouped, SampleId, ShardReading, Transform,
+    encode_frame, regroup,
 };
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestShard};
 pub use plan::{
     BatchPolicy, ClusterShape, Consistency, HookError, HookLimits, HookName, HookSources, Hooks,
-    Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner, Rank, RankPlan, SplitMix64,
-    WorkItem, WorkerId, WorkerPlan, derive_seed, mix64, render_plan,
+    LoaderWorkerId, LoaderWorkerPlan, Plan, PlanConfig, PlanError, PlanMode, PlanShard, Planner,
+    Rank, RankPlan, SplitMix64, WorkItem, derive_seed, mix64, render_plan,
 };
 pub use preload::{PreloadError, PreloadProgress, Preloader};
 pub use produce::{CreateError, CreateReport};

@@ -531,13 +531,13 @@ struct Framed {
     restarts: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
-impl pipelines::WorkerPlacement for Framed {
+impl pipelines::LoaderWorkerPlacement for Framed {
     fn start(
         &mut self,
-        run: pipelines::WorkerRun,
+        run: pipelines::LoaderWorkerRun,
         tally: &pipelines::EpochTally,
-    ) -> Result<std::sync::mpsc::Receiver<pipelines::WorkerMsg>, LoaderError> {
-        use pipelines::{FrameDecoder, WorkerMsg, WorkerRun, encode_frame};
+    ) -> Result<std::sync::mpsc::Receiver<pipelines::LoaderWorkerMsg>, LoaderError> {
+        use pipelines::{FrameDecoder, LoaderWorkerMsg, LoaderWorkerRun, encode_frame};
         use std::sync::mpsc::sync_channel;
         let (tx, rx) = sync_channel(2);
         let loader = self.loader.clone();
@@ -545,7 +545,7 @@ impl pipelines::WorkerPlacement for Framed {
         let cut_after = (run.plan.worker.0 == self.cut).then_some(self.cut_after);
         let restarts = self.restarts.clone();
         std::thread::spawn(move || {
-            let start = |run: WorkerRun| {
+            let start = |run: LoaderWorkerRun| {
                 let (remote_tx, remote_rx) = sync_channel(2);
                 let remote = pipelines::EpochTally::default();
                 loader
@@ -567,7 +567,7 @@ impl pipelines::WorkerPlacement for Framed {
                     // the last batch passed on.
                     drop(remote_rx);
                     restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    (remote_rx, remote) = start(WorkerRun {
+                    (remote_rx, remote) = start(LoaderWorkerRun {
                         resume: last,
                         ..run.clone()
                     });
@@ -586,8 +586,8 @@ impl pipelines::WorkerPlacement for Framed {
                 frame.extend_from_slice(&header);
                 let (msg, stats) = decoder.decode(frame).expect("decodes");
                 tally.add(&stats);
-                let end = !matches!(msg, WorkerMsg::Batch(..));
-                if let WorkerMsg::Batch(_, cursor) = &msg {
+                let end = !matches!(msg, LoaderWorkerMsg::Batch(..));
+                if let LoaderWorkerMsg::Batch(_, cursor) = &msg {
                     last = *cursor;
                 }
                 if tx.send(msg).is_err() || end {

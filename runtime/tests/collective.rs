@@ -302,14 +302,14 @@ async fn a_silent_rank_times_its_peers_out() -> Result<()> {
 }
 
 /// Binds one loopback listener per rank and connects the ring, one task per rank;
-/// `secrets[rank]` and `jobs[rank]` let a test misconfigure a rank.
+/// `secrets[rank]` and `ring_ids[rank]` let a test misconfigure a rank.
 async fn tcp_ring(
     secrets: Vec<RingSecret>,
-    jobs: Vec<&'static str>,
+    ring_ids: Vec<&'static str>,
     options: CollectiveOptions,
 ) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
     let per_rank = vec![options; secrets.len()];
-    tcp_ring_with(secrets, jobs, per_rank).await
+    tcp_ring_with(secrets, ring_ids, per_rank).await
 }
 
 /// The groups of a [`tcp_ring`] that every rank formed (the first rank's error if not).
@@ -322,16 +322,16 @@ fn formed(
         .collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
-/// The formed groups of a ring of `job` with one secret and each rank's own options.
+/// The formed groups of the ring `ring_id` with one secret and each rank's own options.
 async fn formed_with(
-    job: &'static str,
+    ring_id: &'static str,
     per_rank: Vec<CollectiveOptions>,
 ) -> Result<Vec<RingGroup>> {
     let world = per_rank.len();
     formed(
         tcp_ring_with(
             vec![RingSecret::random(); world],
-            vec![job; world],
+            vec![ring_id; world],
             per_rank,
         )
         .await?,
@@ -341,7 +341,7 @@ async fn formed_with(
 /// [`tcp_ring`] with each rank's own options.
 async fn tcp_ring_with(
     secrets: Vec<RingSecret>,
-    jobs: Vec<&'static str>,
+    ring_ids: Vec<&'static str>,
     options: Vec<CollectiveOptions>,
 ) -> Result<Vec<(SocketAddr, std::result::Result<RingGroup, CollectiveError>)>> {
     let world = secrets.len();
@@ -356,13 +356,13 @@ async fn tcp_ring_with(
     let tasks: Vec<_> = listeners
         .into_iter()
         .zip(secrets)
-        .zip(jobs)
+        .zip(ring_ids)
         .zip(options)
         .enumerate()
-        .map(|(rank, (((listener, secret), job), options))| {
+        .map(|(rank, (((listener, secret), ring_id), options))| {
             let next = addrs[(rank + 1) % world];
             tokio::spawn(async move {
-                RingGroup::connect(rank, world, listener, next, &secret, job, options).await
+                RingGroup::connect(rank, world, listener, next, &secret, ring_id, options).await
             })
         })
         .collect();
@@ -386,7 +386,7 @@ async fn tcp_ring_allreduces_megabytes() -> Result<()> {
                 local_sockets,
                 ..CollectiveOptions::default()
             };
-            let ring = tcp_ring(vec![secret; world], vec!["job-1"; world], options).await?;
+            let ring = tcp_ring(vec![secret; world], vec!["ring-1"; world], options).await?;
             let groups = formed(ring)?;
             for group in &groups {
                 assert_eq!(transports(group), (transport, transport), "world {world}");
@@ -416,7 +416,7 @@ async fn tcp_ring_falls_back_to_tcp_without_a_unix_socket() -> Result<()> {
             ..CollectiveOptions::default()
         })
         .collect();
-    let groups = formed_with("job", per_rank).await?;
+    let groups = formed_with("ring", per_rank).await?;
     let expected = [
         (Transport::Tcp, Transport::Unix),
         (Transport::Tcp, Transport::Tcp),
@@ -461,7 +461,7 @@ async fn ranks_with_different_paths_or_blocks_all_fail() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
+async fn tcp_ring_refuses_wrong_secret_and_ring_id() -> Result<()> {
     let secret = RingSecret::random();
     let quick = CollectiveOptions {
         connect_timeout: Duration::from_millis(1500),
@@ -472,22 +472,22 @@ async fn tcp_ring_refuses_wrong_secret_and_job() -> Result<()> {
         (
             "secret",
             vec![RingSecret::random(), secret.clone()],
-            vec!["job"; 2],
+            vec!["ring"; 2],
         ),
         (
-            "job",
+            "ring id",
             vec![secret.clone(), secret.clone()],
-            vec!["other", "job"],
+            vec!["other", "ring"],
         ),
     ];
     // Over TCP only, then with Unix sockets first.
     for local_sockets in [false, true] {
-        for (name, secrets, jobs) in cases.clone() {
+        for (name, secrets, ring_ids) in cases.clone() {
             let options = CollectiveOptions {
                 local_sockets,
                 ..quick.clone()
             };
-            let ring = tcp_ring(secrets, jobs, options).await?;
+            let ring = tcp_ring(secrets, ring_ids, options).await?;
             let name = format!("{name}, local sockets {local_sockets}");
             let rank1_addr = ring[1].0;
             let refused_at = match &ring[0].1 {

@@ -11,9 +11,10 @@ use super::error::{JobError, RankCallError};
 use super::world::RankPlace;
 use crate::train::TrainerMethod;
 
-/// A rank's handle and where it is.
+/// The job's handle on a rank: its index (a `pipelines::Rank`'s number), where it runs,
+/// and its trainer's and monitor's actors.
 #[derive(Clone)]
-pub(crate) struct Rank {
+pub(crate) struct RankHandle {
     pub(crate) rank: u32,
     pub(crate) place: RankPlace,
     pub(crate) actor: ActorRef,
@@ -21,7 +22,7 @@ pub(crate) struct Rank {
     pub(crate) monitor: Option<ActorRef>,
 }
 
-impl Rank {
+impl RankHandle {
     pub(crate) fn name(&self) -> String {
         format!("rank {} (node {})", self.rank, self.place.node)
     }
@@ -30,8 +31,8 @@ impl Rank {
 /// Calls method `M` on every rank at once, each with its `request`, and returns the
 /// replies in rank order; the first failure ends the call, naming the rank and node.
 pub(crate) async fn call_all<M: TrainerMethod>(
-    ranks: &[Rank],
-    request: impl Fn(&Rank) -> M,
+    ranks: &[RankHandle],
+    request: impl Fn(&RankHandle) -> M,
     timeout: Duration,
 ) -> Result<Vec<M::Reply>, JobError> {
     let mut tasks = tokio::task::JoinSet::new();
@@ -54,7 +55,7 @@ pub(crate) async fn call_all<M: TrainerMethod>(
 
 /// Calls method `M` on one rank.
 pub(crate) async fn call_one<M: TrainerMethod>(
-    rank: &Rank,
+    rank: &RankHandle,
     request: &M,
     timeout: Duration,
 ) -> Result<M::Reply, JobError> {
@@ -62,7 +63,7 @@ pub(crate) async fn call_one<M: TrainerMethod>(
 }
 
 async fn call_payload<M: TrainerMethod>(
-    rank: &Rank,
+    rank: &RankHandle,
     payload: Vec<u8>,
     timeout: Duration,
 ) -> Result<M::Reply, JobError> {

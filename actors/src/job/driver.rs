@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use runtime::{ClusterClient, FailureOrigin, NodeId};
 
-use super::calls::{Rank, agreed, call_all};
+use super::calls::{RankHandle, agreed, call_all};
 use super::elastic::{self, Losses, Regrouped, World};
 use super::error::Saved;
-use super::loaders;
+use super::loader_actors;
 use super::metrics::{Metrics, rewind};
 use super::recovery::{Action, Event, GiveUp, Recovery};
 use super::spawn::{Ring, preload, spawn_trainers};
@@ -66,13 +66,13 @@ pub async fn run(
         output,
         ring: Ring {
             secret: secret_hex(&runtime::RingSecret::random()),
-            job_id: format!("{}", run_dir.display()),
+            id: format!("{}", run_dir.display()),
             op_timeout_secs: settings.step_timeout_secs,
         },
         job_name,
         run_dir,
         long: Duration::from_secs(settings.step_timeout_secs.max(10)),
-        max_world: planned.places.len(),
+        max_world_size: planned.places.len(),
     };
     let mut turn = driver.start(job, planned, resume, metrics).await?;
     let result = driver.drive(&mut turn).await.map_err(|error| {
@@ -207,16 +207,16 @@ fn open_metrics(
 /// then every rank's digest must be the same.
 async fn check_replicas(
     job: &JobSpec,
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     output: &dyn JobOutput,
     long: Duration,
 ) -> Result<(), JobError> {
-    let world = ranks.len();
+    let world_size = ranks.len();
     if job.optim.sync == SyncChoice::Decentralized {
         let averaged: Vec<AverageReply> = call_all(ranks, |_| AverageRequest {}, long).await?;
         let spread = averaged.iter().map(|a| a.distance).fold(0.0, f64::max);
         output.info(format!(
-            "replicas: each replaced by the mean of all {world} (the farthest was {spread:.4} \
+            "replicas: each replaced by the mean of all {world_size} (the farthest was {spread:.4} \
              from it), the model the last evaluation and checkpoint hold"
         ));
     }
@@ -233,7 +233,7 @@ async fn check_replicas(
         )));
     }
     output.info(format!(
-        "replicas: identical on all {world} ranks (sha256 {})",
+        "replicas: identical on all {world_size} ranks (sha256 {})",
         &digests[0].sha256[..16]
     ));
     Ok(())
@@ -252,7 +252,7 @@ struct Driver<'a> {
     run_dir: PathBuf,
     long: Duration,
     /// An elastic job grows back up to the world it started with.
-    max_world: usize,
+    max_world_size: usize,
 }
 
 /// Where the job stands between its recovery's actions, and what the next one works
@@ -308,7 +308,7 @@ impl Driver<'_> {
         let Planned {
             places, node_ranks, ..
         } = planned;
-        let world = places.len();
+        let world_size = places.len();
         let first = (&node_ranks[..], 0);
         let ranks = spawn_trainers(
             self.client,
@@ -334,7 +334,7 @@ impl Driver<'_> {
         )?;
         output.info(format!(
             "trainers: {} up ({} parameters on {}); {} steps per epoch, {} in all",
-            world,
+            world_size,
             listens[0].parameters,
             listens[0].device,
             steps_per_epoch,
@@ -342,7 +342,8 @@ impl Driver<'_> {
         ));
         if job.data.loaders == Loaders::Remote {
             let name = &self.job_name;
-            loaders::start(self.client, self.trainers, &job, name, &ranks, output, long).await?;
+            loader_actors::start(self.client, self.trainers, &job, name, &ranks, output, long)
+                .await?;
         }
         let wired = self
             .ring
@@ -350,11 +351,12 @@ impl Driver<'_> {
         let connects = wired.await?;
         output.info(match job.optim.sync {
             SyncChoice::Allreduce => format!(
-                "ring: {world} ranks connected, {} gradient buckets; gradients averaged with {}",
+                "ring: {world_size} ranks connected, {} gradient buckets; gradients averaged \
+                 with {}",
                 connects[0].buckets, connects[0].allreduce
             ),
             SyncChoice::Decentralized => format!(
-                "ring and mixing groups: {world} ranks connected; gradient average: {}",
+                "ring and mixing groups: {world_size} ranks connected; gradient average: {}",
                 connects[0].allreduce
             ),
         });
@@ -491,7 +493,7 @@ impl Driver<'_> {
             Ok(regrouped) => {
                 let world = regrouped.world.ranks.len() as u32;
                 turn.next = Some(NextWorld::Shrunk(regrouped));
-                Event::Changed { world }
+                Event::Changed { world_size: world }
             }
             Err(error) => {
                 turn.error = Some(error);
@@ -514,7 +516,7 @@ impl Driver<'_> {
                     listens,
                     record,
                 });
-                Event::Changed { world: n }
+                Event::Changed { world_size: n }
             }
             Err(error) => {
                 turn.error = Some(error);
@@ -570,9 +572,9 @@ impl Driver<'_> {
         let wired = wired.await;
         record.found_s = turn.found_s;
         record.recovery_s = turn.seen.elapsed().as_secs_f64();
-        let old_world = turn.world.ranks.len();
+        let old_world_size = turn.world.ranks.len();
         self.output.warn(match &wired {
-            Ok(_) => elastic::regroup_line(record, old_world, turn.old_lr),
+            Ok(_) => elastic::regroup_line(record, old_world_size, turn.old_lr),
             Err(error) => format!(
                 "elastic: lost rank(s) {:?} ({}); the {} others lost another while they \
                  formed their ring again: {error}",
@@ -638,7 +640,7 @@ impl Driver<'_> {
         &'b self,
         job: &'b JobSpec,
         world: &'b World,
-        ranks: &'b [Rank],
+        ranks: &'b [RankHandle],
         regrouped: Option<(u64, u64)>,
     ) -> RunningJob<'b> {
         RunningJob {
@@ -653,7 +655,7 @@ impl Driver<'_> {
             regrouped,
             grow: self.settings.elastic.map(|_| Grow {
                 client: self.client,
-                max_world: self.max_world,
+                max_world_size: self.max_world_size,
             }),
         }
     }
@@ -789,7 +791,7 @@ fn plan_lines(
         node_ranks,
         global_batch,
     } = planned;
-    let world = places.len();
+    let world_size = places.len();
     let device = if places.first().is_some_and(|p| p.gpu) {
         "GPU"
     } else {
@@ -803,7 +805,7 @@ fn plan_lines(
     let mut lines = vec![
         "plan:".to_string(),
         format!(
-            "  world       {world} {device} trainer(s) on {}: {} ({})",
+            "  world       {world_size} {device} trainer(s) on {}: {} ({})",
             names.join(", "),
             shape.layout(),
             if shape.nodes() > 1 {

@@ -38,7 +38,7 @@ pub(super) struct Cadence {
     /// Whether the job has val shards to evaluate on.
     pub(super) has_val: bool,
     /// The most ranks an elastic job grows back to; none: it does not grow.
-    pub(super) max_world: Option<usize>,
+    pub(super) max_world_size: Option<usize>,
 }
 
 /// What the loop does before its next call.
@@ -132,7 +132,7 @@ impl Cadence {
         settings: &JobSettings,
         epochs: u64,
         has_val: bool,
-        max_world: Option<usize>,
+        max_world_size: Option<usize>,
     ) -> Cadence {
         Cadence {
             epochs,
@@ -141,7 +141,7 @@ impl Cadence {
             checkpoint_every_steps: settings.checkpoint_every_steps,
             checkpoint_every_epochs: settings.checkpoint_every_epochs,
             has_val,
-            max_world,
+            max_world_size,
         }
     }
 
@@ -178,8 +178,8 @@ impl Cadence {
         }
     }
 
-    /// What the end of `epoch` brings, at `global_step`, for a world of `world` ranks.
-    pub(super) fn epoch_end(&self, epoch: u64, global_step: u64, world: usize) -> EpochEnd {
+    /// What the end of `epoch` brings, at `global_step`, for a world of `world_size` ranks.
+    pub(super) fn epoch_end(&self, epoch: u64, global_step: u64, world_size: usize) -> EpochEnd {
         let last = epoch + 1 == self.epochs;
         let every = |n: u64| n > 0 && (epoch + 1).is_multiple_of(n);
         EpochEnd {
@@ -187,8 +187,8 @@ impl Cadence {
             evaluate: self.has_val && (last || every(self.eval_every_epochs)),
             checkpoint: (last || every(self.checkpoint_every_epochs))
                 .then(|| Checkpoint::epoch_start(epoch + 1, global_step)),
-            look_for_room: match self.max_world {
-                Some(max) if !last && world < max => Some(max - world),
+            look_for_room: match self.max_world_size {
+                Some(max) if !last && world_size < max => Some(max - world_size),
                 _ => None,
             },
         }
@@ -237,7 +237,7 @@ mod tests {
             checkpoint_every_steps: 0,
             checkpoint_every_epochs: 0,
             has_val: true,
-            max_world: None,
+            max_world_size: None,
         }
     }
 
@@ -353,7 +353,7 @@ mod tests {
             ..cadence()
         };
         let elastic = Cadence {
-            max_world: Some(3),
+            max_world_size: Some(3),
             ..cadence()
         };
         let no_val = Cadence {
@@ -361,7 +361,7 @@ mod tests {
             ..cadence()
         };
         let epoch = |e, step| Some(Checkpoint::epoch_start(e, step));
-        // (cadence, epoch, global step, world, evaluate, checkpoint, look for room)
+        // (cadence, epoch, global step, world size, evaluate, checkpoint, look for room)
         let cases = [
             (cadence(), 0, 10, 2, false, None, None),
             (cadence(), 2, 30, 2, true, epoch(3, 30), None),
@@ -374,10 +374,10 @@ mod tests {
             // No growth after the last epoch.
             (elastic, 2, 30, 1, true, epoch(3, 30), None),
         ];
-        for (i, (cadence, e, step, world, evaluate, checkpoint, room)) in
+        for (i, (cadence, e, step, world_size, evaluate, checkpoint, room)) in
             cases.into_iter().enumerate()
         {
-            let end = cadence.epoch_end(e, step, world);
+            let end = cadence.epoch_end(e, step, world_size);
             assert_eq!(end.last, e == 2, "case {i}");
             assert_eq!(end.evaluate, evaluate, "case {i}");
             assert_eq!(end.checkpoint, checkpoint, "case {i}");

@@ -26,7 +26,7 @@ use std::time::Duration;
 use pipelines::RankCursor;
 use runtime::ClusterClient;
 
-use super::calls::{Rank, agreed, call_all, call_one};
+use super::calls::{RankHandle, agreed, call_all, call_one};
 use super::error::During as _;
 use super::error::RankFailure;
 use super::recovery::GiveUp;
@@ -43,7 +43,7 @@ use crate::train::{
 
 /// The job's ranks: who they are, their layout over nodes, an epoch's steps.
 pub(super) struct World {
-    pub(super) ranks: Vec<Rank>,
+    pub(super) ranks: Vec<RankHandle>,
     pub(super) node_ranks: Vec<u32>,
     pub(super) steps_per_epoch: u64,
 }
@@ -52,7 +52,7 @@ pub(super) struct World {
 pub(super) struct Losses {
     /// Old rank numbers, ascending, with why each is lost.
     pub(super) lost: Vec<(u32, String)>,
-    pub(super) survivors: Vec<Rank>,
+    pub(super) survivors: Vec<RankHandle>,
     /// Steps the survivors undid (the most any of them ran past the position).
     pub(super) undone: u64,
 }
@@ -172,7 +172,7 @@ pub(super) async fn find_losses(
                 }
             }
             failure = watcher.failure() => {
-                let decided: Vec<u32> = survivors.iter().map(|s: &Rank| s.rank).collect();
+                let decided: Vec<u32> = survivors.iter().map(|s: &RankHandle| s.rank).collect();
                 match judge(&failure, &lost, &decided) {
                     Verdict::Lost(rank) => lost.push((rank, failure.message)),
                     Verdict::OwnError => return Err(own_error(failure.message)),
@@ -248,13 +248,13 @@ fn count_by_node(node_ranks: &mut Vec<u32>, nodes: impl IntoIterator<Item = runt
 
 /// Has every rank's monitor abort the collective its trainer waits in, within a second
 /// (and the call's margin).
-async fn abort_collectives(ranks: Vec<Rank>) {
+async fn abort_collectives(ranks: Vec<RankHandle>) {
     let mut tasks = tokio::task::JoinSet::new();
     for rank in &ranks {
         let Some(monitor) = &rank.monitor else {
             continue;
         };
-        let asked = Rank {
+        let asked = RankHandle {
             actor: monitor.clone(),
             ..rank.clone()
         };
@@ -294,11 +294,11 @@ pub(super) async fn regroup(
         &mut node_ranks,
         losses.survivors.iter().map(|r| r.place.node),
     );
-    let ranks: Vec<Rank> = losses
+    let ranks: Vec<RankHandle> = losses
         .survivors
         .iter()
         .enumerate()
-        .map(|(i, rank)| Rank {
+        .map(|(i, rank)| RankHandle {
             rank: i as u32,
             ..rank.clone()
         })
@@ -376,10 +376,10 @@ pub(super) async fn regroup(
 }
 
 /// What the job says when it regrouped.
-pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64) -> String {
+pub(super) fn regroup_line(record: &RegroupRecord, old_world_size: usize, old_lr: f64) -> String {
     if record.lost.is_empty() {
         return format!(
-            "elastic: {}; growing from {old_world} to {} ranks at epoch {} (global step {}); \
+            "elastic: {}; growing from {old_world_size} to {} ranks at epoch {} (global step {}); \
              global batch {}, lr {old_lr:.4} -> {:.4}; the new ranks took the model and \
              optimiser state from rank 0, in {:.1} s",
             record.cause,
@@ -392,7 +392,7 @@ pub(super) fn regroup_line(record: &RegroupRecord, old_world: usize, old_lr: f64
         );
     }
     format!(
-        "elastic: lost rank(s) {:?} ({}); going on with {} of {old_world} ranks from global \
+        "elastic: lost rank(s) {:?} ({}); going on with {} of {old_world_size} ranks from global \
          step {} (step {} of epoch {}){}; global batch {}, lr {old_lr:.4} -> {:.4} (each rank \
          keeps its batch); recovered in {:.1} s",
         record.lost,

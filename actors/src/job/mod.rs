@@ -21,7 +21,7 @@
 //! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`);
 //! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
 //! 4. what acts on ranks: `watch.rs` (the head's events for them), `ranks.rs` (the hang
-//!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loaders.rs` (remote
+//!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loader_actors.rs` (remote
 //!    loader actors);
 //! 5. `stop.rs` (how a caller stops the job, and the stop protocol every caller runs it
 //!    under);
@@ -36,7 +36,7 @@ mod driver;
 mod due;
 mod elastic;
 mod error;
-mod loaders;
+mod loader_actors;
 mod metrics;
 mod output;
 mod ranks;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::calls::{Rank, call_one};
+use super::calls::{RankHandle, call_one};
 use crate::train::phase::{Phase, PhaseRequest, RankPhase};
 
 /// How long a monitor may take to answer before its rank is said not to answer.
@@ -31,7 +31,7 @@ pub struct RankView {
 /// Every rank's phase, asked of all monitors at once, and its node's last heartbeat from
 /// `client`'s head.
 pub(crate) async fn rank_views(
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     client: Option<&runtime::ClusterClient>,
 ) -> Vec<RankView> {
     let heartbeats: std::collections::HashMap<u64, u64> = match client {
@@ -52,7 +52,7 @@ pub(crate) async fn rank_views(
             let (phase, problem) = match &rank.monitor {
                 None => (None, Some("no monitor (it could not start)".to_string())),
                 Some(monitor) => {
-                    let asked = Rank {
+                    let asked = RankHandle {
                         actor: monitor.clone(),
                         ..rank.clone()
                     };

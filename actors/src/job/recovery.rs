@@ -20,7 +20,7 @@
 //!   whose ring does not form lost another rank while it formed: its losses are found as
 //!   after any failure.
 //! - A ring that formed: the step loop runs on, from where the ranks stand.
-//! - An event the phase does not expect (a driver that did something else than it was
+//! - An event the stage does not expect (a driver that did something else than it was
 //!   told) ends the job: [`Recovery::on`] answers with a [`Stray`].
 
 use super::Elastic;
@@ -38,8 +38,8 @@ pub(super) enum Event {
     NoLoss,
     /// `lost` ranks are lost, and `survivors` rolled back.
     Lost { lost: u32, survivors: u32 },
-    /// The regroup or the growth asked for is done: the world has `world` ranks.
-    Changed { world: u32 },
+    /// The regroup or the growth asked for is done: the world has `world_size` ranks.
+    Changed { world_size: u32 },
     /// The regroup or the growth asked for failed.
     ChangeFailed,
     /// The new world's ring formed.
@@ -69,12 +69,12 @@ pub(super) enum Action {
     GiveUp(GiveUp),
 }
 
-/// An event the recovery did not expect in its phase: the job ends.
+/// An event the recovery did not expect in its stage: the job ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the job's recovery was told of {event:?} while {phase:?}, out of turn")]
+#[error("the job's recovery was told of {event:?} while {stage:?}, out of turn")]
 pub(super) struct Stray {
     pub(super) event: Event,
-    pub(super) phase: Phase,
+    pub(super) stage: Stage,
 }
 
 /// Why an elastic job gives up.
@@ -90,7 +90,7 @@ pub(super) enum GiveUp {
 
 /// What the job is doing, as far as its recovery goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
+pub(super) enum Stage {
     Training,
     FindingLosses,
     Regrouping,
@@ -108,70 +108,70 @@ pub(super) enum Phase {
 pub(super) struct Recovery {
     elastic: Option<Elastic>,
     failures: u32,
-    world: u32,
-    phase: Phase,
+    world_size: u32,
+    stage: Stage,
 }
 
 impl Recovery {
-    /// A job of `world` ranks, elastic or not, about to run its step loop.
-    pub(super) fn new(elastic: Option<Elastic>, world: u32) -> Recovery {
+    /// A job of `world_size` ranks, elastic or not, about to run its step loop.
+    pub(super) fn new(elastic: Option<Elastic>, world_size: u32) -> Recovery {
         Recovery {
             elastic,
             failures: 0,
-            world,
-            phase: Phase::Training,
+            world_size,
+            stage: Stage::Training,
         }
     }
 
-    /// What to do after `event`, or the [`Stray`] it is in this phase (the recovery has
+    /// What to do after `event`, or the [`Stray`] it is in this stage (the recovery has
     /// ended then).
     pub(super) fn on(&mut self, event: Event) -> Result<Action, Stray> {
-        let phase = self.phase;
+        let stage = self.stage;
         match self.next(event) {
             Some((next, action)) => {
-                self.phase = next;
+                self.stage = next;
                 Ok(action)
             }
             None => {
-                self.phase = Phase::Ended;
-                Err(Stray { event, phase })
+                self.stage = Stage::Ended;
+                Err(Stray { event, stage })
             }
         }
     }
 
-    fn next(&mut self, event: Event) -> Option<(Phase, Action)> {
+    fn next(&mut self, event: Event) -> Option<(Stage, Action)> {
         use Action as A;
         use Event as E;
-        use Phase as P;
-        Some(match (self.phase, event) {
-            (P::Training, E::LoopDone) => (P::Ended, A::Finish),
-            (P::Training, E::RoomFound) => (P::Growing, A::Grow),
-            (P::Training, E::LoopFailed) if self.elastic.is_some() => {
-                (P::FindingLosses, A::FindLosses)
+        use Stage as S;
+        Some(match (self.stage, event) {
+            (S::Training, E::LoopDone) => (S::Ended, A::Finish),
+            (S::Training, E::RoomFound) => (S::Growing, A::Grow),
+            (S::Training, E::LoopFailed) if self.elastic.is_some() => {
+                (S::FindingLosses, A::FindLosses)
             }
-            (P::Training, E::LoopFailed) | (P::FindingLosses, E::NoLoss) => (P::Ended, A::Explain),
-            (P::FindingLosses, E::Lost { lost, survivors }) => self.lost(lost, survivors)?,
-            (P::Regrouping, E::Changed { world }) => {
-                self.world = world;
-                (P::Wiring { grown: false }, A::Wire)
+            (S::Training, E::LoopFailed) | (S::FindingLosses, E::NoLoss) => (S::Ended, A::Explain),
+            (S::FindingLosses, E::Lost { lost, survivors }) => self.lost(lost, survivors)?,
+            (S::Regrouping, E::Changed { world_size }) => {
+                self.world_size = world_size;
+                (S::Wiring { grown: false }, A::Wire)
             }
-            (P::Growing, E::Changed { world }) => {
-                self.world = world;
-                (P::Wiring { grown: true }, A::Wire)
+            (S::Growing, E::Changed { world_size }) => {
+                self.world_size = world_size;
+                (S::Wiring { grown: true }, A::Wire)
             }
-            (P::Regrouping | P::Growing, E::ChangeFailed)
-            | (P::Wiring { grown: true }, E::WireFailed) => {
-                (P::Ended, A::GiveUp(GiveUp::ChangeFailed))
+            (S::Regrouping | S::Growing, E::ChangeFailed)
+            | (S::Wiring { grown: true }, E::WireFailed) => {
+                (S::Ended, A::GiveUp(GiveUp::ChangeFailed))
             }
-            (P::Wiring { .. }, E::Wired) => (P::Training, A::Train),
-            (P::Wiring { grown: false }, E::WireFailed) => (P::FindingLosses, A::FindLosses),
+            (S::Wiring { .. }, E::Wired) => (S::Training, A::Train),
+            (S::Wiring { grown: false }, E::WireFailed) => (S::FindingLosses, A::FindLosses),
             _ => return None,
         })
     }
 
     /// `lost` more ranks lost, `survivors` left: regroup, or give up past the job's limits
     /// (none: a job that is not elastic has no losses to go on from).
-    fn lost(&mut self, lost: u32, survivors: u32) -> Option<(Phase, Action)> {
+    fn lost(&mut self, lost: u32, survivors: u32) -> Option<(Stage, Action)> {
         let elastic = self.elastic?;
         self.failures += lost;
         let give_up = if self.failures > elastic.max_failures {
@@ -185,9 +185,9 @@ impl Recovery {
                 min_world: elastic.min_world,
             }
         } else {
-            return Some((Phase::Regrouping, Action::Regroup));
+            return Some((Stage::Regrouping, Action::Regroup));
         };
-        Some((Phase::Ended, Action::GiveUp(give_up)))
+        Some((Stage::Ended, Action::GiveUp(give_up)))
     }
 }
 

@@ -9,20 +9,20 @@ const ELASTIC: Option<Elastic> = Some(Elastic {
     max_failures: 2,
 });
 
-/// Runs `steps` on the recovery of a job of `world` ranks and checks the line of each
-/// answer: the action, then the phase, the world and the losses so far.
-fn run(name: &str, elastic: Option<Elastic>, world: u32, steps: &[(Event, &str)]) {
-    let mut recovery = Recovery::new(elastic, world);
+/// Runs `steps` on the recovery of a job of `world_size` ranks and checks the line of
+/// each answer: the action, then the stage, the world size and the losses so far.
+fn run(name: &str, elastic: Option<Elastic>, world_size: u32, steps: &[(Event, &str)]) {
+    let mut recovery = Recovery::new(elastic, world_size);
     for (i, (event, want)) in steps.iter().enumerate() {
         let action = recovery.on(*event);
         let got = format!(
-            "{}; {:?}, world {}, failures {}",
+            "{}; {:?}, world size {}, failures {}",
             match action {
                 Ok(action) => show(action),
-                Err(stray) => format!("stray: {:?} while {:?}", stray.event, stray.phase),
+                Err(stray) => format!("stray: {:?} while {:?}", stray.event, stray.stage),
             },
-            recovery.phase,
-            recovery.world,
+            recovery.stage,
+            recovery.world_size,
             recovery.failures
         );
         assert_eq!(got, *want, "{name}: step {i} {event:?}");
@@ -55,13 +55,16 @@ fn a_job_that_is_not_elastic_finishes_or_explains_its_failure() {
         "done",
         None,
         3,
-        &[(Event::LoopDone, "finish; Ended, world 3, failures 0")],
+        &[(Event::LoopDone, "finish; Ended, world size 3, failures 0")],
     );
     run(
         "failed",
         None,
         3,
-        &[(Event::LoopFailed, "explain; Ended, world 3, failures 0")],
+        &[(
+            Event::LoopFailed,
+            "explain; Ended, world size 3, failures 0",
+        )],
     );
 }
 
@@ -74,21 +77,21 @@ fn an_elastic_job_shrinks_after_a_loss_and_trains_on() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 4, failures 0",
+                "find losses; FindingLosses, world size 4, failures 0",
             ),
             (
                 Event::Lost {
                     lost: 1,
                     survivors: 3,
                 },
-                "regroup; Regrouping, world 4, failures 1",
+                "regroup; Regrouping, world size 4, failures 1",
             ),
             (
-                Event::Changed { world: 3 },
-                "wire; Wiring { grown: false }, world 3, failures 1",
+                Event::Changed { world_size: 3 },
+                "wire; Wiring { grown: false }, world size 3, failures 1",
             ),
-            (Event::Wired, "train; Training, world 3, failures 1"),
-            (Event::LoopDone, "finish; Ended, world 3, failures 1"),
+            (Event::Wired, "train; Training, world size 3, failures 1"),
+            (Event::LoopDone, "finish; Ended, world size 3, failures 1"),
         ],
     );
 }
@@ -102,9 +105,9 @@ fn a_failure_that_lost_no_rank_is_explained() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 3, failures 0",
+                "find losses; FindingLosses, world size 3, failures 0",
             ),
-            (Event::NoLoss, "explain; Ended, world 3, failures 0"),
+            (Event::NoLoss, "explain; Ended, world size 3, failures 0"),
         ],
     );
 }
@@ -118,30 +121,30 @@ fn losses_past_the_limits_give_up() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 5, failures 0",
+                "find losses; FindingLosses, world size 5, failures 0",
             ),
             (
                 Event::Lost {
                     lost: 2,
                     survivors: 3,
                 },
-                "regroup; Regrouping, world 5, failures 2",
+                "regroup; Regrouping, world size 5, failures 2",
             ),
             (
-                Event::Changed { world: 3 },
-                "wire; Wiring { grown: false }, world 3, failures 2",
+                Event::Changed { world_size: 3 },
+                "wire; Wiring { grown: false }, world size 3, failures 2",
             ),
-            (Event::Wired, "train; Training, world 3, failures 2"),
+            (Event::Wired, "train; Training, world size 3, failures 2"),
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 3, failures 2",
+                "find losses; FindingLosses, world size 3, failures 2",
             ),
             (
                 Event::Lost {
                     lost: 1,
                     survivors: 2,
                 },
-                "give up: 3 losses, max 2; Ended, world 3, failures 3",
+                "give up: 3 losses, max 2; Ended, world size 3, failures 3",
             ),
         ],
     );
@@ -152,14 +155,14 @@ fn losses_past_the_limits_give_up() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 3, failures 0",
+                "find losses; FindingLosses, world size 3, failures 0",
             ),
             (
                 Event::Lost {
                     lost: 2,
                     survivors: 1,
                 },
-                "give up: 1 left, min 2; Ended, world 3, failures 2",
+                "give up: 1 left, min 2; Ended, world size 3, failures 2",
             ),
         ],
     );
@@ -174,35 +177,35 @@ fn a_loss_while_the_smaller_ring_forms_is_found_like_any_other() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 4, failures 0",
+                "find losses; FindingLosses, world size 4, failures 0",
             ),
             (
                 Event::Lost {
                     lost: 1,
                     survivors: 3,
                 },
-                "regroup; Regrouping, world 4, failures 1",
+                "regroup; Regrouping, world size 4, failures 1",
             ),
             (
-                Event::Changed { world: 3 },
-                "wire; Wiring { grown: false }, world 3, failures 1",
+                Event::Changed { world_size: 3 },
+                "wire; Wiring { grown: false }, world size 3, failures 1",
             ),
             (
                 Event::WireFailed,
-                "find losses; FindingLosses, world 3, failures 1",
+                "find losses; FindingLosses, world size 3, failures 1",
             ),
             (
                 Event::Lost {
                     lost: 1,
                     survivors: 2,
                 },
-                "regroup; Regrouping, world 3, failures 2",
+                "regroup; Regrouping, world size 3, failures 2",
             ),
             (
-                Event::Changed { world: 2 },
-                "wire; Wiring { grown: false }, world 2, failures 2",
+                Event::Changed { world_size: 2 },
+                "wire; Wiring { grown: false }, world size 2, failures 2",
             ),
-            (Event::Wired, "train; Training, world 2, failures 2"),
+            (Event::Wired, "train; Training, world size 2, failures 2"),
         ],
     );
 }
@@ -216,18 +219,18 @@ fn a_failed_regroup_gives_up_with_a_checkpoint() {
         &[
             (
                 Event::LoopFailed,
-                "find losses; FindingLosses, world 3, failures 0",
+                "find losses; FindingLosses, world size 3, failures 0",
             ),
             (
                 Event::Lost {
                     lost: 1,
                     survivors: 2,
                 },
-                "regroup; Regrouping, world 3, failures 1",
+                "regroup; Regrouping, world size 3, failures 1",
             ),
             (
                 Event::ChangeFailed,
-                "give up: the change failed; Ended, world 3, failures 1",
+                "give up: the change failed; Ended, world size 3, failures 1",
             ),
         ],
     );
@@ -240,13 +243,13 @@ fn an_elastic_job_grows_into_room_and_gives_up_when_growing_fails() {
         ELASTIC,
         2,
         &[
-            (Event::RoomFound, "grow; Growing, world 2, failures 0"),
+            (Event::RoomFound, "grow; Growing, world size 2, failures 0"),
             (
-                Event::Changed { world: 3 },
-                "wire; Wiring { grown: true }, world 3, failures 0",
+                Event::Changed { world_size: 3 },
+                "wire; Wiring { grown: true }, world size 3, failures 0",
             ),
-            (Event::Wired, "train; Training, world 3, failures 0"),
-            (Event::LoopDone, "finish; Ended, world 3, failures 0"),
+            (Event::Wired, "train; Training, world size 3, failures 0"),
+            (Event::LoopDone, "finish; Ended, world size 3, failures 0"),
         ],
     );
     run(
@@ -254,10 +257,10 @@ fn an_elastic_job_grows_into_room_and_gives_up_when_growing_fails() {
         ELASTIC,
         2,
         &[
-            (Event::RoomFound, "grow; Growing, world 2, failures 0"),
+            (Event::RoomFound, "grow; Growing, world size 2, failures 0"),
             (
                 Event::ChangeFailed,
-                "give up: the change failed; Ended, world 2, failures 0",
+                "give up: the change failed; Ended, world size 2, failures 0",
             ),
         ],
     );
@@ -266,14 +269,14 @@ fn an_elastic_job_grows_into_room_and_gives_up_when_growing_fails() {
         ELASTIC,
         2,
         &[
-            (Event::RoomFound, "grow; Growing, world 2, failures 0"),
+            (Event::RoomFound, "grow; Growing, world size 2, failures 0"),
             (
-                Event::Changed { world: 4 },
-                "wire; Wiring { grown: true }, world 4, failures 0",
+                Event::Changed { world_size: 4 },
+                "wire; Wiring { grown: true }, world size 4, failures 0",
             ),
             (
                 Event::WireFailed,
-                "give up: the change failed; Ended, world 4, failures 0",
+                "give up: the change failed; Ended, world size 4, failures 0",
             ),
         ],
     );
@@ -287,7 +290,7 @@ fn an_event_out_of_turn_ends_the_job() {
         3,
         &[(
             Event::Wired,
-            "stray: Wired while Training; Ended, world 3, failures 0",
+            "stray: Wired while Training; Ended, world size 3, failures 0",
         )],
     );
     run(
@@ -295,10 +298,13 @@ fn an_event_out_of_turn_ends_the_job() {
         None,
         3,
         &[
-            (Event::LoopFailed, "explain; Ended, world 3, failures 0"),
+            (
+                Event::LoopFailed,
+                "explain; Ended, world size 3, failures 0",
+            ),
             (
                 Event::LoopDone,
-                "stray: LoopDone while Ended; Ended, world 3, failures 0",
+                "stray: LoopDone while Ended; Ended, world size 3, failures 0",
             ),
         ],
     );

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use runtime::{ActorLabel, ClusterClient, Resources, SpawnOptions, Strategy};
 
-use super::calls::{Rank, call_all, to_json};
+use super::calls::{RankHandle, call_all, to_json};
 use super::error::JobError;
 use super::output::{JobEvent, JobOutput};
 use super::world::{RankPlace, Trainers};
@@ -25,8 +25,8 @@ pub(super) async fn spawn_trainers(
     job_name: &str,
     places: &[RankPlace],
     (node_ranks, first): (&[u32], u32),
-) -> Result<Vec<Rank>, JobError> {
-    let world: u32 = node_ranks.iter().sum();
+) -> Result<Vec<RankHandle>, JobError> {
+    let world_size: u32 = node_ranks.iter().sum();
     // Unique per job, also among the jobs of one coordinator host (the head's daemon).
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -36,7 +36,7 @@ pub(super) async fn spawn_trainers(
         let r = first as usize + i;
         let init = TrainerInit {
             rank: r as u32,
-            world,
+            world: world_size,
             node_ranks: node_ranks.to_vec(),
             threads: place.threads,
             device: if place.gpu {
@@ -92,7 +92,7 @@ pub(super) async fn spawn_trainers(
         match spawned {
             Ok(actor) => {
                 trainers.add(actor.clone());
-                ranks.push(Rank {
+                ranks.push(RankHandle {
                     rank: r as u32,
                     place,
                     actor,
@@ -116,10 +116,11 @@ pub(super) async fn spawn_trainers(
     Ok(ranks)
 }
 
-/// How the job's ranks form their ring: its secret, its name, the ring's timeout.
+/// How the job's ranks form their ring: its secret, its id, the ring's timeout.
 pub(super) struct Ring {
     pub(super) secret: String,
-    pub(super) job_id: String,
+    /// The ring's id (the run folder's path), which its handshake checks.
+    pub(super) id: String,
     pub(super) op_timeout_secs: u64,
 }
 
@@ -130,7 +131,7 @@ impl Ring {
     pub(super) async fn wire(
         &self,
         job: &JobSpec,
-        ranks: &[Rank],
+        ranks: &[RankHandle],
         listens: &[ListenReply],
         resume: Option<ResumeFrom>,
         regrouped: bool,
@@ -162,7 +163,7 @@ impl Ring {
                 ConnectRequest {
                     next: next_addr,
                     secret: self.secret.clone(),
-                    job: self.job_id.clone(),
+                    ring_id: self.id.clone(),
                     op_timeout_secs: self.op_timeout_secs,
                     resume: resume.clone(),
                     nccl_id: listens[0].nccl_id.clone(),
@@ -179,7 +180,7 @@ impl Ring {
 /// Has every node copy the shards its ranks read into `dir`, a second of copying per call
 /// so that progress shows, until all are in place.
 pub(super) async fn preload(
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     dir: &str,
     output: &dyn JobOutput,
     timeout: Duration,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pipelines::RankCursor;
 use runtime::ClusterClient;
 
-use super::calls::{Rank, call_all, call_one};
+use super::calls::{RankHandle, call_all, call_one};
 use super::due::{BeforeCall, Cadence, Called, Checkpoint, last_checkpoint};
 use super::error::Saved;
 use super::metrics::Metrics;
@@ -76,7 +76,7 @@ pub(super) enum LoopEnd {
 #[derive(Clone, Copy)]
 pub(super) struct Grow<'a> {
     pub(super) client: &'a ClusterClient,
-    pub(super) max_world: usize,
+    pub(super) max_world_size: usize,
 }
 
 /// A job whose trainers are up and connected: what the step loop and its checkpoints
@@ -85,7 +85,7 @@ pub(super) struct Grow<'a> {
 pub(super) struct RunningJob<'a> {
     pub(super) settings: &'a JobSettings,
     pub(super) job: &'a JobSpec,
-    pub(super) ranks: &'a [Rank],
+    pub(super) ranks: &'a [RankHandle],
     pub(super) run_dir: &'a Path,
     pub(super) steps_per_epoch: u64,
     pub(super) node_ranks: &'a [u32],
@@ -239,7 +239,7 @@ impl RunningJob<'_> {
             Some(checkpoint) => self.save(&checkpoint, at.cursors.clone(), at.sums).await,
             None => Ok(()),
         };
-        let world: u32 = self.node_ranks.iter().sum();
+        let world_size: u32 = self.node_ranks.iter().sum();
         let checkpoint = match (saved, &self.stop.progress().checkpoint) {
             (Err(failed), _) => format!(
                 "; the checkpoint at step {} failed: {failed}",
@@ -247,7 +247,7 @@ impl RunningJob<'_> {
             ),
             (Ok(()), Some(newest)) => format!(
                 "; checkpoint {} (step {}): continue with --resume {} once the cluster has \
-                 room for the job's {world} ranks",
+                 room for the job's {world_size} ranks",
                 newest.dir.display(),
                 newest.global_step,
                 self.run_dir.display()
@@ -441,7 +441,7 @@ pub(super) async fn train_loop(
         run.settings,
         job.optim.epochs,
         !job.data.val.is_empty(),
-        run.grow.map(|g| g.max_world),
+        run.grow.map(|g| g.max_world_size),
     );
     let mut clock = Clock {
         started: Instant::now(),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::JobSummary;
-use super::calls::Rank;
+use super::calls::RankHandle;
 use super::error::{Interrupted, JobError, Progress};
 use super::ranks::{RankView, rank_views};
 
@@ -22,7 +22,7 @@ pub struct StopControl {
     requested: tokio::sync::watch::Receiver<Option<&'static str>>,
     progress: Arc<Mutex<Progress>>,
     /// The job's ranks, once spawned, and the cluster they run on, for the hang doctor.
-    ranks: Arc<Mutex<(Vec<Rank>, Option<runtime::ClusterClient>)>>,
+    ranks: Arc<Mutex<(Vec<RankHandle>, Option<runtime::ClusterClient>)>>,
 }
 
 impl std::fmt::Debug for StopControl {
@@ -62,7 +62,7 @@ impl StopControl {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_ranks(&self, ranks: &[Rank], client: &runtime::ClusterClient) {
+    pub(crate) fn set_ranks(&self, ranks: &[RankHandle], client: &runtime::ClusterClient) {
         *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) =
             (ranks.to_vec(), Some(client.clone()));
     }

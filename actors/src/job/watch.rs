@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runtime::{ClusterClient, FailureOrigin, NodeId};
 
-use super::calls::Rank;
+use super::calls::RankHandle;
 use super::error::RankFailure;
 
 /// How long the head may take to answer a status request before a job that failed calls
@@ -46,7 +46,7 @@ pub(crate) struct FailureWatcher {
 }
 
 impl FailureWatcher {
-    pub(crate) fn start(client: ClusterClient, ranks: &[Rank]) -> Self {
+    pub(crate) fn start(client: ClusterClient, ranks: &[RankHandle]) -> Self {
         let by_id: BTreeMap<u64, (u32, NodeId)> = ranks
             .iter()
             .map(|r| (r.actor.id().0, (r.rank, r.place.node)))

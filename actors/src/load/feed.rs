@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pipelines::{
-    EpochTally, FrameDecoder, Loader, LoaderError, WorkerCursor, WorkerMsg, WorkerPlacement,
-    WorkerRun,
+    EpochTally, FrameDecoder, Loader, LoaderError, LoaderWorkerCursor, LoaderWorkerMsg,
+    LoaderWorkerPlacement, LoaderWorkerRun,
 };
 use runtime::channel::{ChannelSecret, DataStream};
 
@@ -26,27 +26,27 @@ const MAX_HEADER: usize = 64 << 20;
 /// Places a rank's loader workers: those the job gave to a loader actor are fed from it,
 /// the others run here.
 #[derive(Clone)]
-pub struct RemoteWorkers {
+pub struct RemoteLoaderWorkers {
     /// The trainer's own loader, for its local workers and for those whose loader is lost.
     loader: Loader,
     /// Each worker's loader actor (`None`: the worker runs here).
-    loaders: Vec<Option<SocketAddr>>,
+    loader_actors: Vec<Option<SocketAddr>>,
     secret: ChannelSecret,
     queue: usize,
     /// Loader actors found lost: their workers run here from then on.
     lost: Arc<Mutex<BTreeSet<SocketAddr>>>,
 }
 
-impl RemoteWorkers {
+impl RemoteLoaderWorkers {
     pub fn new(
         loader: Loader,
-        loaders: Vec<Option<SocketAddr>>,
+        loader_actors: Vec<Option<SocketAddr>>,
         secret: ChannelSecret,
         queue: usize,
     ) -> Self {
         Self {
             loader,
-            loaders,
+            loader_actors,
             secret,
             queue: queue.max(1),
             lost: Arc::default(),
@@ -55,27 +55,27 @@ impl RemoteWorkers {
 
     /// Workers fed by loader actors.
     pub fn remote_workers(&self) -> usize {
-        self.loaders.iter().flatten().count()
+        self.loader_actors.iter().flatten().count()
     }
 }
 
-impl std::fmt::Debug for RemoteWorkers {
+impl std::fmt::Debug for RemoteLoaderWorkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteWorkers")
-            .field("loaders", &self.loaders)
+        f.debug_struct("RemoteLoaderWorkers")
+            .field("loader_actors", &self.loader_actors)
             .finish_non_exhaustive()
     }
 }
 
-impl WorkerPlacement for RemoteWorkers {
+impl LoaderWorkerPlacement for RemoteLoaderWorkers {
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError> {
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError> {
         let (tx, rx) = sync_channel(self.queue);
         let addr = self
-            .loaders
+            .loader_actors
             .get(run.plan.worker.0 as usize)
             .copied()
             .flatten();
@@ -108,7 +108,7 @@ impl WorkerPlacement for RemoteWorkers {
 }
 
 struct Feed {
-    run: WorkerRun,
+    run: LoaderWorkerRun,
     addr: SocketAddr,
     secret: ChannelSecret,
     loader: Loader,
@@ -118,7 +118,7 @@ struct Feed {
 }
 
 impl Feed {
-    fn run(self, tx: SyncSender<WorkerMsg>) {
+    fn run(self, tx: SyncSender<LoaderWorkerMsg>) {
         let mut last = self.run.resume;
         let Err(problem) = self.pass_on(&tx, &mut last) else {
             return;
@@ -136,18 +136,22 @@ impl Feed {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.addr);
-        let run = WorkerRun {
+        let run = LoaderWorkerRun {
             resume: last,
             ..self.run.clone()
         };
         if let Err(error) = self.loader.start_worker(run, &self.tally, tx.clone()) {
-            let _ = tx.send(WorkerMsg::Failed(error));
+            let _ = tx.send(LoaderWorkerMsg::Failed(error));
         }
     }
 
     /// Passes on the loader actor's messages until the worker's end (Ok) or until the
     /// loader is lost (Err), keeping in `last` the cursor of the last batch passed on.
-    fn pass_on(&self, tx: &SyncSender<WorkerMsg>, last: &mut WorkerCursor) -> Result<(), String> {
+    fn pass_on(
+        &self,
+        tx: &SyncSender<LoaderWorkerMsg>,
+        last: &mut LoaderWorkerCursor,
+    ) -> Result<(), String> {
         let run = &self.run;
         let mut stream = DataStream::connect(self.addr, &self.secret, CONNECT_TIMEOUT)
             .map_err(|e| e.to_string())?;
@@ -182,8 +186,8 @@ impl Feed {
             let (msg, stats) = decoder.decode(frame).map_err(|e| e.to_string())?;
             self.tally.add(&stats);
             let cursor = match &msg {
-                WorkerMsg::Batch(_, cursor) => Some(*cursor),
-                WorkerMsg::Done | WorkerMsg::Failed(_) => None,
+                LoaderWorkerMsg::Batch(_, cursor) => Some(*cursor),
+                LoaderWorkerMsg::Done | LoaderWorkerMsg::Failed(_) => None,
             };
             if tx.send(msg).is_err() {
                 // The epoch is over for the trainer: hang up, which stops the worker.

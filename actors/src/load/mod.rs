@@ -4,7 +4,7 @@
 //!
 //! The split is at the loader worker, the unit the plan already has: the trainer plans
 //! its epoch as it always does and, for each worker the job gave to a loader actor,
-//! sends that actor the worker's [`pipelines::WorkerRun`] (its part of the plan, its
+//! sends that actor the worker's [`pipelines::LoaderWorkerRun`] (its part of the plan, its
 //! cursor) on a data channel of its own; the actor runs the worker's reader and decoder
 //! threads exactly as the trainer would and streams back its messages as frames
 //! ([`pipelines::encode_frame`]): `u8` pixels, labels, sample ids, the worker's cursor
@@ -21,7 +21,7 @@ mod feed;
 mod protocol;
 mod server;
 
-pub use feed::RemoteWorkers;
+pub use feed::RemoteLoaderWorkers;
 pub use protocol::{
     AddressRequest, LOADER_KIND, LoadRequest, LoaderAddress, LoaderInit, LoaderMethod,
 };

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use pipelines::{WorkerCursor, WorkerPlan};
+use pipelines::{LoaderWorkerCursor, LoaderWorkerPlan};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +55,6 @@ pub struct LoadRequest {
     pub size: u32,
     pub batch_size: usize,
     pub drop_partial: bool,
-    pub plan: WorkerPlan,
-    pub resume: WorkerCursor,
+    pub plan: LoaderWorkerPlan,
+    pub resume: LoaderWorkerCursor,
 }

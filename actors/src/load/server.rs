@@ -6,7 +6,7 @@ use std::sync::mpsc::sync_channel;
 use std::time::Duration;
 
 use pipelines::{
-    EpochStats, EpochTally, Loader, Rank, Sources, WorkerMsg, WorkerRun, encode_frame,
+    EpochStats, EpochTally, Loader, LoaderWorkerMsg, LoaderWorkerRun, Rank, Sources, encode_frame,
 };
 use runtime::channel::{ChannelSecret, DataListener, DataStream};
 use runtime::{Actor, ActorContext, MethodError};
@@ -94,14 +94,14 @@ fn serve(mut stream: DataStream, data: &DataSpec, loader: &Loader) -> Result<(),
             request.epoch,
             transform.size()
         );
-        let failed = WorkerMsg::Failed(pipelines::LoaderError::Config {
+        let failed = LoaderWorkerMsg::Failed(pipelines::LoaderError::Config {
             field: "size",
             problem: message.clone(),
         });
         send(&mut stream, &failed, EpochStats::default())?;
         return Err(message);
     }
-    let run = WorkerRun {
+    let run = LoaderWorkerRun {
         epoch: request.epoch,
         rank: Rank(rank),
         plan: request.plan,
@@ -116,7 +116,7 @@ fn serve(mut stream: DataStream, data: &DataSpec, loader: &Loader) -> Result<(),
     if let Err(error) = loader.start_worker(run, &tally, tx) {
         send(
             &mut stream,
-            &WorkerMsg::Failed(error),
+            &LoaderWorkerMsg::Failed(error),
             EpochStats::default(),
         )?;
         return Ok(());
@@ -124,7 +124,7 @@ fn serve(mut stream: DataStream, data: &DataSpec, loader: &Loader) -> Result<(),
     let mut reported = EpochStats::default();
     for msg in rx {
         let now = tally.stats();
-        let end = !matches!(msg, WorkerMsg::Batch(..));
+        let end = !matches!(msg, LoaderWorkerMsg::Batch(..));
         send(&mut stream, &msg, now.since(&reported))?;
         reported = now;
         if end {
@@ -134,7 +134,7 @@ fn serve(mut stream: DataStream, data: &DataSpec, loader: &Loader) -> Result<(),
     Ok(())
 }
 
-fn send(stream: &mut DataStream, msg: &WorkerMsg, stats: EpochStats) -> Result<(), String> {
+fn send(stream: &mut DataStream, msg: &LoaderWorkerMsg, stats: EpochStats) -> Result<(), String> {
     let mut header = Vec::new();
     let pixels = encode_frame(msg, stats, &mut header).map_err(|e| e.to_string())?;
     stream

@@ -46,8 +46,8 @@ pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{
     AverageReply, AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest,
-    EpochReceived, EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply,
-    LoadersRequest, MixPeer, PreloadReply, PreloadRequest, RegroupReply, RegroupRequest,
+    EpochReceived, EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoaderActorsReply,
+    LoaderActorsRequest, MixPeer, PreloadReply, PreloadRequest, RegroupReply, RegroupRequest,
     ResumeFrom, RollbackReply, RollbackRequest, SaveRequest, StepRecord, StepTiming, TrainReply,
     TrainRequest, TrainerMethod,
 };

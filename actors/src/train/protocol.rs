@@ -48,20 +48,21 @@ impl TrainerMethod for PreloadRequest {
 /// worker's loader actor (`None`: the worker runs in the trainer's process) and the job's
 /// data channel secret, in hex. From the next epoch started on.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct LoadersRequest {
-    pub loaders: Vec<Option<std::net::SocketAddr>>,
+pub struct LoaderActorsRequest {
+    /// The data channel address of each loader worker's loader actor, by worker.
+    pub loader_actors: Vec<Option<std::net::SocketAddr>>,
     pub secret: String,
 }
 
-/// Workers the rank's loader actors run.
+/// Loader workers the rank's loader actors run.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct LoadersReply {
+pub struct LoaderActorsReply {
     pub remote_workers: u32,
 }
 
-impl TrainerMethod for LoadersRequest {
-    const NAME: &'static str = "loaders";
-    type Reply = LoadersReply;
+impl TrainerMethod for LoaderActorsRequest {
+    const NAME: &'static str = "loader_actors";
+    type Reply = LoaderActorsReply;
 }
 
 /// Opens the trainer's ring port (and, between CUDA trainers, an NCCL id).
@@ -105,7 +106,9 @@ pub struct ConnectRequest {
     pub next: SocketAddr,
     /// The job's ring secret, hex.
     pub secret: String,
-    pub job: String,
+    /// The ring's id, the same on every rank (the run folder's path): a peer of another
+    /// ring is refused.
+    pub ring_id: String,
     pub op_timeout_secs: u64,
     pub resume: Option<ResumeFrom>,
     /// Rank 0's NCCL unique id, passed on to every rank.
@@ -429,7 +432,7 @@ pub struct ShardRead {
 }
 
 /// Aborts the collective the rank's trainer waits in, if any (an elastic job that lost
-/// a peer): its communication threads end their job with an error and drop their
+/// a peer): its communication threads end the op in flight with an error and drop their
 /// connections, so the trainer's call returns.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AbortRequest {}
@@ -443,7 +446,7 @@ impl TrainerMethod for AbortRequest {
 pub const METHODS: [&str; 12] = [
     PhaseRequest::NAME,
     PreloadRequest::NAME,
-    LoadersRequest::NAME,
+    LoaderActorsRequest::NAME,
     ListenRequest::NAME,
     ConnectRequest::NAME,
     TrainRequest::NAME,

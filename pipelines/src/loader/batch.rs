@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::plan::WorkerId;
+use crate::plan::LoaderWorkerId;
 use crate::transform::OutputFormat;
 
 /// Which sample a batch row holds: its shard and key.
@@ -103,7 +103,7 @@ pub struct Batch {
     /// Position in the rank's epoch, from 0.
     pub step: u64,
     /// The worker that filled it (`None` for an empty batch).
-    pub worker: Option<WorkerId>,
+    pub worker: Option<LoaderWorkerId>,
     /// Side of every image in pixels.
     pub size: u32,
     pub labels: Vec<i64>,
@@ -115,7 +115,7 @@ pub struct Batch {
 impl Batch {
     pub(crate) fn new(
         epoch: u64,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
         size: u32,
         images: Images,
         pool: BufferPool,
@@ -269,7 +269,7 @@ mod tests {
             Images::U8(v) => v.as_ptr(),
             Images::F32(_) => unreachable!("u8 pool"),
         };
-        drop(Batch::new(0, WorkerId(0), 2, images, pool.clone()));
+        drop(Batch::new(0, LoaderWorkerId(0), 2, images, pool.clone()));
         match pool.take() {
             Images::U8(v) => assert_eq!(v.as_ptr(), ptr, "the same allocation comes back"),
             Images::F32(_) => panic!("wrong kind"),
@@ -280,7 +280,13 @@ mod tests {
     fn the_pool_keeps_at_most_its_limit() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 3, 1);
         for _ in 0..3 {
-            drop(Batch::new(0, WorkerId(0), 1, pool.take(), pool.clone()));
+            drop(Batch::new(
+                0,
+                LoaderWorkerId(0),
+                1,
+                pool.take(),
+                pool.clone(),
+            ));
         }
         let held = pool.spare.lock().map(|s| s.len()).unwrap_or(0);
         assert_eq!(held, 1);

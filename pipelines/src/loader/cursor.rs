@@ -35,12 +35,12 @@ pub struct RankCursor {
     /// The worker asked for the next batch (at the start of the block).
     pub turn: u32,
     /// Each worker's position (at the start of the block).
-    pub workers: Vec<WorkerCursor>,
+    pub workers: Vec<LoaderWorkerCursor>,
 }
 
 /// One loader worker's position.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerCursor {
+pub struct LoaderWorkerCursor {
     /// Batches of this worker handed out.
     pub batches: u64,
     /// Samples in those batches.
@@ -59,7 +59,7 @@ impl RankCursor {
             steps: 0,
             in_block: 0,
             turn: 0,
-            workers: vec![WorkerCursor::default(); rank.workers.len()],
+            workers: vec![LoaderWorkerCursor::default(); rank.workers.len()],
         }
     }
 

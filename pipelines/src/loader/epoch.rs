@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
 use super::batch::{Batch, Held};
-use super::cursor::{RankCursor, WorkerCursor};
+use super::cursor::{LoaderWorkerCursor, RankCursor};
 use super::stats::{EpochStats, ReadingNow};
-use super::worker::{EpochTally, WorkerMsg, WorkerRun};
+use super::worker::{EpochTally, LoaderWorkerMsg, LoaderWorkerRun};
 use super::{LoaderError, Transform};
 use crate::plan::{Plan, Rank, SplitMix64, derive_seed, mix64};
 
@@ -28,13 +28,13 @@ const MIX_STREAM: u64 = 0x4d49_5842_4154_4348;
 pub struct EpochBatches {
     rank: Rank,
     transform: Transform,
-    workers: Vec<Worker>,
+    workers: Vec<LoaderWorker>,
     planned_steps: Option<u64>,
     nominal_steps: Option<u64>,
     /// The current block's positions; `steps` and `in_block` are kept up to date.
     cursor: RankCursor,
     /// The workers' positions and turn as of the last batch taken from them.
-    positions: Vec<WorkerCursor>,
+    positions: Vec<LoaderWorkerCursor>,
     turn: u32,
     /// The current block's batches not yet handed out.
     block: VecDeque<Batch>,
@@ -46,26 +46,26 @@ pub struct EpochBatches {
 }
 
 #[derive(Debug)]
-struct Worker {
-    batches: Receiver<WorkerMsg>,
+struct LoaderWorker {
+    batches: Receiver<LoaderWorkerMsg>,
     done: bool,
 }
 
-/// Where a rank's loader workers run: each one's [`WorkerRun`] is started somewhere, and
+/// Where a rank's loader workers run: each one's [`LoaderWorkerRun`] is started somewhere, and
 /// its messages arrive on the receiver returned. [`Loader::epoch`](super::Loader::epoch)
 /// runs them all in this process; a trainer fed by loader actors sends some elsewhere.
-pub trait WorkerPlacement {
+pub trait LoaderWorkerPlacement {
     /// Starts `run`; its counts go to `tally` (a remote worker's as it reports them).
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError>;
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError>;
 }
 
 impl EpochBatches {
     pub(crate) fn start(
-        placement: &mut dyn WorkerPlacement,
+        placement: &mut dyn LoaderWorkerPlacement,
         plan: &Plan,
         rank: Rank,
         transform: Transform,
@@ -101,7 +101,7 @@ impl EpochBatches {
         let tally = EpochTally::default();
         let mut workers = Vec::with_capacity(rank_plan.workers.len());
         for (w, worker_plan) in rank_plan.workers.iter().enumerate() {
-            let run = WorkerRun {
+            let run = LoaderWorkerRun {
                 epoch: plan.epoch,
                 rank,
                 plan: worker_plan.clone(),
@@ -110,7 +110,7 @@ impl EpochBatches {
                 transform,
                 resume: cursor.workers[w],
             };
-            workers.push(Worker {
+            workers.push(LoaderWorker {
                 batches: placement.start(run, &tally)?,
                 done: false,
             });
@@ -236,12 +236,12 @@ impl EpochBatches {
                 continue;
             }
             match self.workers[w].batches.recv() {
-                Ok(WorkerMsg::Batch(batch, position)) => {
+                Ok(LoaderWorkerMsg::Batch(batch, position)) => {
                     self.positions[w] = position;
                     return Ok(Some(batch));
                 }
-                Ok(WorkerMsg::Done) => self.workers[w].done = true,
-                Ok(WorkerMsg::Failed(error)) => return Err(error),
+                Ok(LoaderWorkerMsg::Done) => self.workers[w].done = true,
+                Ok(LoaderWorkerMsg::Failed(error)) => return Err(error),
                 Err(_) => {
                     return Err(LoaderError::WorkerLost {
                         rank: self.rank,

@@ -39,12 +39,12 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 pub use batch::{Batch, Images, SampleId};
-pub use cursor::{RankCursor, WorkerCursor};
-pub use epoch::{EpochBatches, WorkerPlacement};
+pub use cursor::{LoaderWorkerCursor, RankCursor};
+pub use epoch::{EpochBatches, LoaderWorkerPlacement};
 pub use regroup::{Regrouped, regroup};
 pub use stats::{EpochStats, ReadingNow, ShardReading};
 pub use wire::{FrameDecoder, FrameError, encode_frame};
-pub use worker::{EpochTally, WorkerMsg, WorkerRun};
+pub use worker::{EpochTally, LoaderWorkerMsg, LoaderWorkerRun};
 
 use crate::error::{ErrorPolicy, ShardError};
 use crate::plan::{Plan, PlanError, Rank};
@@ -230,7 +230,7 @@ impl Loader {
         rank: Rank,
         transform: Transform,
         resume: Option<&RankCursor>,
-        placement: &mut dyn WorkerPlacement,
+        placement: &mut dyn LoaderWorkerPlacement,
     ) -> Result<EpochBatches, LoaderError> {
         EpochBatches::start(
             placement,
@@ -246,21 +246,21 @@ impl Loader {
     /// `out`, and stop at the end of the worker's epoch or when `out`'s receiver is gone.
     pub fn start_worker(
         &self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-        out: SyncSender<WorkerMsg>,
+        out: SyncSender<LoaderWorkerMsg>,
     ) -> Result<(), LoaderError> {
         worker::spawn(run, self.config.clone(), self.reader.clone(), tally, out)
     }
 }
 
 /// Every worker in this process.
-impl WorkerPlacement for Loader {
+impl LoaderWorkerPlacement for Loader {
     fn start(
         &mut self,
-        run: WorkerRun,
+        run: LoaderWorkerRun,
         tally: &EpochTally,
-    ) -> Result<Receiver<WorkerMsg>, LoaderError> {
+    ) -> Result<Receiver<LoaderWorkerMsg>, LoaderError> {
         let (out, batches) = sync_channel(self.config.queue_batches);
         self.start_worker(run, tally, out)?;
         Ok(batches)

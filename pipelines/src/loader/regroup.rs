@@ -11,9 +11,9 @@
 //! batches, `drop` and `repeat` cut to the shortest rank).
 
 use super::LoaderError;
-use super::cursor::{RankCursor, WorkerCursor};
+use super::cursor::{LoaderWorkerCursor, RankCursor};
 use crate::plan::{
-    BatchPolicy, ClusterShape, Consistency, Plan, Rank, RankPlan, WorkerId, WorkerPlan,
+    BatchPolicy, ClusterShape, Consistency, LoaderWorkerId, LoaderWorkerPlan, Plan, Rank, RankPlan,
 };
 
 /// The rest of an epoch for the surviving ranks.
@@ -91,12 +91,12 @@ pub fn regroup(
         }
     }
     // Each old worker with what it has left.
-    let left_of = |plan: &WorkerPlan, cursor: &WorkerCursor| {
+    let left_of = |plan: &LoaderWorkerPlan, cursor: &LoaderWorkerCursor| {
         plan.batches
             .map(|b| b.saturating_sub(cursor.batches))
             .unwrap_or(0)
     };
-    let mut ranks: Vec<Vec<(WorkerPlan, WorkerCursor)>> = survivors
+    let mut ranks: Vec<Vec<(LoaderWorkerPlan, LoaderWorkerCursor)>> = survivors
         .iter()
         .map(|r| {
             let old = &plan.ranks[r.0 as usize];
@@ -141,7 +141,7 @@ pub fn regroup(
         let quotas = crate::plan::round_robin(&remaining, serve);
         let mut dropped = 0;
         for (w, ((worker, cursor), quota)) in workers.iter_mut().zip(quotas).enumerate() {
-            worker.worker = WorkerId(w as u32);
+            worker.worker = LoaderWorkerId(w as u32);
             if let Some(batches) = worker.batches {
                 let cut = batches - (cursor.batches + quota).min(batches);
                 worker.batches = Some(batches - cut);

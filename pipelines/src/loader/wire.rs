@@ -15,11 +15,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::batch::{Batch, BufferPool, Images, SampleId};
-use super::cursor::WorkerCursor;
+use super::cursor::LoaderWorkerCursor;
 use super::stats::EpochStats;
-use super::worker::WorkerMsg;
+use super::worker::LoaderWorkerMsg;
 use super::{LoaderError, Transform};
-use crate::plan::{Rank, WorkerId};
+use crate::plan::{LoaderWorkerId, Rank};
 use crate::transform::OutputFormat;
 
 /// Bytes of the trailer that gives the header's length.
@@ -52,7 +52,7 @@ enum Header {
         /// The batch's shard URLs, each once; `ids` index into it.
         urls: Vec<String>,
         ids: Vec<(u32, String)>,
-        cursor: WorkerCursor,
+        cursor: LoaderWorkerCursor,
         stats: EpochStats,
     },
     Done {
@@ -68,13 +68,13 @@ enum Header {
 /// the header and trailer into `header` (cleared first), and returns the pixels. Send the
 /// pixels, then `header`, as one frame.
 pub fn encode_frame<'a>(
-    msg: &'a WorkerMsg,
+    msg: &'a LoaderWorkerMsg,
     stats: EpochStats,
     header: &mut Vec<u8>,
 ) -> Result<&'a [u8], FrameError> {
     header.clear();
     let (head, pixels): (Header, &[u8]) = match msg {
-        WorkerMsg::Batch(batch, cursor) => {
+        LoaderWorkerMsg::Batch(batch, cursor) => {
             let pixels = if batch.is_empty() {
                 &[][..]
             } else {
@@ -105,8 +105,8 @@ pub fn encode_frame<'a>(
             };
             (head, pixels)
         }
-        WorkerMsg::Done => (Header::Done { stats }, &[][..]),
-        WorkerMsg::Failed(error) => {
+        LoaderWorkerMsg::Done => (Header::Done { stats }, &[][..]),
+        LoaderWorkerMsg::Failed(error) => {
             let message = error.to_string();
             (Header::Failed { message, stats }, &[][..])
         }
@@ -124,7 +124,7 @@ pub fn encode_frame<'a>(
 #[derive(Debug)]
 pub struct FrameDecoder {
     rank: Rank,
-    worker: WorkerId,
+    worker: LoaderWorkerId,
     size: u32,
     batch_size: usize,
     pool: BufferPool,
@@ -136,7 +136,7 @@ impl FrameDecoder {
     /// `batch_size` images made by `transform`; `keep` buffers are kept for reuse.
     pub fn new(
         rank: Rank,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
         transform: Transform,
         batch_size: usize,
         keep: usize,
@@ -164,7 +164,10 @@ impl FrameDecoder {
     }
 
     /// The message in `frame`, and the counts its worker sent with it.
-    pub fn decode(&mut self, mut frame: Vec<u8>) -> Result<(WorkerMsg, EpochStats), FrameError> {
+    pub fn decode(
+        &mut self,
+        mut frame: Vec<u8>,
+    ) -> Result<(LoaderWorkerMsg, EpochStats), FrameError> {
         let len = frame.len();
         let Some(at) = len.checked_sub(TRAILER) else {
             return Err(FrameError::Short { len });
@@ -181,14 +184,14 @@ impl FrameDecoder {
         let head: Header = serde_json::from_slice(&frame[pixels..at])
             .map_err(|e| FrameError::Header(e.to_string()))?;
         match head {
-            Header::Done { stats } => Ok((WorkerMsg::Done, stats)),
+            Header::Done { stats } => Ok((LoaderWorkerMsg::Done, stats)),
             Header::Failed { message, stats } => {
                 let error = LoaderError::Remote {
                     rank: self.rank,
                     worker: self.worker.0,
                     message,
                 };
-                Ok((WorkerMsg::Failed(error), stats))
+                Ok((LoaderWorkerMsg::Failed(error), stats))
             }
             Header::Batch {
                 epoch,
@@ -206,7 +209,7 @@ impl FrameDecoder {
                 frame.resize(self.batch_size * self.slot_len(), 0);
                 let mut batch = Batch::new(
                     epoch,
-                    WorkerId(worker),
+                    LoaderWorkerId(worker),
                     size,
                     Images::U8(frame),
                     self.pool.clone(),
@@ -219,7 +222,7 @@ impl FrameDecoder {
                         key,
                     })
                     .collect();
-                Ok((WorkerMsg::Batch(batch, cursor), stats))
+                Ok((LoaderWorkerMsg::Batch(batch, cursor), stats))
             }
         }
     }
@@ -286,7 +289,7 @@ mod tests {
     }
 
     fn batch(pool: &BufferPool, samples: usize) -> Batch {
-        let mut batch = Batch::new(3, WorkerId(1), 2, pool.take(), pool.clone());
+        let mut batch = Batch::new(3, LoaderWorkerId(1), 2, pool.take(), pool.clone());
         if let Images::U8(pixels) = batch.images_mut() {
             for (i, v) in pixels.iter_mut().enumerate() {
                 *v = i as u8;
@@ -302,7 +305,7 @@ mod tests {
         batch
     }
 
-    fn frame(msg: &WorkerMsg, stats: EpochStats) -> Vec<u8> {
+    fn frame(msg: &LoaderWorkerMsg, stats: EpochStats) -> Vec<u8> {
         let mut header = Vec::new();
         let pixels = encode_frame(msg, stats, &mut header).expect("encodes");
         [pixels, &header[..]].concat()
@@ -312,7 +315,7 @@ mod tests {
     fn a_batch_comes_back_as_it_was_sent() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 4 * 12, 2);
         let sent = batch(&pool, 3);
-        let cursor = WorkerCursor {
+        let cursor = LoaderWorkerCursor {
             batches: 5,
             samples: 40,
             consumed: 41,
@@ -322,12 +325,12 @@ mod tests {
             problems: vec!["x: bad".into()],
             ..EpochStats::default()
         };
-        let bytes = frame(&WorkerMsg::Batch(sent, cursor), stats.clone());
+        let bytes = frame(&LoaderWorkerMsg::Batch(sent, cursor), stats.clone());
         let mut decoder =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 4, 2).expect("decoder");
         let (msg, got_stats) = decoder.decode(bytes).expect("decodes");
         assert_eq!(got_stats, stats);
-        let WorkerMsg::Batch(got, got_cursor) = msg else {
+        let LoaderWorkerMsg::Batch(got, got_cursor) = msg else {
             panic!("not a batch: {msg:?}");
         };
         assert_eq!(got_cursor, cursor);
@@ -336,25 +339,28 @@ mod tests {
         assert!(Arc::ptr_eq(&got.ids[0].url, &got.ids[1].url));
         let expected: Vec<u8> = (0..36).map(|i| i as u8).collect();
         assert_eq!(got.pixels_u8(), Some(&expected[..]));
-        assert_eq!((got.epoch, got.worker, got.size), (3, Some(WorkerId(1)), 2));
+        assert_eq!(
+            (got.epoch, got.worker, got.size),
+            (3, Some(LoaderWorkerId(1)), 2)
+        );
     }
 
     #[test]
     fn done_and_failed_come_back() {
         let mut decoder =
-            FrameDecoder::new(Rank(2), WorkerId(0), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(2), LoaderWorkerId(0), transform(), 4, 2).expect("decoder");
         let (msg, _) = decoder
-            .decode(frame(&WorkerMsg::Done, EpochStats::default()))
+            .decode(frame(&LoaderWorkerMsg::Done, EpochStats::default()))
             .expect("decodes");
-        assert!(matches!(msg, WorkerMsg::Done));
-        let failed = WorkerMsg::Failed(LoaderError::Config {
+        assert!(matches!(msg, LoaderWorkerMsg::Done));
+        let failed = LoaderWorkerMsg::Failed(LoaderError::Config {
             field: "x",
             problem: "broken".into(),
         });
         let (msg, _) = decoder
             .decode(frame(&failed, EpochStats::default()))
             .expect("decodes");
-        let WorkerMsg::Failed(error) = msg else {
+        let LoaderWorkerMsg::Failed(error) = msg else {
             panic!("not a failure");
         };
         assert_eq!(
@@ -367,18 +373,18 @@ mod tests {
     fn bad_frames_are_errors_that_say_why() {
         let pool = BufferPool::new(OutputFormat::Uint8Nhwc, 4 * 12, 2);
         let good = frame(
-            &WorkerMsg::Batch(batch(&pool, 2), WorkerCursor::default()),
+            &LoaderWorkerMsg::Batch(batch(&pool, 2), LoaderWorkerCursor::default()),
             EpochStats::default(),
         );
         let mut decoder =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 4, 2).expect("decoder");
         let mut cut = good.clone();
         cut.remove(0);
         let mut long_header = good.clone();
         let at = long_header.len() - 4;
         long_header[at..].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut other_worker =
-            FrameDecoder::new(Rank(0), WorkerId(0), transform(), 4, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(0), transform(), 4, 2).expect("decoder");
         let cases: Vec<(&str, Result<_, FrameError>)> = vec![
             ("empty", decoder.decode(Vec::new()).map(drop)),
             ("garbage", decoder.decode(b"garbage!".to_vec()).map(drop)),
@@ -391,7 +397,7 @@ mod tests {
             assert!(!error.to_string().is_empty(), "{case}");
         }
         let mut small =
-            FrameDecoder::new(Rank(0), WorkerId(1), transform(), 1, 2).expect("decoder");
+            FrameDecoder::new(Rank(0), LoaderWorkerId(1), transform(), 1, 2).expect("decoder");
         let error = small.decode(good).map(drop).expect_err("too many samples");
         assert!(
             error
@@ -406,7 +412,7 @@ mod tests {
             output: OutputFormat::IMAGENET_F32,
             ..TrainTransform::new(2)
         });
-        let error = FrameDecoder::new(Rank(0), WorkerId(0), float, 4, 2).expect_err("float");
+        let error = FrameDecoder::new(Rank(0), LoaderWorkerId(0), float, 4, 2).expect_err("float");
         assert_eq!(error, FrameError::Float);
     }
 }

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::batch::{Batch, BufferPool, SampleId};
-use super::cursor::WorkerCursor;
+use super::cursor::LoaderWorkerCursor;
 use super::shuffle::ShuffleBuffer;
 use super::stats::{EpochStats, ReadingNow};
 use super::{LoaderConfig, LoaderError, Transform};
 use crate::error::{ErrorPolicy, ShardError};
-use crate::plan::{Rank, SplitMix64, WorkItem, WorkerPlan, mix64};
+use crate::plan::{LoaderWorkerPlan, Rank, SplitMix64, WorkItem, mix64};
 use crate::reader::{ReadStats, SampleReader};
 use crate::sample::Sample;
 
@@ -20,11 +20,11 @@ use crate::sample::Sample;
 /// draw from unrelated streams.
 const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4531;
 
-/// What a worker sends its rank.
+/// What a loader worker sends its rank.
 #[derive(Debug)]
-pub enum WorkerMsg {
+pub enum LoaderWorkerMsg {
     /// A batch, and the worker's cursor once the batch is handed out.
-    Batch(Batch, WorkerCursor),
+    Batch(Batch, LoaderWorkerCursor),
     /// The worker's data (or its planned batches) is finished.
     Done,
     Failed(LoaderError),
@@ -34,15 +34,15 @@ pub enum WorkerMsg {
 /// batches and transforms, and where it starts. A rank's epoch makes one per worker; a
 /// loader elsewhere (a loader actor) gets one over the network and runs it the same way.
 #[derive(Debug, Clone)]
-pub struct WorkerRun {
+pub struct LoaderWorkerRun {
     pub epoch: u64,
     pub rank: Rank,
-    pub plan: WorkerPlan,
+    pub plan: LoaderWorkerPlan,
     pub batch_size: usize,
     pub drop_partial: bool,
     pub transform: Transform,
     /// Where the worker starts: at the beginning, or after what its rank already took.
-    pub resume: WorkerCursor,
+    pub resume: LoaderWorkerCursor,
 }
 
 /// The counters one epoch's workers share with whoever reads them: what was skipped, and
@@ -82,31 +82,31 @@ impl EpochTally {
 }
 
 /// Everything one worker needs for one epoch.
-struct WorkerJob {
+struct LoaderWorkerJob {
     epoch: u64,
     rank: Rank,
-    plan: WorkerPlan,
+    plan: LoaderWorkerPlan,
     batch_size: usize,
     drop_partial: bool,
     transform: Transform,
     config: Arc<LoaderConfig>,
     reader: SampleReader,
-    resume: WorkerCursor,
+    resume: LoaderWorkerCursor,
     stats: Arc<Mutex<EpochStats>>,
     reading: Arc<ReadingNow>,
-    out: SyncSender<WorkerMsg>,
+    out: SyncSender<LoaderWorkerMsg>,
 }
 
 /// Starts the threads of `run`, counting into `tally` and sending to `out`. They stop by
 /// themselves at the end of the worker's epoch, or as soon as `out`'s receiver is gone.
 pub(crate) fn spawn(
-    run: WorkerRun,
+    run: LoaderWorkerRun,
     config: Arc<LoaderConfig>,
     reader: SampleReader,
     tally: &EpochTally,
-    out: SyncSender<WorkerMsg>,
+    out: SyncSender<LoaderWorkerMsg>,
 ) -> Result<(), LoaderError> {
-    let job = WorkerJob {
+    let job = LoaderWorkerJob {
         epoch: run.epoch,
         rank: run.rank,
         plan: run.plan,
@@ -130,11 +130,11 @@ pub(crate) fn spawn(
 
 type ReadResult = Result<Sample, ShardError>;
 
-impl WorkerJob {
+impl LoaderWorkerJob {
     fn run(self) {
         let out = self.out.clone();
         if let Err(error) = self.batch_all() {
-            let _ = out.send(WorkerMsg::Failed(error));
+            let _ = out.send(LoaderWorkerMsg::Failed(error));
         }
     }
 
@@ -143,7 +143,7 @@ impl WorkerJob {
         let quota = self.plan.batches;
         let mut cursor = self.resume;
         if quota.is_some_and(|q| cursor.batches >= q) {
-            let _ = self.out.send(WorkerMsg::Done);
+            let _ = self.out.send(LoaderWorkerMsg::Done);
             return Ok(());
         }
         let samples = self.start_reader()?;
@@ -195,7 +195,7 @@ impl WorkerJob {
                 cursor.batches += 1;
                 cursor.samples += full.len() as u64;
                 cursor.consumed = this + 1;
-                if self.out.send(WorkerMsg::Batch(full, cursor)).is_err() {
+                if self.out.send(LoaderWorkerMsg::Batch(full, cursor)).is_err() {
                     return Ok(());
                 }
             }
@@ -208,11 +208,15 @@ impl WorkerJob {
             cursor.batches += 1;
             cursor.samples += partial.len() as u64;
             cursor.consumed = ordinal;
-            if self.out.send(WorkerMsg::Batch(partial, cursor)).is_err() {
+            if self
+                .out
+                .send(LoaderWorkerMsg::Batch(partial, cursor))
+                .is_err()
+            {
                 return Ok(());
             }
         }
-        let _ = self.out.send(WorkerMsg::Done);
+        let _ = self.out.send(LoaderWorkerMsg::Done);
         Ok(())
     }
 

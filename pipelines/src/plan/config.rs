@@ -3,7 +3,7 @@
 
 use super::hooks::HookError;
 use super::shards::PlanShard;
-use super::{Rank, WorkerId};
+use super::{LoaderWorkerId, Rank};
 
 /// How ranks and loader workers are laid out: the ranks on each node, numbered node by
 /// node, and the loader workers of each rank. Nodes may hold different numbers of ranks
@@ -230,13 +230,13 @@ pub enum PlanError {
     )]
     NeedsEpochSize { missing: usize },
     #[error("rank {rank} worker {worker} has no samples to read (its hooks left it no data)")]
-    EmptyStream { rank: Rank, worker: WorkerId },
+    EmptyStream { rank: Rank, worker: LoaderWorkerId },
     #[error(
         "rank {rank} worker {worker}: pass {pass} holds {found} samples but pass 0 held {expected}; chopped epochs need passes of equal size"
     )]
     PassLength {
         rank: Rank,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
         pass: u64,
         expected: u64,
         found: u64,

@@ -51,7 +51,7 @@ pub use config::{BatchPolicy, ClusterShape, PlanConfig, PlanError, PlanMode};
 pub use hooks::{HookError, HookName, HookSources, Hooks};
 pub use planner::Planner;
 pub(crate) use policy::round_robin;
-pub use policy::{Consistency, Plan, RankPlan, WorkerPlan};
+pub use policy::{Consistency, LoaderWorkerPlan, Plan, RankPlan};
 pub use render::render_plan;
 pub use rng::{SplitMix64, derive_seed, mix64};
 pub use script_api::HookLimits;
@@ -67,7 +67,7 @@ pub struct Rank(pub u32);
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]
-pub struct WorkerId(pub u32);
+pub struct LoaderWorkerId(pub u32);
 
 impl fmt::Display for Rank {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -75,7 +75,7 @@ impl fmt::Display for Rank {
     }
 }
 
-impl fmt::Display for WorkerId {
+impl fmt::Display for LoaderWorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use super::config::{PlanConfig, PlanError, PlanMode, validate};
 use super::hooks::Hooks;
-use super::policy::{self, Plan, RawWorker};
+use super::policy::{self, Plan, RawLoaderWorker};
 use super::rng::{SplitMix64, derive_seed};
 use super::script_api::HookContext;
 use super::shards::{Slice, WorkItem};
-use super::{Rank, WorkerId};
+use super::{LoaderWorkerId, Rank};
 
 /// Forms plans: one per epoch, from the settings and the hooks.
 #[derive(Debug)]
@@ -61,7 +61,7 @@ impl Planner {
         for rank in 0..cluster.world_size() {
             let mut workers = Vec::with_capacity(cluster.workers_per_rank as usize);
             for worker in 0..cluster.workers_per_rank {
-                workers.push(self.worker_stream(epoch, Rank(rank), WorkerId(worker))?);
+                workers.push(self.worker_stream(epoch, Rank(rank), LoaderWorkerId(worker))?);
             }
             ranks.push(workers);
         }
@@ -101,14 +101,14 @@ impl Planner {
     /// This worker's share of a fixed epoch size: the rank's share is
     /// `epoch_size / world_size`, spread over its workers with the first ones taking
     /// one more where it does not divide.
-    fn worker_quota(&self, epoch_size: u64, worker: WorkerId) -> u64 {
+    fn worker_quota(&self, epoch_size: u64, worker: LoaderWorkerId) -> u64 {
         let cluster = &self.config.cluster;
         let per_rank = epoch_size / u64::from(cluster.world_size());
         let workers = u64::from(cluster.workers_per_rank);
         per_rank / workers + u64::from(u64::from(worker.0) < per_rank % workers)
     }
 
-    fn context(&self, epoch: u64, pass: u64, rank: Rank, worker: WorkerId) -> HookContext {
+    fn context(&self, epoch: u64, pass: u64, rank: Rank, worker: LoaderWorkerId) -> HookContext {
         let cluster = &self.config.cluster;
         HookContext {
             rank: rank.0,
@@ -133,7 +133,7 @@ impl Planner {
         epoch: u64,
         pass: u64,
         rank: Rank,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
     ) -> Result<(Vec<Slice>, SplitMix64), PlanError> {
         let ctx = self.context(epoch, pass, rank, worker);
         Ok(self.hooks.run(&ctx, &self.input, &self.known)?)
@@ -143,8 +143,8 @@ impl Planner {
         &self,
         epoch: u64,
         rank: Rank,
-        worker: WorkerId,
-    ) -> Result<RawWorker, PlanError> {
+        worker: LoaderWorkerId,
+    ) -> Result<RawLoaderWorker, PlanError> {
         let seed = derive_seed(self.config.seed, epoch, rank.0, worker.0);
         // Resampled draws of shards whose counts are not all known read whole shards,
         // and the worker stops at its quota: it serves `quota` samples, not the sum of
@@ -177,7 +177,7 @@ impl Planner {
             }
         };
         let samples = served.or_else(|| items.iter().map(|i| i.samples).sum());
-        Ok(RawWorker {
+        Ok(RawLoaderWorker {
             worker,
             seed,
             stream_offset,
@@ -201,7 +201,7 @@ impl Planner {
         &self,
         epoch: u64,
         rank: Rank,
-        worker: WorkerId,
+        worker: LoaderWorkerId,
         offset: u64,
         quota: u64,
     ) -> Result<Vec<WorkItem>, PlanError> {
@@ -270,7 +270,7 @@ fn draw(
     slices: Vec<Slice>,
     mut rng: SplitMix64,
     quota: u64,
-    (rank, worker): (Rank, WorkerId),
+    (rank, worker): (Rank, LoaderWorkerId),
     whole: bool,
 ) -> Result<Vec<WorkItem>, PlanError> {
     let lens: Vec<u64> = slices.iter().map(|s| s.len().unwrap_or(1)).collect();

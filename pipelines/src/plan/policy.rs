@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use super::config::{BatchPolicy, ClusterShape, PlanConfig, PlanError, PlanMode};
 use super::hooks::HookName;
 use super::shards::WorkItem;
-use super::{Rank, WorkerId};
+use super::{LoaderWorkerId, Rank};
 
 /// One epoch's plan for the whole cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub struct RankPlan {
     pub rank: Rank,
     /// The node it runs on.
     pub node: u32,
-    pub workers: Vec<WorkerPlan>,
+    pub workers: Vec<LoaderWorkerPlan>,
     /// Samples it trains on (after the policy), when known.
     pub samples: Option<u64>,
     /// Batches with data (after the policy), when known.
@@ -55,8 +55,8 @@ pub struct RankPlan {
 
 /// One loader worker's epoch: read `items` in order, batch them, stop at the end.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WorkerPlan {
-    pub worker: WorkerId,
+pub struct LoaderWorkerPlan {
+    pub worker: LoaderWorkerId,
     /// Seed for the worker's own randomness (sample shuffling, augmentation), derived
     /// from (seed, epoch, rank, worker).
     pub seed: u64,
@@ -122,8 +122,8 @@ impl Plan {
 
 /// A worker's stream before the policy.
 #[derive(Debug)]
-pub(crate) struct RawWorker {
-    pub worker: WorkerId,
+pub(crate) struct RawLoaderWorker {
+    pub worker: LoaderWorkerId,
     pub seed: u64,
     pub stream_offset: u64,
     pub items: Vec<WorkItem>,
@@ -146,7 +146,7 @@ pub(crate) struct PlanContext<'a> {
 }
 
 /// Counts batches and applies the policy.
-pub(crate) fn apply(ctx: PlanContext<'_>, ranks: Vec<Vec<RawWorker>>) -> Plan {
+pub(crate) fn apply(ctx: PlanContext<'_>, ranks: Vec<Vec<RawLoaderWorker>>) -> Plan {
     let config = ctx.config;
     let batches = |samples: u64| {
         if config.drop_partial {
@@ -250,7 +250,7 @@ pub(crate) fn apply(ctx: PlanContext<'_>, ranks: Vec<Vec<RawWorker>>) -> Plan {
 fn rank_plan(
     config: &PlanConfig,
     rank: usize,
-    workers: Vec<RawWorker>,
+    workers: Vec<RawLoaderWorker>,
     quotas: Option<&[u64]>,
     empty_batches: u64,
     one_pass: &[Option<u64>],
@@ -261,7 +261,7 @@ fn rank_plan(
     let (mut dropped, mut repeated) = (0, 0);
     for (w, raw) in workers.into_iter().enumerate() {
         let Some(quotas) = quotas else {
-            plans.push(WorkerPlan {
+            plans.push(LoaderWorkerPlan {
                 worker: raw.worker,
                 seed: raw.seed,
                 stream_offset: raw.stream_offset,
@@ -294,7 +294,7 @@ fn rank_plan(
         if let Some(Some(first)) = one_pass.get(w) {
             repeated += quota.saturating_sub(*first);
         }
-        plans.push(WorkerPlan {
+        plans.push(LoaderWorkerPlan {
             worker: raw.worker,
             seed: raw.seed,
             stream_offset: raw.stream_offset,

@@ -88,10 +88,12 @@ struct Group {
 struct PoolActor {
     group: Arc<Group>,
     kind: String,
-    phase: Phase,
+    state: PoolEntryState,
 }
 
-enum Phase {
+/// Where a pooled actor is in its life: starting (with whom to tell), running, or asked
+/// to stop.
+enum PoolEntryState {
     Starting(oneshot::Sender<Result<(), ActorError>>),
     Running,
     Stopping,
@@ -167,7 +169,7 @@ impl WorkerPool {
                 PoolActor {
                     group: process,
                     kind: kind.clone(),
-                    phase: Phase::Starting(started),
+                    state: PoolEntryState::Starting(started),
                 },
             );
             (outgoing, outcome)
@@ -276,10 +278,10 @@ impl WorkerPool {
             let Some(entry) = state.actors.get_mut(&actor) else {
                 return Err(state.tombstones.missing(actor));
             };
-            match (&entry.phase, kill) {
-                (Phase::Stopping, false) => None,
-                (Phase::Running, false) => {
-                    entry.phase = Phase::Stopping;
+            match (&entry.state, kill) {
+                (PoolEntryState::Stopping, false) => None,
+                (PoolEntryState::Running, false) => {
+                    entry.state = PoolEntryState::Stopping;
                     Some((entry.group.outgoing.clone(), false))
                 }
                 // A kill, or a stop of an actor still starting (nothing of it queued).
@@ -449,11 +451,11 @@ impl PoolInner {
                 match actor_state.as_str() {
                     "running" => {
                         if let Some(entry) = state.actors.get_mut(&actor) {
-                            match std::mem::replace(&mut entry.phase, Phase::Running) {
-                                Phase::Starting(started) => {
+                            match std::mem::replace(&mut entry.state, PoolEntryState::Running) {
+                                PoolEntryState::Starting(started) => {
                                     let _ = started.send(Ok(()));
                                 }
-                                other => entry.phase = other,
+                                other => entry.state = other,
                             }
                         }
                     }
@@ -536,13 +538,13 @@ impl PoolState {
         match self.actors.get(&actor) {
             Some(PoolActor {
                 group,
-                phase: Phase::Running,
+                state: PoolEntryState::Running,
                 ..
             }) => Ok(group),
-            Some(PoolActor { phase, .. }) => Err(ActorError::NotRunning {
+            Some(PoolActor { state, .. }) => Err(ActorError::NotRunning {
                 actor_id: actor,
-                state: match phase {
-                    Phase::Starting(_) => "starting",
+                state: match state {
+                    PoolEntryState::Starting(_) => "starting",
                     _ => "stopping",
                 },
             }),
@@ -575,8 +577,8 @@ impl PoolState {
                 let _ = pending.reply.send(Err(error.clone()));
             }
         }
-        match entry.phase {
-            Phase::Starting(started) => {
+        match entry.state {
+            PoolEntryState::Starting(started) => {
                 let error = match reason {
                     ExitReason::Failed { reason, .. } => ActorError::Start {
                         actor_id: actor,
@@ -587,7 +589,7 @@ impl PoolState {
                 };
                 let _ = started.send(Err(error));
             }
-            Phase::Running | Phase::Stopping => {
+            PoolEntryState::Running | PoolEntryState::Stopping => {
                 self.tombstones.insert(actor, reason.clone());
                 let _ = exits.send(ActorExit {
                     actor_id: actor,

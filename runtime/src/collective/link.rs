@@ -2,7 +2,7 @@
 //! or over a Unix domain socket between ranks on the same host.
 //!
 //! A rank that joins a TCP ring also listens on a Linux abstract-namespace Unix socket
-//! whose name is derived from the job id, its rank and its TCP port
+//! whose name is derived from the ring id, its rank and its TCP port
 //! ([`unix_name`]). A rank whose next rank's address is one of this host's tries that
 //! name first (for up to [`UNIX_GRACE`], as the next rank may not be listening yet) and
 //! falls back to TCP on any failure. The same handshake runs over either, so a peer
@@ -43,8 +43,8 @@ pub struct Link {
 const MEMORY_PIPE_BYTES: usize = 256 * 1024;
 /// The first bytes a connecting rank sends.
 const MAGIC: &[u8; 8] = b"IMGRING1";
-/// Longest job id a handshake accepts.
-const MAX_JOB_BYTES: usize = 256;
+/// Longest ring id a handshake accepts.
+const MAX_RING_ID_BYTES: usize = 256;
 /// Longest one incoming handshake may take, so a silent peer cannot hold the listener.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between connection attempts to the next rank.
@@ -153,7 +153,7 @@ impl Link {
         listener: TcpListener,
         next_addr: SocketAddr,
         secret: &RingSecret,
-        job: &str,
+        ring_id: &str,
         timeout: Duration,
         local_sockets: bool,
     ) -> Result<Link, CollectiveError> {
@@ -162,7 +162,7 @@ impl Link {
             rank,
             world,
             secret,
-            job,
+            ring_id,
         };
         // Abstract socket names are Linux's alone; elsewhere the ring is TCP only.
         let local_sockets = local_sockets && cfg!(target_os = "linux");
@@ -213,10 +213,10 @@ impl Stream {
     }
 }
 
-/// The abstract Unix socket name of `rank` of `job` whose TCP listener has `port`: the
-/// job id enters hashed, so any id fits the 107 bytes a name may have.
-pub(crate) fn unix_name(job: &str, rank: usize, port: u16) -> String {
-    let digest = Sha256::digest(job.as_bytes());
+/// The abstract Unix socket name of `rank` of the ring `ring_id` whose TCP listener has
+/// `port`: the ring id enters hashed, so any id fits the 107 bytes a name may have.
+pub(crate) fn unix_name(ring_id: &str, rank: usize, port: u16) -> String {
+    let digest = Sha256::digest(ring_id.as_bytes());
     format!(
         "imgrun-ring/{}/{rank}/{port}",
         auth::encode_hex(&digest[..8])
@@ -280,7 +280,7 @@ struct Ring<'a> {
     rank: usize,
     world: usize,
     secret: &'a RingSecret,
-    job: &'a str,
+    ring_id: &'a str,
 }
 
 impl Ring<'_> {
@@ -302,7 +302,7 @@ impl Ring<'_> {
                 return None;
             }
         };
-        let name = unix_name(self.job, self.rank, beside.port());
+        let name = unix_name(self.ring_id, self.rank, beside.port());
         let bound = bind_abstract(&name);
         let path = LinkPath::Unix { name, beside };
         match bound {
@@ -353,7 +353,7 @@ impl Ring<'_> {
         deadline: Instant,
     ) -> Result<UnixStream, Option<CollectiveError>> {
         let peer = self.next();
-        let name = unix_name(self.job, peer, beside.port());
+        let name = unix_name(self.ring_id, peer, beside.port());
         let give_up = deadline.min(Instant::now() + UNIX_GRACE);
         let mut delay = Duration::from_millis(10);
         let mut stream = loop {
@@ -524,10 +524,10 @@ impl Ring<'_> {
     {
         let (from, to) = (self.rank as u32, self.next() as u32);
         let nonce_c: [u8; 32] = rand::rng().random();
-        let mut hello = Vec::with_capacity(64 + self.job.len());
+        let mut hello = Vec::with_capacity(64 + self.ring_id.len());
         hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&(self.job.len() as u16).to_le_bytes());
-        hello.extend_from_slice(self.job.as_bytes());
+        hello.extend_from_slice(&(self.ring_id.len() as u16).to_le_bytes());
+        hello.extend_from_slice(self.ring_id.as_bytes());
         hello.extend_from_slice(&from.to_le_bytes());
         hello.extend_from_slice(&(self.world as u32).to_le_bytes());
         hello.extend_from_slice(&nonce_c);
@@ -535,13 +535,13 @@ impl Ring<'_> {
 
         let mut reply = [0u8; 64];
         stream.read_exact(&mut reply).await.map_err(|e| {
-            format!("peer refused our hello (wrong job, world or ring order?): {e}")
+            format!("peer refused our hello (wrong ring id, world or ring order?): {e}")
         })?;
         let (nonce_a, mac_a) = reply.split_at(32);
         let expected = proof(
             self.secret,
             b"acceptor",
-            self.job,
+            self.ring_id,
             from,
             to,
             &nonce_c,
@@ -553,7 +553,7 @@ impl Ring<'_> {
         let mac_c = proof(
             self.secret,
             b"connector",
-            self.job,
+            self.ring_id,
             from,
             to,
             &nonce_c,
@@ -577,22 +577,22 @@ impl Ring<'_> {
         if &head[..8] != MAGIC {
             return Err("not an imgrun ring peer (bad magic)".into());
         }
-        let job_len = u16::from_le_bytes([head[8], head[9]]) as usize;
-        if job_len > MAX_JOB_BYTES {
-            return Err(format!("job id of {job_len} bytes is too long"));
+        let id_len = u16::from_le_bytes([head[8], head[9]]) as usize;
+        if id_len > MAX_RING_ID_BYTES {
+            return Err(format!("ring id of {id_len} bytes is too long"));
         }
-        let mut rest = vec![0u8; job_len + 4 + 4 + 32];
+        let mut rest = vec![0u8; id_len + 4 + 4 + 32];
         stream.read_exact(&mut rest).await.map_err(io_reason)?;
-        let (job, rest) = rest.split_at(job_len);
+        let (ring_id, rest) = rest.split_at(id_len);
         let (from, rest) = rest.split_at(4);
         let (world, nonce_c) = rest.split_at(4);
         let from = u32::from_le_bytes([from[0], from[1], from[2], from[3]]);
         let world = u32::from_le_bytes([world[0], world[1], world[2], world[3]]);
-        if job != self.job.as_bytes() {
+        if ring_id != self.ring_id.as_bytes() {
             return Err(format!(
-                "peer is in job {:?}, not {:?}",
-                String::from_utf8_lossy(job),
-                self.job
+                "peer is in ring {:?}, not {:?}",
+                String::from_utf8_lossy(ring_id),
+                self.ring_id
             ));
         }
         if world as usize != self.world || from as usize != self.prev() {
@@ -607,7 +607,7 @@ impl Ring<'_> {
         let mac_a = proof(
             self.secret,
             b"acceptor",
-            self.job,
+            self.ring_id,
             from,
             to,
             nonce_c,
@@ -625,7 +625,7 @@ impl Ring<'_> {
         let expected = proof(
             self.secret,
             b"connector",
-            self.job,
+            self.ring_id,
             from,
             to,
             nonce_c,
@@ -654,7 +654,7 @@ fn io_reason(e: io::Error) -> String {
 fn proof(
     secret: &RingSecret,
     role: &[u8],
-    job: &str,
+    ring_id: &str,
     from: u32,
     to: u32,
     nonce_c: &[u8],
@@ -664,7 +664,7 @@ fn proof(
         secret.as_bytes(),
         &[
             role,
-            job.as_bytes(),
+            ring_id.as_bytes(),
             &from.to_le_bytes(),
             &to.to_le_bytes(),
             nonce_c,
@@ -684,13 +684,13 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stranger_on_the_unix_name_sends_that_link_to_tcp() -> anyhow::Result<()> {
-        let job = "stranger-test";
+        let ring_id = "stranger-test";
         let listeners = [
             TcpListener::bind("127.0.0.1:0").await?,
             TcpListener::bind("127.0.0.1:0").await?,
         ];
         let addrs = [listeners[0].local_addr()?, listeners[1].local_addr()?];
-        let stranger = bind_abstract(&unix_name(job, 1, addrs[1].port()))?;
+        let stranger = bind_abstract(&unix_name(ring_id, 1, addrs[1].port()))?;
         let stranger = tokio::spawn(async move {
             // Accepts and hangs up on everyone.
             while let Ok((stream, _)) = stranger.accept().await {
@@ -706,7 +706,8 @@ mod tests {
                 tokio::spawn(async move {
                     let options = CollectiveOptions::default();
                     let mut group =
-                        RingGroup::connect(rank, 2, listener, next, &secret, job, options).await?;
+                        RingGroup::connect(rank, 2, listener, next, &secret, ring_id, options)
+                            .await?;
                     let link = group
                         .link()
                         .map(|l| (l.next_transport(), l.prev_transport()));
@@ -730,14 +731,14 @@ mod tests {
     }
 
     #[test]
-    fn unix_names_differ_by_job_rank_and_port_and_fit() {
-        let long_job = "j".repeat(MAX_JOB_BYTES);
+    fn unix_names_differ_by_ring_id_rank_and_port_and_fit() {
+        let long_id = "j".repeat(MAX_RING_ID_BYTES);
         let names = [
             unix_name("a", 0, 1),
             unix_name("b", 0, 1),
             unix_name("a", 1, 1),
             unix_name("a", 0, 2),
-            unix_name(&long_job, usize::MAX, u16::MAX),
+            unix_name(&long_id, usize::MAX, u16::MAX),
         ];
         for (i, a) in names.iter().enumerate() {
             assert!(a.len() < 108, "{a}");
@@ -750,16 +751,16 @@ mod tests {
     #[test]
     fn proofs_bind_role_ranks_and_nonces() {
         let secret = RingSecret::from_bytes([7; 32]);
-        let base = proof(&secret, b"acceptor", "job", 0, 1, &[1; 32], &[2; 32]);
+        let base = proof(&secret, b"acceptor", "ring", 0, 1, &[1; 32], &[2; 32]);
         let variants = [
-            proof(&secret, b"connector", "job", 0, 1, &[1; 32], &[2; 32]),
-            proof(&secret, b"acceptor", "jib", 0, 1, &[1; 32], &[2; 32]),
-            proof(&secret, b"acceptor", "job", 1, 0, &[1; 32], &[2; 32]),
-            proof(&secret, b"acceptor", "job", 0, 1, &[2; 32], &[1; 32]),
+            proof(&secret, b"connector", "ring", 0, 1, &[1; 32], &[2; 32]),
+            proof(&secret, b"acceptor", "rung", 0, 1, &[1; 32], &[2; 32]),
+            proof(&secret, b"acceptor", "ring", 1, 0, &[1; 32], &[2; 32]),
+            proof(&secret, b"acceptor", "ring", 0, 1, &[2; 32], &[1; 32]),
             proof(
                 &RingSecret::from_bytes([8; 32]),
                 b"acceptor",
-                "job",
+                "ring",
                 0,
                 1,
                 &[1; 32],

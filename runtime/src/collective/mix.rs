@@ -116,7 +116,8 @@ impl Mixer {
     /// Connects this rank's groups over TCP. `listeners` holds one listener per group of
     /// [`Mixer::groups_of`], in that order; `address(group, peer)` is where `peer` listens
     /// for `group`. Within a group, each member accepts the one before it and connects to
-    /// the one after it (in rank order), proving knowledge of `secret` for `job`.
+    /// the one after it (in rank order), proving knowledge of `secret` for
+    /// the ring `{ring_id}/mix/{group}`.
     #[allow(clippy::too_many_arguments)] // RingGroup::connect's arguments and the schedule's
     pub async fn connect(
         rank: u32,
@@ -125,7 +126,7 @@ impl Mixer {
         listeners: Vec<TcpListener>,
         address: impl Fn(&[u32], u32) -> Option<SocketAddr>,
         secret: &RingSecret,
-        job: &str,
+        ring_id: &str,
         options: CollectiveOptions,
     ) -> Result<Mixer, MixError> {
         let world = nodes.len();
@@ -154,14 +155,14 @@ impl Mixer {
                     group,
                 });
             };
-            let ring_job = format!("{job}/mix/{group:?}");
+            let group_ring_id = format!("{ring_id}/mix/{group:?}");
             let connected = RingGroup::connect(
                 position,
                 group.len(),
                 listener,
                 next_addr,
                 secret,
-                &ring_job,
+                &group_ring_id,
                 options.clone(),
             )
             .await;

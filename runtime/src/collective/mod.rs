@@ -5,7 +5,7 @@
 //! rank and from the previous one. Links are in memory ([`RingGroup::in_memory`], for
 //! tests) or TCP ([`RingGroup::connect`]; between ranks on one host a Unix domain socket
 //! where it can, see [`CollectiveOptions::local_sockets`]), where both ends of every connection prove that
-//! they know the job's [`RingSecret`] (HMAC-SHA256 over nonces from both sides, the job id
+//! they know the job's [`RingSecret`] (HMAC-SHA256 over nonces from both sides, the ring id
 //! and both ranks). Data after the handshake is **not encrypted or authenticated**, as
 //! with gloo and NCCL: the ring is meant for a trusted cluster network.
 //!

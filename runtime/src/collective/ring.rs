@@ -48,15 +48,17 @@ impl RingGroup {
 
     /// Joins the TCP ring: accepts the previous rank on `listener` and connects to the
     /// next rank at `next_addr`, retrying until `options.connect_timeout`. Both ends prove
-    /// knowledge of `secret` for `job`; a peer that fails is dropped and logged, and if
-    /// no good peer arrives in time the error names the last one that failed.
+    /// knowledge of `secret` for the ring `ring_id` (the same on every member; the
+    /// handshake refuses a peer of another ring); a peer that fails is dropped and
+    /// logged, and if no good peer arrives in time the error names the last one that
+    /// failed.
     pub async fn connect(
         rank: usize,
         world: usize,
         listener: TcpListener,
         next_addr: SocketAddr,
         secret: &RingSecret,
-        job: &str,
+        ring_id: &str,
         options: CollectiveOptions,
     ) -> Result<RingGroup> {
         if rank >= world {
@@ -69,7 +71,7 @@ impl RingGroup {
             let (timeout, local) = (options.connect_timeout, options.local_sockets);
             Some(
                 Link::tcp(
-                    rank, world, listener, next_addr, secret, job, timeout, local,
+                    rank, world, listener, next_addr, secret, ring_id, timeout, local,
                 )
                 .await?,
             )

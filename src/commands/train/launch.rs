@@ -1,17 +1,21 @@
-//! `imgrun train` started by a launcher on every node or every rank (`torchrun`, Slurm's
-//! `srun`), with no `imgrun start`: the processes form a cluster of their own for the
-//! job and run it as a cluster job.
+//! `imgrun train` started by a launcher, one process per machine or per GPU (`torchrun`,
+//! Slurm's `srun`), with no `imgrun start`: the processes form a cluster of their own
+//! for the job and run it as a cluster job.
 //!
-//! Launcher rank 0 starts a head on `MASTER_ADDR`'s machine (UDP port `MASTER_PORT`;
+//! The launcher numbers its processes (its `RANK` of `WORLD_SIZE`, Slurm's `SLURM_PROCID`
+//! of `SLURM_NTASKS`); here that is a [`Launch`]'s `process` of its `processes`, not a
+//! trainer's rank: each process joins as a node, which may hold several ranks.
+//!
+//! Launcher process 0 starts a head on `MASTER_ADDR`'s machine (UDP port `MASTER_PORT`;
 //! torchrun's store uses the TCP port of that number) and writes the join line (address,
 //! token, CA hash) into a rendezvous file, mode 0600, in a folder every process sees
 //! (`launch.rendezvous_dir`, by default `<train.runs_dir>/.rendezvous`: on the shared
 //! filesystem the job's runs go to). Every other process reads it, joins as a node with
-//! its share of the machine (its GPU by local rank, or the GPUs the launcher gave it),
-//! and waits; rank 0 waits for all of them (saying who is missing when the time is up),
-//! runs the job on them, then stops them. Only processes that can read the file can
-//! join: the same user, as with a secret file. A process that dies fails the job, as a
-//! lost node does.
+//! its share of the machine (its GPU by its index among the machine's processes, or the
+//! GPUs the launcher gave it), and waits; process 0 waits for all of them (saying who is
+//! missing when the time is up), runs the job on them, then stops them. Only processes
+//! that can read the file can join: the same user, as with a secret file. A process that
+//! dies fails the job, as a lost node does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,17 +47,19 @@ impl LauncherKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
     pub kind: LauncherKind,
-    /// This process's rank among the launched processes, and how many there are.
-    pub rank: u32,
-    pub world: u32,
-    /// Its rank among the processes of its machine, and how many run there.
-    pub local_rank: u32,
-    pub local_world: u32,
-    /// The machine that runs the head (launcher rank 0's), and the head's UDP port.
+    /// This process's index among the launched processes (the launcher's rank), and how
+    /// many there are (its world size).
+    pub process: u32,
+    pub processes: u32,
+    /// Its index among the processes of its machine (the launcher's local rank), and how
+    /// many run there.
+    pub local_process: u32,
+    pub local_processes: u32,
+    /// The machine that runs the head (launcher process 0's), and the head's UDP port.
     pub master: String,
     pub port: u16,
-    /// The launcher's job id (torchrun's run id, Slurm's job and step).
-    pub job: String,
+    /// The launcher's id of this launch (torchrun's run id, Slurm's job and step).
+    pub launch_id: String,
 }
 
 impl Launch {
@@ -61,10 +67,10 @@ impl Launch {
         format!(
             "{} process {} of {} (local {} of {}), head at {}:{}",
             self.kind.name(),
-            self.rank,
-            self.world,
-            self.local_rank,
-            self.local_world,
+            self.process,
+            self.processes,
+            self.local_process,
+            self.local_processes,
             self.master,
             self.port
         )
@@ -89,7 +95,7 @@ pub fn detect(
         Launcher::Auto if slurm => Some(slurm_launch(env, config.port)?),
         Launcher::Auto => None,
     };
-    Ok(launch.filter(|l| l.world > 1 || config.launcher != Launcher::Auto))
+    Ok(launch.filter(|l| l.processes > 1 || config.launcher != Launcher::Auto))
 }
 
 /// The variable `name`, parsed, or an error naming it.
@@ -112,18 +118,18 @@ where
 
 fn torchrun_launch(env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Launch> {
     let get = |name| var::<u32>(env, "torchrun", name);
-    let (rank, world) = (get("RANK")?, get("WORLD_SIZE")?);
-    let local_rank = env("LOCAL_RANK").map_or(Ok(0), |_| get("LOCAL_RANK"))?;
-    let local_world = env("LOCAL_WORLD_SIZE").map_or(Ok(1), |_| get("LOCAL_WORLD_SIZE"))?;
+    let (process, processes) = (get("RANK")?, get("WORLD_SIZE")?);
+    let local_process = env("LOCAL_RANK").map_or(Ok(0), |_| get("LOCAL_RANK"))?;
+    let local_processes = env("LOCAL_WORLD_SIZE").map_or(Ok(1), |_| get("LOCAL_WORLD_SIZE"))?;
     let launch = Launch {
         kind: LauncherKind::Torchrun,
-        rank,
-        world,
-        local_rank,
-        local_world,
+        process,
+        processes,
+        local_process,
+        local_processes,
         master: var(env, "torchrun", "MASTER_ADDR")?,
         port: var(env, "torchrun", "MASTER_PORT")?,
-        job: env("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into()),
+        launch_id: env("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into()),
     };
     check(&launch)?;
     Ok(launch)
@@ -131,7 +137,7 @@ fn torchrun_launch(env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Launc
 
 fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> anyhow::Result<Launch> {
     let get = |name| var::<u32>(env, "slurm", name);
-    let (rank, world) = (get("SLURM_PROCID")?, get("SLURM_NTASKS")?);
+    let (process, processes) = (get("SLURM_PROCID")?, get("SLURM_NTASKS")?);
     let node = get("SLURM_NODEID")?;
     let nodes_var = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"]
         .into_iter()
@@ -147,8 +153,8 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> anyhow::Resu
         .map_err(|e| anyhow::anyhow!("slurm: {tasks_var}: {e}"))?;
     let total: u32 = tasks.iter().sum();
     anyhow::ensure!(
-        total == world && tasks.len() == hosts.len(),
-        "slurm: {tasks_var} gives {total} tasks on {} node(s), SLURM_NTASKS is {world} and \
+        total == processes && tasks.len() == hosts.len(),
+        "slurm: {tasks_var} gives {total} tasks on {} node(s), SLURM_NTASKS is {processes} and \
          {nodes_var} names {} node(s): the step's variables disagree",
         tasks.len(),
         hosts.len()
@@ -157,10 +163,10 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> anyhow::Resu
     let step = env("SLURM_STEP_ID").unwrap_or_default();
     let launch = Launch {
         kind: LauncherKind::Slurm,
-        rank,
-        world,
-        local_rank: get("SLURM_LOCALID")?,
-        local_world: tasks
+        process,
+        processes,
+        local_process: get("SLURM_LOCALID")?,
+        local_processes: tasks
             .get(node as usize)
             .copied()
             .with_context(|| format!("slurm: SLURM_NODEID {node} of {} nodes", tasks.len()))?,
@@ -171,7 +177,7 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> anyhow::Resu
         } else {
             29400 + (job_id % 500) as u16
         },
-        job: format!("{job_id}.{step}"),
+        launch_id: format!("{job_id}.{step}"),
     };
     check(&launch)?;
     Ok(launch)
@@ -180,16 +186,16 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> anyhow::Resu
 fn check(launch: &Launch) -> anyhow::Result<()> {
     let name = launch.kind.name();
     anyhow::ensure!(
-        launch.rank < launch.world,
-        "{name}: rank {} of a world of {}",
-        launch.rank,
-        launch.world
+        launch.process < launch.processes,
+        "{name}: process {} of only {} launched processes",
+        launch.process,
+        launch.processes
     );
     anyhow::ensure!(
-        launch.local_world >= 1 && launch.local_rank < launch.local_world,
-        "{name}: local rank {} of {} processes on this machine",
-        launch.local_rank,
-        launch.local_world
+        launch.local_processes >= 1 && launch.local_process < launch.local_processes,
+        "{name}: local process {} of only {} processes on this machine",
+        launch.local_process,
+        launch.local_processes
     );
     Ok(())
 }
@@ -289,16 +295,18 @@ pub fn tasks_per_node(spec: &str) -> Result<Vec<u32>, String> {
     Ok(counts)
 }
 
-/// The join line rank 0 writes for the others.
+/// The join line process 0 writes for the others.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Rendezvous {
     address: String,
     token: String,
     ca_hash: String,
-    world: u32,
+    /// How many processes were launched (the file's key is `world`).
+    #[serde(rename = "world")]
+    processes: u32,
 }
 
-/// The rendezvous file of `launch`'s job.
+/// The rendezvous file of `launch` (by its launcher, id, head and port).
 fn rendezvous_path(config: &Config, launch: &Launch) -> PathBuf {
     let dir = if config.launch.rendezvous_dir.is_empty() {
         Path::new(&config.train.runs_dir).join(".rendezvous")
@@ -319,34 +327,34 @@ fn rendezvous_path(config: &Config, launch: &Launch) -> PathBuf {
     dir.join(format!(
         "{}-{}-{}-{}.json",
         launch.kind.name(),
-        clean(&launch.job),
+        clean(&launch.launch_id),
         clean(&launch.master),
         launch.port
     ))
 }
 
-/// What this process offers as a node: its GPU by local rank when every process of the
-/// machine sees all of them, the GPUs the launcher gave it otherwise, and its share of
+/// What this process offers as a node: its GPU by its local process index when every
+/// process of the machine sees all of them, the GPUs the launcher gave it otherwise, and its share of
 /// the CPUs. A count of GPUs that fits neither is refused, naming both.
 fn resources(launch: &Launch) -> anyhow::Result<runtime::NodeResources> {
     let all = runtime::discover(&runtime::DiscoverOptions::default());
     let seen = all.gpus.len() as u32;
-    let visible = if launch.local_world > 1 && seen == launch.local_world {
-        let gpu = &all.gpus[launch.local_rank as usize];
+    let visible = if launch.local_processes > 1 && seen == launch.local_processes {
+        let gpu = &all.gpus[launch.local_process as usize];
         runtime::VisibleDevices::Set(gpu.uuid.clone())
-    } else if launch.local_world > 1 && seen > 1 {
+    } else if launch.local_processes > 1 && seen > 1 {
         anyhow::bail!(
             "{}: this process sees {seen} GPUs and {} processes run on this machine: \
              give each process one GPU (`srun --gpus-per-task=1`), or let each see all \
              {} so that local rank picks one, or start one process per machine",
             launch.describe(),
-            launch.local_world,
-            launch.local_world
+            launch.local_processes,
+            launch.local_processes
         );
     } else {
         runtime::VisibleDevices::Inherit
     };
-    let cpus = (all.cpus / launch.local_world.max(1) as usize).max(1);
+    let cpus = (all.cpus / launch.local_processes.max(1) as usize).max(1);
     Ok(runtime::discover(&runtime::DiscoverOptions {
         num_cpus: Some(cpus),
         visible_devices: visible,
@@ -354,7 +362,7 @@ fn resources(launch: &Launch) -> anyhow::Result<runtime::NodeResources> {
     }))
 }
 
-/// Rank 0: the head, the rendezvous file, and every process joined; the job then runs
+/// Process 0: the head, the rendezvous file, and every process joined; the job then runs
 /// on the returned cluster (and [`finish`] stops the others).
 pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led> {
     println!("launch: {}", launch.describe());
@@ -386,7 +394,7 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
         address: head.join_address(),
         token: head.token().as_str().to_string(),
         ca_hash: head.ca_hash().to_string(),
-        world: launch.world,
+        processes: launch.processes,
     };
     write_private(&path, &serde_json::to_vec(&record)?)
         .with_context(|| format!("writing the rendezvous file {}", path.display()))?;
@@ -398,11 +406,11 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
     loop {
         let status = client.status().await.context("asking the head for nodes")?;
         let live: Vec<&runtime::NodeStatus> = status.live_nodes().collect();
-        if live.len() as u32 >= launch.world {
+        if live.len() as u32 >= launch.processes {
             check_gpus(&live)?;
             println!(
                 "launch: all {} processes joined ({} GPU(s))",
-                launch.world,
+                launch.processes,
                 live.iter().map(|n| n.gpus.len()).sum::<usize>()
             );
             break;
@@ -418,7 +426,7 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
                  others did not find or could not use {} (it must be on a filesystem they \
                  see: launch.rendezvous_dir), or cannot reach UDP port {} on {}",
                 live.len(),
-                launch.world,
+                launch.processes,
                 config.launch.timeout_secs,
                 path.display(),
                 launch.port,
@@ -435,7 +443,7 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
     })
 }
 
-/// Rank 0's cluster: the head, its state folder, a client, and the rendezvous file.
+/// Process 0's cluster: the head, its state folder, a client, and the rendezvous file.
 pub(super) struct Led {
     pub(super) head: runtime::Head,
     pub(super) dir: tempfile::TempDir,
@@ -463,14 +471,14 @@ fn check_gpus(nodes: &[&runtime::NodeStatus]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rank 0, after the job: stops the other processes' nodes and removes the rendezvous
+/// Process 0, after the job: stops the other processes' nodes and removes the rendezvous
 /// file.
 pub(super) async fn finish(client: &runtime::ClusterClient, rendezvous: &Path) {
     let _ = client.stop(true).await;
     let _ = std::fs::remove_file(rendezvous);
 }
 
-/// Every process but rank 0: joins rank 0's head as a node and serves it until the head
+/// Every process but process 0: joins process 0's head as a node and serves it until the head
 /// stops it (exit 0) or goes away (exit 1).
 pub fn follow(config: &Config, launch: &Launch) -> anyhow::Result<ExitCode> {
     println!("launch: {}", launch.describe());
@@ -536,7 +544,7 @@ async fn head_answers(state: &runtime::StateDir) -> bool {
         .is_some()
 }
 
-/// Reads the rendezvous file and joins, trying again (a file from an earlier job with
+/// Reads the rendezvous file and joins, trying again (a file from an earlier launch with
 /// the same id, or none yet) until `launch.timeout_secs`.
 async fn join(
     config: &Config,
@@ -668,13 +676,13 @@ mod tests {
             launch,
             Launch {
                 kind: LauncherKind::Torchrun,
-                rank: 3,
-                world: 8,
-                local_rank: 1,
-                local_world: 2,
+                process: 3,
+                processes: 8,
+                local_process: 1,
+                local_processes: 2,
                 master: "gpu01".into(),
                 port: 29500,
-                job: "r50".into(),
+                launch_id: "r50".into(),
             }
         );
         let slurm = env_of(&[
@@ -692,14 +700,17 @@ mod tests {
             .expect("a launch");
         assert_eq!(
             (
-                launch.rank,
-                launch.world,
-                launch.local_world,
+                launch.process,
+                launch.processes,
+                launch.local_processes,
                 launch.master.as_str()
             ),
             (9, 10, 2, "gpu01")
         );
-        assert_eq!((launch.port, launch.job.as_str()), (29400 + 321, "4321.0"));
+        assert_eq!(
+            (launch.port, launch.launch_id.as_str()),
+            (29400 + 321, "4321.0")
+        );
         // An interactive shell on a node: SLURM_* without a step of several tasks.
         let shell = env_of(&[("SLURM_JOB_ID", "4321"), ("SLURM_NODEID", "0")]);
         assert_eq!(
@@ -741,7 +752,7 @@ mod tests {
                     ("MASTER_PORT", "1"),
                 ],
                 Launcher::Auto,
-                "rank 4 of a world of 2",
+                "process 4 of only 2 launched processes",
             ),
             (
                 &[

@@ -98,7 +98,7 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
                 "slurm"
             }
         );
-        if launch.rank != 0 {
+        if launch.process != 0 {
             return launch::follow(&loaded.config, launch);
         }
     }

@@ -140,7 +140,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         .map(|phase| (phase.epoch(), phase.size()))
         .collect();
     let sizes = size_schedule(data.image_size, &pairs)?;
-    let mut phase_train = Vec::new();
+    let mut size_phase_train = Vec::new();
     for phase in &data.size_schedule {
         let Some(spec) = phase.train() else { continue };
         let what = || format!("data.size_schedule: the phase from epoch {}", phase.epoch());
@@ -154,7 +154,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
                 what()
             );
         }
-        phase_train.push((phase.epoch(), set));
+        size_phase_train.push((phase.epoch(), set));
     }
     let (lo, hi) = data.crop_scale;
     anyhow::ensure!(
@@ -181,7 +181,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
         label_field: data.label_field.clone(),
         errors: shards.error_policy,
         sizes,
-        phase_train,
+        size_phase_train,
         eval_size: data.eval_size,
         crop_scale: data.crop_scale,
         resize_ratio: data.resize_ratio,

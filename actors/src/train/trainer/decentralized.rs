@@ -34,7 +34,7 @@ impl Trainer {
         let peers = request.mix_peers.clone();
         let listeners = std::mem::take(&mut self.mix_listeners);
         let secret = parse_secret(&request.secret)?;
-        let job = request.job.clone();
+        let ring_id = request.ring_id.clone();
         let options = CollectiveOptions {
             op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
             ..CollectiveOptions::default()
@@ -64,7 +64,7 @@ impl Trainer {
                 Some(SocketAddr::new(at.ip, *at.ports.get(index)?))
             };
             runtime::Mixer::connect(
-                rank, topology, &nodes, listeners, address, &secret, &job, options,
+                rank, topology, &nodes, listeners, address, &secret, &ring_id, options,
             )
             .await
         };

@@ -35,9 +35,9 @@ use super::optim::Sgd;
 use super::phase::{self, Phase, PhaseRequest};
 use super::protocol::{
     AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest, EpochReceived,
-    EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoadersReply, LoadersRequest, METHODS,
-    PreloadReply, PreloadRequest, RegroupRequest, ResumeFrom, RollbackRequest, SaveRequest,
-    StepRecord, StepTiming, TrainReply, TrainRequest, TrainerMethod,
+    EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoaderActorsReply, LoaderActorsRequest,
+    METHODS, PreloadReply, PreloadRequest, RegroupRequest, ResumeFrom, RollbackRequest,
+    SaveRequest, StepRecord, StepTiming, TrainReply, TrainRequest, TrainerMethod,
 };
 use super::scaler::{LossScaler, StepVerdict};
 use super::schedule::{LrSchedule, ScheduleKind};
@@ -106,7 +106,7 @@ struct Trainer {
     /// The copies this node's shards are being preloaded into (`data.preload`).
     preloader: Option<pipelines::Preloader>,
     /// The loader actors that run this rank's loader workers (`data.loaders = "remote"`).
-    remote: Option<crate::load::RemoteWorkers>,
+    remote: Option<crate::load::RemoteLoaderWorkers>,
     /// An elastic job's state at the start of the last `train` call.
     snapshot: Option<elastic::Snapshot>,
     /// The rest of an epoch after a regroup: its plan for this world.
@@ -238,26 +238,29 @@ impl Trainer {
         })
     }
 
-    fn use_loaders(&mut self, request: LoadersRequest) -> Result<LoadersReply, MethodError> {
+    fn use_loader_actors(
+        &mut self,
+        request: LoaderActorsRequest,
+    ) -> Result<LoaderActorsReply, MethodError> {
         let workers = self.init.job.data.loader_workers.max(1) as usize;
-        if request.loaders.len() != workers {
+        if request.loader_actors.len() != workers {
             return Err(MethodError::new(format!(
-                "rank {}: {} loader addresses for {workers} loader workers",
+                "rank {}: {} loader actor addresses for {workers} loader workers",
                 self.init.rank,
-                request.loaders.len()
+                request.loader_actors.len()
             )));
         }
         let secret = runtime::channel::ChannelSecret::from_hex(&request.secret)
             .map_err(|e| MethodError::new(format!("the data channel secret: {e}")))?;
-        let remote = crate::load::RemoteWorkers::new(
+        let remote = crate::load::RemoteLoaderWorkers::new(
             self.loader.clone(),
-            request.loaders,
+            request.loader_actors,
             secret,
             self.init.job.data.queue_batches,
         );
         let remote_workers = remote.remote_workers() as u32;
         self.remote = Some(remote);
-        Ok(LoadersReply { remote_workers })
+        Ok(LoaderActorsReply { remote_workers })
     }
 
     fn listen(&mut self) -> Result<ListenReply, MethodError> {
@@ -324,7 +327,7 @@ impl Trainer {
             op_timeout: std::time::Duration::from_secs(request.op_timeout_secs.max(1)),
             ..CollectiveOptions::default()
         };
-        let job = request.job.clone();
+        let ring_id = request.ring_id.clone();
         let next = request.next;
         let connect = move || async move {
             let listener = listener
@@ -334,7 +337,8 @@ impl Trainer {
                     rank,
                     what: format!("the ring's listening socket: {e}"),
                 })?;
-            runtime::RingGroup::connect(rank, world, listener, next, &secret, &job, options).await
+            runtime::RingGroup::connect(rank, world, listener, next, &secret, &ring_id, options)
+                .await
         };
         let bucket_bytes = self.init.job.optim.bucket_bytes;
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
@@ -999,7 +1003,7 @@ impl Trainer {
             }),
             ListenRequest::NAME => answer(payload, |_: ListenRequest| self.listen()),
             PreloadRequest::NAME => answer(payload, |request| self.preload(request)),
-            LoadersRequest::NAME => answer(payload, |request| self.use_loaders(request)),
+            LoaderActorsRequest::NAME => answer(payload, |request| self.use_loader_actors(request)),
             ConnectRequest::NAME => answer(payload, |request| self.connect(request)),
             TrainRequest::NAME => answer(payload, |request| self.train(request)),
             EvaluateRequest::NAME => answer(payload, |_: EvaluateRequest| self.evaluate()),

@@ -9,11 +9,11 @@ use runtime::channel::ChannelSecret;
 use runtime::{ActorLabel, ActorRef, ClusterClient, NodeId, Resources, SpawnOptions, Strategy};
 
 use super::JobError;
-use super::calls::{Rank, call_all, to_json};
+use super::calls::{RankHandle, call_all, to_json};
 use super::output::JobOutput;
 use super::world::Trainers;
 use crate::load::{AddressRequest, LOADER_KIND, LoaderInit, LoaderMethod};
-use crate::train::{JobSpec, LoadersRequest};
+use crate::train::{JobSpec, LoaderActorsRequest};
 
 /// CPU a loader actor reserves per loader worker it runs (a decoder thread, and a reader
 /// thread that mostly waits).
@@ -36,7 +36,7 @@ const CPU_MILLIS_PER_WORKER: u64 = 1000;
 ///
 /// The number of loader workers, on which the plan depends, never changes. Only a
 /// cluster without a free CPU has no placement.
-pub(crate) fn size_loaders(
+pub(crate) fn size_loader_actors(
     free: &[(NodeId, u32)],
     pairs: u32,
     wanted: u32,
@@ -104,7 +104,7 @@ pub(crate) fn size_loaders(
     Ok(placed)
 }
 
-/// One loader actor of [`size_loaders`]: its node, the loader workers it runs, the CPUs
+/// One loader actor of [`size_loader_actors`]: its node, the loader workers it runs, the CPUs
 /// it reserves (as many as its workers, unless the cluster has fewer free).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LoaderPlace {
@@ -122,8 +122,8 @@ pub(crate) struct NoRoom {
 /// Which loader actor runs each (rank, worker): dealt out in turn over the ranks' workers,
 /// so that each actor serves as many ranks as it can and each rank several actors; an
 /// actor that runs its share (`loads`) is passed over.
-pub(crate) fn deal(world: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
-    let mut by_rank = vec![Vec::with_capacity(workers as usize); world as usize];
+pub(crate) fn deal(world_size: u32, workers: u32, loads: &[u32]) -> Vec<Vec<usize>> {
+    let mut by_rank = vec![Vec::with_capacity(workers as usize); world_size as usize];
     let mut left = loads.to_vec();
     let mut next = 0;
     for _ in 0..workers {
@@ -161,15 +161,15 @@ pub(crate) async fn start(
     trainers: &Trainers,
     job: &JobSpec,
     job_name: &str,
-    ranks: &[Rank],
+    ranks: &[RankHandle],
     output: &dyn JobOutput,
     timeout: Duration,
 ) -> Result<(), JobError> {
-    let world = ranks.len() as u32;
+    let world_size = ranks.len() as u32;
     let workers = job.data.loader_workers.max(1);
-    let pairs = world * workers;
+    let pairs = world_size * workers;
     let wanted = match job.data.loader_actors {
-        0 => world,
+        0 => world_size,
         n => n,
     };
     let status = client
@@ -177,10 +177,10 @@ pub(crate) async fn start(
         .await
         .map_err(JobError::cluster("asking for the cluster's free CPUs"))?;
     let free = free_cpus(&status);
-    let placed = size_loaders(&free, pairs, wanted).map_err(|room| {
+    let placed = size_loader_actors(&free, pairs, wanted).map_err(|room| {
         JobError::Refused(format!(
             "data.loaders = \"remote\": no node has a CPU free for the {} loader workers of \
-             {world} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
+             {world_size} rank(s): add a node (`imgrun join`), or use data.loaders = \"local\"",
             room.pairs
         ))
     })?;
@@ -193,7 +193,7 @@ pub(crate) async fn start(
     }
     let load: Vec<u32> = placed.iter().map(|p| p.workers).collect();
     let count = load.len() as u32;
-    let dealt = deal(world, workers, &load);
+    let dealt = deal(world_size, workers, &load);
     let secret = ChannelSecret::random();
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -246,14 +246,14 @@ pub(crate) async fn start(
     }
     let actors: Vec<ActorRef> = actors.into_iter().flatten().collect();
     let addrs = addresses(&actors, timeout).await?;
-    let loaders: Vec<Vec<Option<SocketAddr>>> = dealt
+    let loader_actors: Vec<Vec<Option<SocketAddr>>> = dealt
         .iter()
         .map(|rank| rank.iter().map(|&k| Some(addrs[k])).collect())
         .collect();
     call_all(
         ranks,
-        |rank| LoadersRequest {
-            loaders: loaders[rank.rank as usize].clone(),
+        |rank| LoaderActorsRequest {
+            loader_actors: loader_actors[rank.rank as usize].clone(),
             secret: secret.to_hex(),
         },
         timeout,
@@ -263,7 +263,7 @@ pub(crate) async fn start(
     nodes.sort();
     nodes.dedup();
     output.info(format!(
-        "loaders: {} loader actor(s) on node(s) {} run the {pairs} loader workers of {world} \
+        "loaders: {} loader actor(s) on node(s) {} run the {pairs} loader workers of {world_size} \
          rank(s), sending uint8 batches over data channels",
         actors.len(),
         nodes.join(", ")
@@ -300,17 +300,17 @@ mod tests {
         assert_eq!(deal(1, 4, &[2, 2]), vec![vec![0, 1, 0, 1]]);
         // Uneven shares: an actor that runs its share is passed over.
         assert_eq!(deal(2, 2, &[3, 1]), vec![vec![0, 0], vec![1, 0]]);
-        for (world, workers, actors) in [(4, 3, 5), (1, 1, 1), (8, 4, 3)] {
-            let pairs = world * workers;
+        for (world_size, workers, actors) in [(4, 3, 5), (1, 1, 1), (8, 4, 3)] {
+            let pairs = world_size * workers;
             let loads: Vec<u32> = (0..actors)
                 .map(|k| pairs / actors + u32::from(k < pairs % actors))
                 .collect();
-            let dealt = deal(world, workers, &loads);
+            let dealt = deal(world_size, workers, &loads);
             let mut load = vec![0; actors as usize];
             for a in dealt.iter().flatten() {
                 load[*a] += 1;
             }
-            assert_eq!(load, loads, "{world} {workers} {actors}");
+            assert_eq!(load, loads, "{world_size} {workers} {actors}");
         }
     }
 
@@ -355,7 +355,7 @@ mod tests {
             (&[], 4, 1, None),
         ];
         for (free, pairs, wanted, want) in cases {
-            let got = size_loaders(free, *pairs, *wanted);
+            let got = size_loader_actors(free, *pairs, *wanted);
             match want {
                 Some(want) => {
                     let want: Vec<LoaderPlace> = want
