@@ -1,7 +1,8 @@
-//! Actors through the cluster, in process, over real QUIC on loopback: a head and two
-//! nodes host the test's kinds; a client spawns actors by strategy, calls and tells them
-//! wherever they run, stops and kills them, and reads the failures, restarts and stops of
-//! its actors as events, down to a node dropped without a word (as SIGKILL leaves it).
+//! Actors through the cluster, in process, over real QUIC through the test network
+//! (`common/net.rs`): a head and two nodes host the test's kinds; a client spawns actors
+//! by strategy, calls and tells them wherever they run, stops and kills them, and reads
+//! the failures, restarts and stops of its actors as events, down to a node dropped
+//! without a word (as SIGKILL leaves it) or cut off from the head.
 //!
 //! Membership is fast (heartbeats every 50 ms, dead after 500 ms). Nothing sleeps to wait:
 //! tests wait for events (long-polled from the head) or answers, each under [`LIMIT`];
@@ -10,19 +11,18 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use runtime::{
     Actor, ActorCallError, ActorContext, ActorEvent, ActorEventKind, ActorHosting, ActorRef,
-    ActorRegistry, ClusterClient, ClusterStatus, FailureOrigin, Head, HeadConfig, MembershipConfig,
-    MethodError, Node, NodeConfig, NodeId, Resources, SpawnOptions, StateDir, Strategy,
-    TransportOptions,
+    ActorRegistry, ClusterClient, ClusterStatus, FailureOrigin, MethodError, Node, NodeId,
+    Resources, SpawnOptions, Strategy,
 };
-use tempfile::TempDir;
 
-use common::{DEAD_AFTER_MS, HEARTBEAT_MS, LIMIT, resources, within};
+use common::cluster::TestCluster;
+use common::net::{Action, HEAD, Traffic};
+use common::{DEAD_AFTER_MS, LIMIT, within};
 
 /// The kinds the daemons host: `probe`, whose methods are named for what they do, and
 /// `broken`, whose constructor fails.
@@ -126,70 +126,30 @@ fn hosting() -> ActorHosting {
 /// A head (4 CPUs) and two nodes: `one` (2 CPUs) and `gpu` (2 CPUs, 2 GPUs), and a client
 /// on the head's machine.
 struct Cluster {
-    dir: TempDir,
-    head: Head,
+    test: TestCluster,
     nodes: Vec<Option<Node>>,
     client: ClusterClient,
 }
 
 impl Cluster {
     async fn start() -> Cluster {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = HeadConfig {
-            membership: MembershipConfig {
-                heartbeat_interval_ms: HEARTBEAT_MS,
-                dead_after_ms: DEAD_AFTER_MS,
-            },
-            actors: hosting(),
-            ..HeadConfig::loopback(
-                StateDir::at(dir.path().join("head")),
-                resources("head", 4, 0),
-            )
-        };
-        let head = within("head start", Head::start(config))
-            .await
-            .expect("head starts");
+        let test = TestCluster::start(0, hosting()).await;
         let mut nodes = Vec::new();
         for (machine, gpus) in [("one", 0), ("gpu", 2)] {
-            let config = NodeConfig {
-                head: head.join_address(),
-                token: head.token().clone(),
-                ca_hash: head.ca_hash(),
-                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-                advertise: None,
-                state: StateDir::at(dir.path().join(machine)),
-                resources: resources(machine, 2, gpus),
-                transport: TransportOptions::default(),
-                actors: hosting(),
-            };
-            let node = within(machine, Node::start(config))
-                .await
-                .unwrap_or_else(|error| panic!("{machine} joins: {error}"));
-            nodes.push(Some(node));
+            nodes.push(Some(test.join(machine, gpus).await));
         }
-        let client = Self::client_in(&dir, "head").await;
+        let client = test.client("head").await;
         Cluster {
-            dir,
-            head,
+            test,
             nodes,
             client,
         }
     }
 
-    /// A new client on `machine` (its own connection: another owner).
-    async fn client_in(dir: &TempDir, machine: &str) -> ClusterClient {
-        within(
-            "client",
-            ClusterClient::connect(&StateDir::at(dir.path().join(machine)), None),
-        )
-        .await
-        .expect("client connects")
-    }
-
     /// Node ids: the head, `one`, `gpu`.
     fn ids(&self) -> [NodeId; 3] {
         let node = |i: usize| self.nodes[i].as_ref().expect("node running").node_id();
-        [self.head.node_id(), node(0), node(1)]
+        [self.test.head.node_id(), node(0), node(1)]
     }
 
     async fn spawn(&self, options: SpawnOptions) -> ActorRef {
@@ -430,7 +390,7 @@ async fn calls_and_tells_reach_actors_on_any_node_and_time_out() {
     assert_eq!(call(&remote, "echo", "after").await.expect("echo"), "after");
 
     // Another client (a node's machine) may call, but not stop, what this one spawned.
-    let other = Cluster::client_in(&cluster.dir, "one").await;
+    let other = cluster.test.client("one").await;
     let theirs = within("actor", other.actor(remote.id()))
         .await
         .expect("locate");
@@ -714,11 +674,73 @@ async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
     );
 }
 
+/// A partition between a node and the head (the test network drops everything between
+/// them): its actor fails with the cause `NodeLost` and restarts elsewhere; once the link
+/// heals the node joins again, and each actor is still held once, where its handle finds
+/// it.
+#[tokio::test]
+async fn a_node_cut_off_from_the_head_loses_its_actors_and_rejoins_without_them() {
+    let cluster = Cluster::start().await;
+    let [head, one, gpu] = cluster.ids();
+    let mut actors = Vec::new();
+    for _ in 0..3 {
+        let options = probe(1, Strategy::Spread).restart(1, Duration::from_millis(10));
+        actors.push(cluster.spawn(options).await);
+    }
+    let doomed = actors
+        .iter()
+        .find(|a| a.node() == one)
+        .expect("an actor on node one")
+        .clone();
+    assert_eq!(call(&doomed, "add", "5").await.expect("add"), "5");
+
+    cluster
+        .test
+        .net
+        .set("one", HEAD, Traffic::All, Action::Drop);
+    let mut seen = 0;
+    let events = events_until(&cluster.client, &mut seen, |events| {
+        events.iter().any(|e| e.kind == ActorEventKind::Restarted)
+    })
+    .await;
+    let restarting = events
+        .iter()
+        .find(|e| e.kind == ActorEventKind::Restarting)
+        .unwrap_or_else(|| panic!("no restart in {events:?}"));
+    assert_eq!(
+        (restarting.node, restarting.origin),
+        (Some(one), FailureOrigin::NodeLost),
+        "{events:?}"
+    );
+    // The handle follows the restarted instance (its state not kept).
+    assert_eq!(call(&doomed, "get", "").await.expect("get"), "0");
+    assert!([head, gpu].contains(&doomed.node()), "{doomed:?}");
+
+    cluster.test.net.heal("one", HEAD);
+    let status = within("one back", async {
+        loop {
+            let status = cluster.status().await;
+            if status.live_nodes().any(|n| n.id == one) {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut want: Vec<(String, NodeId)> = actors
+        .iter()
+        .map(|a| (format!("actor:{}", a.id()), a.node()))
+        .collect();
+    want.sort();
+    assert_eq!(reservations(&status), want, "{status}");
+    assert_eq!(call(&doomed, "add", "2").await.expect("add"), "2");
+}
+
 #[tokio::test]
 async fn a_client_that_goes_away_takes_its_actors_along() {
     let cluster = Cluster::start().await;
     let [_, one, _] = cluster.ids();
-    let other = Cluster::client_in(&cluster.dir, "head").await;
+    let other = cluster.test.client("head").await;
     let actor = within("spawn", other.spawn(probe(1, Strategy::Node(one))))
         .await
         .expect("spawn");
@@ -746,7 +768,7 @@ async fn a_client_that_goes_away_takes_its_actors_along() {
 async fn a_detached_actor_outlives_its_spawner_and_any_client_stops_it() {
     let cluster = Cluster::start().await;
     let [_, one, _] = cluster.ids();
-    let other = Cluster::client_in(&cluster.dir, "head").await;
+    let other = cluster.test.client("head").await;
     let owned = within("spawn", other.spawn(probe(1, Strategy::Node(one))))
         .await
         .expect("spawn owned");

@@ -1,8 +1,9 @@
-//! The head and node daemons and the cluster client, in process, over real QUIC on
-//! loopback: joins and their refusals, failure detection of a node dropped without a word
-//! (as SIGKILL leaves it), rejoins, a restarted head, heartbeats as datagrams and on
-//! streams, stopping the cluster, and what a client sees from the head's machine and from
-//! a node's.
+//! The head and node daemons and the cluster client, in process, over real QUIC through
+//! the test network (`common/net.rs`): joins and their refusals, failure detection of a
+//! node dropped without a word (as SIGKILL leaves it) or cut off by a partition, rejoins,
+//! heartbeats cut from their port, a slow link, a restarted head, heartbeats as datagrams
+//! and on streams, stopping the cluster, and what a client sees from the head's machine
+//! and from a node's.
 //!
 //! Membership is fast (heartbeats every 50 ms, dead after 500 ms). Nothing sleeps to wait:
 //! tests wait for the head's events, the daemons' `stopped()`, or requests, each under
@@ -27,65 +28,16 @@ use runtime::{
     MembershipConfig, Node, NodeConfig, NodeId, NodeState, Peer, Resources, StateDir, Strategy,
     TransportOptions,
 };
-use tempfile::TempDir;
 
+use common::cluster::TestCluster;
+use common::net::{Action, HEAD, Traffic};
 use common::{DEAD_AFTER_MS, HEARTBEAT_MS, LIMIT, resources, within};
 use log_writer::LogWriter;
 use tokio::sync::broadcast;
 
-/// A head on a free loopback port, with a state folder per simulated machine.
-struct Cluster {
-    dir: TempDir,
-    head: Head,
-}
-
-impl Cluster {
-    /// A head offering 4 CPUs and 2 GPUs.
-    async fn start() -> Cluster {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let head = within("head start", Head::start(head_config(&dir, 0)))
-            .await
-            .expect("head starts");
-        Cluster { dir, head }
-    }
-
-    fn state(&self, machine: &str) -> StateDir {
-        StateDir::at(self.dir.path().join(machine))
-    }
-
-    fn node_config(&self, machine: &str, gpus: usize) -> NodeConfig {
-        NodeConfig {
-            head: self.head.join_address(),
-            token: self.head.token().clone(),
-            ca_hash: self.head.ca_hash(),
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            advertise: None,
-            state: self.state(machine),
-            resources: resources(machine, 2, gpus),
-            transport: TransportOptions::default(),
-            actors: ActorHosting::default(),
-        }
-    }
-
-    async fn join(&self, machine: &str, gpus: usize) -> Node {
-        within(machine, Node::start(self.node_config(machine, gpus)))
-            .await
-            .unwrap_or_else(|error| panic!("{machine} joins: {error}"))
-    }
-}
-
-fn head_config(dir: &TempDir, port: u16) -> HeadConfig {
-    HeadConfig {
-        bind: SocketAddr::from(([127, 0, 0, 1], port)),
-        membership: MembershipConfig {
-            heartbeat_interval_ms: HEARTBEAT_MS,
-            dead_after_ms: DEAD_AFTER_MS,
-        },
-        ..HeadConfig::loopback(
-            StateDir::at(dir.path().join("head")),
-            resources("head", 4, 2),
-        )
-    }
+/// The cluster of most tests: a head of 4 CPUs and 2 GPUs, default actor hosting.
+async fn start() -> TestCluster {
+    TestCluster::start(2, ActorHosting::default()).await
 }
 
 async fn wait_status(
@@ -145,9 +97,15 @@ fn alive(status: &ClusterStatus) -> usize {
 
 #[tokio::test]
 async fn a_head_and_two_nodes_form_a_cluster_with_their_resources() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let one = cluster.join("one", 1).await;
-    let two = cluster.join("two", 3).await;
+    // `two` advertises nothing: its address is the one it bound (`one`'s is the test
+    // network's relay in front of it).
+    let mut config = cluster.node_config("two", 2, 3);
+    config.advertise = None;
+    let two = within("two", cluster.start_node("two", config))
+        .await
+        .expect("two joins");
     let status = cluster.head.status();
     let expected = [
         (
@@ -175,7 +133,7 @@ async fn a_head_and_two_nodes_form_a_cluster_with_their_resources() {
         );
         assert!(node.gpus.iter().all(|gpu| gpu.name == "claimed GPU"));
     }
-    assert_eq!(one.local_addr().to_string(), one.address());
+    assert_eq!(two.local_addr().to_string(), two.address());
     let totals = &status.totals;
     assert_eq!((totals.nodes, totals.cpus, totals.gpus), (3, 8, 6));
     let text = status.to_string();
@@ -213,7 +171,7 @@ type BadJoin = (&'static str, fn(&mut NodeConfig, SocketAddr), &'static str);
 
 #[tokio::test]
 async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let one = cluster.join("one", 1).await;
     let silent = UdpSocket::bind("127.0.0.1:0").expect("silent socket");
     let silent_address = silent.local_addr().expect("address");
@@ -235,7 +193,7 @@ async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
         ),
     ];
     for (what, spoil, word) in cases {
-        let mut config = cluster.node_config(what, 1);
+        let mut config = cluster.node_config(what, 2, 1);
         spoil(&mut config, silent_address);
         // Each join gives up by itself: connecting and the answer have CONNECT_TIMEOUT
         // each, and only the silent head makes it wait one out; three are ample on a
@@ -303,7 +261,7 @@ async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
 
 #[tokio::test]
 async fn a_killed_node_is_declared_dead_in_its_window_and_comes_back_with_its_id() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let survivor = cluster.join("survivor", 1).await;
     let victim = cluster.join("victim", 3).await;
     let (victim_id, victim_session) = (victim.node_id(), victim.session());
@@ -376,27 +334,18 @@ async fn a_killed_node_is_declared_dead_in_its_window_and_comes_back_with_its_id
 
 #[tokio::test]
 async fn nodes_come_back_to_a_restarted_head() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let one = cluster.join("one", 1).await;
     let two = cluster.join("two", 1).await;
-    let Cluster { dir, head } = cluster;
-    let (port, ca_hash, token) = (
-        head.local_addr().port(),
-        head.ca_hash(),
-        head.token().as_str().to_owned(),
-    );
-    within("stop", head.stop()).await;
-    within("stopped", head.stopped()).await;
-    drop(head);
+    let (ca_hash, token) = (cluster.head.ca_hash(), cluster.head.token().clone());
 
-    let head = within("restart", Head::start(head_config(&dir, port)))
-        .await
-        .expect("head restarts on its port");
+    let cluster = cluster.restart_head().await;
+    let head = &cluster.head;
     assert_eq!(
         (head.ca_hash(), head.token().as_str()),
         (ca_hash, token.as_str())
     );
-    let status = wait_status(&head, "both nodes back", |status| alive(status) == 3).await;
+    let status = wait_status(head, "both nodes back", |status| alive(status) == 3).await;
     let mut addresses: Vec<&str> = status.nodes.iter().map(|n| n.address.as_str()).collect();
     addresses.sort_unstable();
     let head_address = head.join_address();
@@ -420,17 +369,12 @@ fn free_udp_port() -> u16 {
 
 #[tokio::test]
 async fn a_head_beats_on_the_port_it_is_given_and_refuses_one_it_cannot_have() {
-    let dir = tempfile::tempdir().expect("temp dir");
     let port = free_udp_port();
-    let config = HeadConfig {
-        beat_port: port,
-        ..head_config(&dir, 0)
-    };
-    let head = within("head start", Head::start(config))
-        .await
-        .expect("head starts");
-    assert_eq!(head.beat_port(), port);
-    let cluster = Cluster { dir, head };
+    let cluster = TestCluster::start_with(2, ActorHosting::default(), |config| {
+        config.beat_port = port;
+    })
+    .await;
+    assert_eq!(cluster.head.beat_port(), port);
     let _node = cluster.join("one", 0).await;
     within("a beat taken on the given port", async {
         while cluster.head.beat_counts().accepted == 0 {
@@ -447,8 +391,12 @@ async fn a_head_beats_on_the_port_it_is_given_and_refuses_one_it_cannot_have() {
     for (what, bind_port, beat_port) in [("held", 0, held_port), ("quic", quic_port, quic_port)] {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = HeadConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], bind_port)),
             beat_port,
-            ..head_config(&dir, bind_port)
+            ..HeadConfig::loopback(
+                StateDir::at(dir.path().join("head")),
+                resources("head", 4, 2),
+            )
         };
         let error = within(what, Head::start(config))
             .await
@@ -468,7 +416,7 @@ async fn a_head_beats_on_the_port_it_is_given_and_refuses_one_it_cannot_have() {
 
 #[tokio::test]
 async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let port = cluster.head.beat_port();
     assert_ne!(port, 0, "the head has a heartbeat port");
     // A node of our own making, as `fake_nodes.rs` in the cluster bench: a join with the
@@ -637,15 +585,10 @@ async fn heartbeats_keep_the_session_and_a_refusal_rejoins_with_or_without_datag
             datagrams,
             ..TransportOptions::default()
         };
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = HeadConfig {
-            transport: transport.clone(),
-            ..head_config(&dir, 0)
-        };
-        let head = within(case, Head::start(config))
-            .await
-            .expect("head starts");
-        let cluster = Cluster { dir, head };
+        let cluster = TestCluster::start_with(2, ActorHosting::default(), |config| {
+            config.transport = transport;
+        })
+        .await;
         let node = cluster.join("one", 1).await;
         let (id, session) = (node.node_id(), node.session());
         let mut events = cluster.head.subscribe();
@@ -675,19 +618,9 @@ async fn heartbeats_keep_the_session_and_a_refusal_rejoins_with_or_without_datag
         );
         assert_eq!(node.session(), session, "{case}");
 
-        let Cluster { dir, head } = cluster;
-        let port = head.local_addr().port();
-        within("stop", head.stop()).await;
-        within("stopped", head.stopped()).await;
-        drop(head);
-        let config = HeadConfig {
-            transport,
-            ..head_config(&dir, port)
-        };
-        let head = within("restart", Head::start(config))
-            .await
-            .expect("head restarts on its port");
-        wait_status(&head, case, |status| alive(status) == 2).await;
+        let cluster = cluster.restart_head().await;
+        let head = &cluster.head;
+        wait_status(head, case, |status| alive(status) == 2).await;
         let rejoined = head.live_node(id).map(|(s, _)| s);
         assert!(
             rejoined.is_some_and(|new| new != session),
@@ -698,7 +631,7 @@ async fn heartbeats_keep_the_session_and_a_refusal_rejoins_with_or_without_datag
 
 #[tokio::test]
 async fn stop_all_from_the_head_machine_stops_every_daemon() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let nodes = [cluster.join("one", 0).await, cluster.join("two", 1).await];
     let state = cluster.state("head");
     assert!(state.read("head/head.json").expect("read").is_some());
@@ -717,7 +650,7 @@ async fn stop_all_from_the_head_machine_stops_every_daemon() {
 
 #[tokio::test]
 async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let one = cluster.join("one", 1).await;
     let two = cluster.join("two", 2).await;
     let client = within(
@@ -794,9 +727,140 @@ async fn clients_on_nodes_see_the_cluster_but_cannot_stop_it_and_nodes_leave() {
     );
 }
 
+/// Polls `done` every 20 ms until it holds, under [`LIMIT`].
+async fn until(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// No `NodeLost` of `node` among the events received so far.
+fn not_lost(events: &mut broadcast::Receiver<ClusterEvent>, node: NodeId, case: &str) {
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(event, ClusterEvent::NodeLost { node: lost, .. } if lost == node),
+            "{case}: {event:?}"
+        );
+    }
+}
+
+/// A partition between a node and the head (the test network drops every datagram
+/// between them, both ways): the head declares the node dead and frees what it held, the
+/// other node is untouched, and once the link heals the node joins again in a new
+/// session, with its id.
+#[tokio::test]
+async fn a_node_cut_off_from_the_head_is_declared_dead_and_joins_again_once_the_link_heals() {
+    let cluster = start().await;
+    let one = cluster.join("one", 1).await;
+    let two = cluster.join("two", 1).await;
+    let (id, session) = (one.node_id(), one.session());
+    let held = cluster
+        .head
+        .resource_table()
+        .reserve(
+            &Resources::new().with_gpus(1),
+            Strategy::Node(id),
+            "actor:3",
+        )
+        .expect("reserve on one");
+    let mut events = cluster.head.subscribe();
+
+    cluster.net.set("one", HEAD, Traffic::All, Action::Drop);
+    let lost = wait_event(&mut events, "one declared dead", |event| match event {
+        ClusterEvent::NodeLost {
+            node,
+            reason,
+            reservations,
+            ..
+        } if node == id => Some((reason, reservations)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(lost, (LossReason::Dead, vec![held]));
+    let status = cluster.head.status();
+    assert_eq!(status.node(id).map(|n| n.state), Some(NodeState::Dead));
+    assert_eq!(
+        cluster.head.live_node(two.node_id()).map(|(s, _)| s),
+        Some(two.session()),
+        "{status}"
+    );
+
+    cluster.net.heal("one", HEAD);
+    let rejoined = wait_event(&mut events, "one joins again", |event| match event {
+        ClusterEvent::NodeJoined { node, session, .. } if node == id => Some(session),
+        _ => None,
+    })
+    .await;
+    assert_ne!(rejoined, session);
+    until("one in its new session", || one.session() == rejoined).await;
+    let status = wait_status(&cluster.head, "three alive", |s| alive(s) == 3).await;
+    assert_eq!(status.totals.gpus, 4, "{status}");
+}
+
+/// Heartbeats whose UDP port is cut (the test network drops them and their answers)
+/// go over the node's QUIC connection instead: the session holds for several dead
+/// windows, though not one beat reaches the heartbeat port.
+#[tokio::test]
+async fn heartbeats_cut_from_their_port_go_over_quic_and_keep_the_session() {
+    let cluster = start().await;
+    let one = cluster.join("one", 0).await;
+    let (id, session) = (one.node_id(), one.session());
+    until("a beat on the heartbeat port", || {
+        cluster.head.beat_counts().accepted > 0
+    })
+    .await;
+
+    cluster
+        .net
+        .set("one", HEAD, Traffic::Heartbeats, Action::Drop);
+    let mut events = cluster.head.subscribe();
+    // One beat may have been on its way when the rule came in.
+    let accepted = cluster.head.beat_counts().accepted + 1;
+    // Time has to pass here: nothing may happen in it.
+    tokio::time::sleep(Duration::from_millis(4 * DEAD_AFTER_MS)).await;
+    not_lost(&mut events, id, "heartbeats cut");
+    assert_eq!(cluster.head.live_node(id).map(|(s, _)| s), Some(session));
+    assert_eq!(one.session(), session);
+    let counts = cluster.head.beat_counts();
+    assert!(counts.accepted <= accepted, "{counts:?}");
+}
+
+/// A slow link (every datagram between a node and the head 100 ms late, both ways: a
+/// round trip of 200 ms against a dead window of 500 ms) keeps its session, and what
+/// crosses it arrives, later.
+#[tokio::test]
+async fn a_slow_link_keeps_its_session_and_delivers_late() {
+    let cluster = start().await;
+    let one = cluster.join("one", 0).await;
+    let (id, session) = (one.node_id(), one.session());
+    let delay = Duration::from_millis(100);
+    cluster
+        .net
+        .set("one", HEAD, Traffic::All, Action::Delay(delay));
+    let mut events = cluster.head.subscribe();
+
+    // A client on `one` reaches the head over the slow link: its connection and its
+    // request cost at least a round trip each.
+    let asked = Instant::now();
+    let client = cluster.client("one").await;
+    let status = within("status", client.status()).await.expect("status");
+    let took = asked.elapsed();
+    assert!(took >= 4 * delay, "status over the slow link in {took:?}");
+    assert_eq!(alive(&status), 2, "{status}");
+
+    // Time has to pass here: nothing may happen in it.
+    tokio::time::sleep(Duration::from_millis(4 * DEAD_AFTER_MS)).await;
+    not_lost(&mut events, id, "slow link");
+    assert_eq!(cluster.head.live_node(id).map(|(s, _)| s), Some(session));
+    assert_eq!(one.session(), session);
+}
+
 #[tokio::test]
 async fn the_join_command_is_what_nodes_type() {
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     let head = &cluster.head;
     let command = head.join_command();
     let words: Vec<&str> = command.split_whitespace().collect();

@@ -30,20 +30,20 @@ async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 }
 
 /// A CA with credentials for a head and a node.
-struct Cluster {
+struct Certificates {
     ca: ClusterCa,
     head: NodeCredentials,
     node: NodeCredentials,
 }
 
-fn cluster() -> Cluster {
+fn certificates() -> Certificates {
     let ca = ClusterCa::generate().expect("ca");
     let head = ca.issue("head", &[]).expect("head credentials");
     let node = ca.issue("gpu-01", &[]).expect("node credentials");
-    Cluster { ca, head, node }
+    Certificates { ca, head, node }
 }
 
-impl Cluster {
+impl Certificates {
     fn head_tls(&self) -> ServerTls {
         ServerTls::head(self.ca.certificate(), &self.head).expect("head tls")
     }
@@ -125,7 +125,7 @@ async fn connect_and_ask(peer: SocketAddr, tls: &ClientTls) -> Result<Message, T
 
 #[tokio::test]
 async fn a_joining_node_with_the_right_ca_hash_gets_in_unauthenticated() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.head_tls());
     let join = ClientTls::join(cluster.ca.ca_hash()).expect("join tls");
     let connection = within("connect", Client::connect(address, &join))
@@ -139,7 +139,7 @@ async fn a_joining_node_with_the_right_ca_hash_gets_in_unauthenticated() {
 
 #[tokio::test]
 async fn a_wrong_ca_hash_fails_the_handshake() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.head_tls());
     let other = ClusterCa::generate().expect("other ca");
     let zeros: CaHash = format!("sha256:{}", "0".repeat(64)).parse().expect("hash");
@@ -158,7 +158,7 @@ async fn a_wrong_ca_hash_fails_the_handshake() {
 
 #[tokio::test]
 async fn members_are_authenticated_by_name_on_head_and_node() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_head, head_address) = serve(&cluster.head_tls());
     let (_node, node_address) = serve(&cluster.node_tls());
     let member = cluster.member("gpu-02");
@@ -175,7 +175,7 @@ async fn members_are_authenticated_by_name_on_head_and_node() {
 
 #[tokio::test]
 async fn a_server_can_connect_from_its_own_port() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_head, head_address) = serve(&cluster.head_tls());
     let (node, node_address) = serve(&cluster.node_tls());
     let member = ClientTls::mutual(cluster.ca.certificate(), &cluster.node).expect("client tls");
@@ -191,7 +191,7 @@ async fn a_server_can_connect_from_its_own_port() {
 
 #[tokio::test]
 async fn certificates_of_another_ca_are_refused() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_head, head_address) = serve(&cluster.head_tls());
     let (_node, node_address) = serve(&cluster.node_tls());
     let other = ClusterCa::generate().expect("other ca");
@@ -220,7 +220,7 @@ async fn certificates_of_another_ca_are_refused() {
 
 #[tokio::test]
 async fn garbage_datagrams_do_not_disturb_the_server() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.node_tls());
     let socket = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
     let mut rng = StdRng::seed_from_u64(7);
@@ -251,7 +251,7 @@ async fn garbage_datagrams_do_not_disturb_the_server() {
 
 #[tokio::test]
 async fn a_bad_frame_closes_its_stream_only() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.node_tls());
     let connection = within(
         "connect",
@@ -304,7 +304,7 @@ async fn a_bad_frame_closes_its_stream_only() {
 
 #[tokio::test]
 async fn many_concurrent_requests_on_one_connection_all_complete() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.node_tls());
     let connection = within(
         "connect",
@@ -328,7 +328,7 @@ async fn many_concurrent_requests_on_one_connection_all_complete() {
 
 #[tokio::test]
 async fn a_slow_answer_times_out_and_the_connection_goes_on() {
-    let cluster = cluster();
+    let cluster = certificates();
     let (_server, address) = serve(&cluster.node_tls());
     let connection = within(
         "connect",
@@ -356,7 +356,7 @@ async fn a_slow_answer_times_out_and_the_connection_goes_on() {
 
 #[tokio::test]
 async fn closing_ends_the_accept_loop_and_its_connections() {
-    let cluster = cluster();
+    let cluster = certificates();
     let server =
         Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), &cluster.node_tls()).expect("bind");
     let address = server.local_addr().expect("local address");
@@ -386,7 +386,7 @@ async fn closing_ends_the_accept_loop_and_its_connections() {
 async fn a_server_on_a_thread_of_its_own_serves_there_and_the_thread_ends_with_it() {
     // At most 15 bytes: what Linux keeps of a thread's name.
     const THREAD: &str = "quic-test-own";
-    let cluster = cluster();
+    let cluster = certificates();
     let server = Server::bind_on_thread(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         &cluster.node_tls(),
@@ -482,7 +482,7 @@ async fn datagram_pair(
     options: TransportOptions,
     client: TransportOptions,
 ) -> (Server, Connection, Arc<Mutex<Vec<Message>>>) {
-    let cluster = cluster();
+    let cluster = certificates();
     let server = Server::bind_with(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         &cluster.node_tls(),

@@ -7,6 +7,8 @@
 //! it, through a node that joined a head (whose port, and the tasks that drive its worker
 //! processes, are on a thread of the node's own).
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
@@ -16,15 +18,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{
     Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
-    ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, DiscoverOptions, ExitReason,
-    FailureOrigin, Head, HeadConfig, MethodError, Node, NodeConfig, PoolOptions, Resources,
-    SpawnOptions, StateDir, Strategy, TransportOptions, VisibleDevices, WorkerCommand, WorkerPool,
-    discover, worker_main,
+    ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, ExitReason, FailureOrigin, MethodError,
+    PoolOptions, Resources, SpawnOptions, Strategy, WorkerCommand, WorkerPool, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
-/// The longest a case may take.
-const LIMIT: Duration = Duration::from_secs(30);
+use common::LIMIT;
+use common::cluster::TestCluster;
 
 type Case = fn() -> Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
@@ -734,25 +734,18 @@ async fn frames_follow_the_pools_limit() -> Result<()> {
     Ok(())
 }
 
+/// The test's kinds, each group of actors in a worker process (this binary, `worker`).
+fn hosting() -> Result<ActorHosting> {
+    Ok(ActorHosting {
+        registry: registry(),
+        worker: Some(WorkerCommand::current_exe(["worker"])?),
+        ..ActorHosting::default()
+    })
+}
+
 async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let state = StateDir::at(dir.path().join("head"));
-    let mut resources = discover(&DiscoverOptions {
-        num_cpus: Some(2),
-        num_gpus: Some(2),
-        visible_devices: VisibleDevices::Set("-1".to_owned()),
-    });
-    resources.hostname = Some("head".to_owned());
-    let config = HeadConfig {
-        actors: ActorHosting {
-            registry: registry(),
-            worker: Some(WorkerCommand::current_exe(["worker"])?),
-            ..ActorHosting::default()
-        },
-        ..HeadConfig::loopback(state.clone(), resources)
-    };
-    let _head = Head::start(config).await?;
-    let client = ClusterClient::connect(&state, None).await?;
+    let cluster = TestCluster::start(2, hosting()?).await;
+    let client = cluster.client("head").await;
     let options = SpawnOptions::new("probe")
         .resources(Resources::new().with_gpus(1))
         .process_group("trainer")
@@ -801,38 +794,9 @@ async fn a_killed_worker_fails_its_cluster_actor_for_the_owner() -> Result<()> {
 }
 
 async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let machine = |name: &str| {
-        let mut resources = discover(&DiscoverOptions {
-            num_cpus: Some(2),
-            num_gpus: Some(0),
-            visible_devices: VisibleDevices::Set("-1".to_owned()),
-        });
-        resources.hostname = Some(name.to_owned());
-        resources
-    };
-    let head = Head::start(HeadConfig::loopback(
-        StateDir::at(dir.path().join("head")),
-        machine("head"),
-    ))
-    .await?;
-    let node = Node::start(NodeConfig {
-        head: head.join_address(),
-        token: head.token().clone(),
-        ca_hash: head.ca_hash(),
-        bind: "127.0.0.1:0".parse()?,
-        advertise: None,
-        state: StateDir::at(dir.path().join("node")),
-        resources: machine("node"),
-        transport: TransportOptions::default(),
-        actors: ActorHosting {
-            registry: registry(),
-            worker: Some(WorkerCommand::current_exe(["worker"])?),
-            ..ActorHosting::default()
-        },
-    })
-    .await?;
-    let client = ClusterClient::connect(&StateDir::at(dir.path().join("head")), None).await?;
+    let cluster = TestCluster::start(0, hosting()?).await;
+    let node = cluster.join("node", 0).await;
+    let client = cluster.client("head").await;
     let options = SpawnOptions::new("probe")
         .strategy(Strategy::Node(node.node_id()))
         .process_group("g");

@@ -4,6 +4,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+// Each test binary uses part of these.
+#[allow(dead_code)]
+pub mod cluster;
+#[allow(dead_code)]
+pub mod net;
+
 use runtime::{DiscoverOptions, NodeResources, VisibleDevices, discover};
 
 /// Every wait of a test finishes within this, or the test fails.
