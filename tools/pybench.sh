@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Prints the path of a Python with torch, torchvision, safetensors, `webdataset`, Pillow
-# and NumPy, creating the cached virtual environment on first use. The loader benchmark
+# Prints the path of a Python with torch, torchvision, safetensors, TensorBoard's event
+# reader, `webdataset`, Pillow and NumPy, creating the cached virtual environment on first use. The loader benchmark
 # uses it to time the usual PyTorch input pipeline on the same shards as imgrun; the
 # export tests (tests/e2e/export.rs) load imgrun's weights into torchvision with it.
 #
 #   python=$(tools/pybench.sh)
 #
 # Nothing already cached is installed again: the venv lives in
-# ${IMGRUN_CACHE:-~/.cache/imgrun}/pybench, holds only torchvision, safetensors and packaging
-# (none depends on anything at run time but torch and NumPy), and sees the packages
+# ${IMGRUN_CACHE:-~/.cache/imgrun}/pybench, holds only torchvision, safetensors, packaging,
+# tensorboard, protobuf and absl-py (none depends at run time on anything but torch, NumPy
+# and each other), and sees the packages
 # of the two venvs beside it through a `.pth` file: `pytools` (webdataset, Pillow, NumPy;
 # made by tools/pytools.sh when missing) and `torch-2.11.0`, which tools/libtorch.sh
 # makes (`make demo` or `make doctor` run it). A missing torch venv is an error rather
@@ -23,6 +24,9 @@ torch_version=2.11.0
 torchvision=torchvision==0.26.0
 # safetensors.torch imports `packaging` (pure Python, no dependencies).
 safetensors="safetensors==0.7.0 packaging==24.2"
+# TensorBoard's event reader (the export tests read imgrun's event files with it) needs
+# protobuf and absl-py of its dependencies, not its server's.
+tensorboard="tensorboard==2.21.0 protobuf==6.33.1 absl-py==2.3.1"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
@@ -48,10 +52,10 @@ shared_sites="$("$pytools_python" -c "$purelib")
 $("$python" -c "$purelib")"
 # What .complete holds: a venv made for other packages or other shared venvs is rebuilt.
 complete="$shared_sites
-$torchvision $safetensors"
+$torchvision $safetensors $tensorboard"
 
 if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$complete" ]; then
-    echo "tools/pybench.sh: installing $torchvision and $safetensors into $venv (once, about 35 MB)" >&2
+    echo "tools/pybench.sh: installing $torchvision, $safetensors and $tensorboard into $venv (once, about 75 MB)" >&2
     rm -rf "$venv"
     if ! "$python" -m venv "$venv" >&2; then
         echo "tools/pybench.sh: '$python -m venv' failed" >&2
@@ -62,18 +66,19 @@ if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$complete" ]; 
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
     if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 30 --retries 1 \
-        --no-deps "$torchvision" $safetensors >"$log" 2>&1; then
+        --no-deps "$torchvision" $safetensors $tensorboard >"$log" 2>&1; then
         cat "$log" >&2
         rm -rf "$venv"
         if grep -qiE 'NewConnectionError|Max retries exceeded|Name or service not known|name resolution|Network is unreachable|ConnectTimeout|ReadTimeout|ProxyError|SSLError|Could not fetch URL' "$log"; then
-            echo "PyPI unreachable: tools/pybench.sh could not download $torchvision and $safetensors" >&2
+            echo "PyPI unreachable: tools/pybench.sh could not download $torchvision, $safetensors and $tensorboard" >&2
             exit 2
         fi
         echo "tools/pybench.sh: pip install failed (see above)" >&2
         exit 1
     fi
     # Catches a Python version that differs between the venvs, too.
-    if ! "$venv/bin/python" -W ignore -c 'import torch, torchvision, safetensors.torch, webdataset, PIL, numpy' >&2; then
+    if ! "$venv/bin/python" -W ignore -c 'import torch, torchvision, safetensors.torch, webdataset, PIL, numpy
+from tensorboard.backend.event_processing import event_accumulator' >&2; then
         rm -rf "$venv"
         echo "tools/pybench.sh: the new venv cannot import its packages (see above)" >&2
         exit 1

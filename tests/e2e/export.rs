@@ -2,7 +2,9 @@
 //! (the fixture of `train/`), their checkpoints exported to safetensors and `.pt`,
 //! and Python (torch, torchvision and safetensors, from `tools/pybench.sh`) loading the
 //! files with `load_state_dict(strict=True)` and matching the logits imgrun computes on a
-//! fixed batch. The Python side is `tests/python/weights_check.py`.
+//! fixed batch. The Python side is `tests/python/weights_check.py`. A job's TensorBoard
+//! event files, read by TensorBoard's own reader (`tests/python/tb_check.py`), and
+//! `imgrun export tb`.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -230,6 +232,88 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
         out.describe()
     );
     assert!(!cluster.runs.join("wrong").join("checkpoints").exists());
+}
+
+/// A job writes its metrics as a TensorBoard event file in the run's `tb/` as it runs;
+/// TensorBoard's own reader (`tests/python/tb_check.py`) finds every step's loss there,
+/// as `metrics.jsonl` has it; `imgrun export tb` writes the same bytes from
+/// `metrics.jsonl`, and will not add a second file to a `tb/` that has one.
+#[test]
+fn a_job_writes_tensorboard_events_that_tensorboard_reads_and_export_tb_repeats() {
+    let Some(python) = common::tools_python("tools/pybench.sh") else {
+        return;
+    };
+    let cluster = TrainCluster::start();
+    let mut job = cluster.job("tb", 1, &[], false);
+    let out = job.finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let run = cluster.runs.join("tb");
+    let event_files = |dir: &Path| -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|error| panic!("{}: {error}", dir.display()))
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.to_string_lossy().contains("tfevents"))
+            .collect();
+        files.sort();
+        files
+    };
+    let live = event_files(&run.join("tb"));
+    assert_eq!(live.len(), 1, "{live:?}");
+
+    // What TensorBoard charts: every step's loss, at its step.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/tb_check.py");
+    let read = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(run.join("tb"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python");
+    assert!(read.status.success(), "tb_check.py: {}", describe(&read));
+    let scalars: serde_json::Value = serde_json::from_slice(&read.stdout).expect("json");
+    let charted: Vec<(u64, f32)> = scalars["train/loss"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no train/loss in {scalars}"))
+        .iter()
+        .map(|point| {
+            let step = point[0].as_u64().expect("step");
+            (step, point[1].as_f64().expect("value") as f32)
+        })
+        .collect();
+    let recorded: Vec<(u64, f32)> = common::train::metrics(&run)
+        .into_iter()
+        .filter(|r| r["kind"] == "step")
+        .map(|r| {
+            let step = r["step"].as_u64().expect("step");
+            (step, r["loss"].as_f64().expect("loss") as f32)
+        })
+        .collect();
+    assert!(!recorded.is_empty());
+    assert_eq!(charted, recorded);
+    for tag in ["train/lr", "train/images_per_s", "eval/top1", "job/world"] {
+        assert!(scalars.get(tag).is_some(), "no {tag} in {scalars}");
+    }
+
+    // The export writes the same events, byte for byte.
+    let exported = cluster.root.path().join("exported");
+    let printed = export(&cluster, &["tb", path_str(&run), "-o", path_str(&exported)]);
+    assert!(printed.contains("tensorboard --logdir"), "{printed}");
+    let again = event_files(&exported);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(
+        std::fs::read(&again[0]).expect("read"),
+        std::fs::read(&live[0]).expect("read")
+    );
+    let out = cluster
+        .head
+        .command(&["export", "tb", path_str(&run)])
+        .output()
+        .expect("run imgrun export tb");
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already holds event files"),
+        "{}",
+        describe(&out)
+    );
 }
 
 fn args_with_export<'a>(args: &[&'a str]) -> Vec<&'a str> {

@@ -17,8 +17,10 @@
 //! `tools/check-circles.py` fails on a circle among them):
 //! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
 //!    `rules.rs` (the rules between its choices), and the pure decisions: `due.rs` (what
-//!    is due at each step) and `recovery.rs` (what follows each end of the step loop);
-//! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`);
+//!    is due at each step) and `recovery.rs` (what follows each end of the step loop),
+//!    `tensorboard.rs` (records as TensorBoard event files);
+//! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`, and its records as
+//!    TensorBoard events);
 //! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
 //! 4. what acts on ranks: `watch.rs` (the head's events for them), `ranks.rs` (the hang
 //!    doctor), `spawn.rs` (starting trainers, preload, the ring), `loader_actors.rs` (remote
@@ -45,6 +47,7 @@ mod rules;
 mod spawn;
 mod steps;
 mod stop;
+pub mod tensorboard;
 mod watch;
 mod world;
 
