@@ -217,6 +217,8 @@ pub struct TrainConfig {
     pub eval_every_steps: u64,
     pub checkpoint_every_epochs: u64,
     pub checkpoint_every_steps: u64,
+    /// The newest checkpoints a run keeps (0: every one).
+    pub keep_checkpoints: u32,
     pub runs_dir: String,
     pub name: String,
     pub gpus: u32,

@@ -119,6 +119,10 @@ pub struct JobSettings {
     pub eval_every_steps: u64,
     pub checkpoint_every_epochs: u64,
     pub checkpoint_every_steps: u64,
+    /// The newest checkpoints a run keeps (0: every one); older ones go once a new one is
+    /// complete.
+    #[serde(default)]
+    pub keep_checkpoints: u32,
     /// How far behind the quickest rank a rank may be in one step before it is named
     /// (0: never).
     pub straggler_secs: f64,

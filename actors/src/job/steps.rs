@@ -137,6 +137,7 @@ impl RunningJob<'_> {
             root,
             name: name.to_string(),
             state,
+            keep: self.settings.keep_checkpoints,
         };
         let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
         let Some(rank0) = self.ranks.first() else {

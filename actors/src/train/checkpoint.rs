@@ -5,6 +5,11 @@
 //! then the `latest` pointer is replaced the same way, so a crash at any moment leaves the
 //! previous checkpoint whole.
 //!
+//! A run keeps its newest `keep` checkpoints (`train.keep_checkpoints`; 0: every one):
+//! once a save is complete and `latest` names it, [`prune`] removes the oldest others by
+//! global step. It never removes the one `latest` names, nor a partial folder (a save in
+//! progress), so a full disk is freed only of what no resume can need.
+//!
 //! A decentralized job's replicas differ: `model.ot` and `optimizer.ot` hold their mean
 //! (what export and an allreduce job read), and `replicas.ot` every rank's own
 //! parameters, buffers and momentum, named `rank<r>.<name>`, so the job resumes exactly.
@@ -87,7 +92,8 @@ impl EpochSums {
 pub type CheckpointError = FileError;
 
 /// Writes a checkpoint named `name` into `root` (the run's `checkpoints/` folder) and
-/// makes it the latest. Returns its folder.
+/// makes it the latest. Returns its folder. Pruning the older ones is the caller's
+/// ([`prune`]), once this has returned.
 ///
 /// A save that fails (a full disk, a folder that cannot be written) leaves the previous
 /// checkpoints and `latest` as they were and removes what it had written. Tensors are
@@ -131,6 +137,64 @@ pub fn write(
     std::fs::rename(&latest_partial, &latest).map_err(io(&latest))?;
     sync(root)?;
     Ok(done)
+}
+
+/// Removes the checkpoints of `root` beyond the newest `keep` (0: keeps every one), by
+/// [`to_prune`]'s rule; returns the names removed. A folder whose state cannot be read
+/// is no checkpoint and stays; a removal that fails is an error naming the folder.
+pub fn prune(root: &Path, keep: usize) -> Result<Vec<String>, CheckpointError> {
+    if keep == 0 {
+        return Ok(Vec::new());
+    }
+    let latest_path = root.join(LATEST_FILE);
+    let latest = std::fs::read_to_string(&latest_path).map_err(io(&latest_path))?;
+    let mut saved = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(io(root))? {
+        let entry = entry.map_err(io(root))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with('.') || !entry.path().is_dir() {
+            continue;
+        }
+        if let Ok(state) = read_state(&entry.path()) {
+            saved.push((name, state.global_step));
+        }
+    }
+    let doomed = to_prune(&saved, latest.trim(), keep);
+    for name in &doomed {
+        let dir = root.join(name);
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    Ok(doomed)
+}
+
+/// Which of the checkpoints `saved` (name, global step) go so that `keep` remain: the
+/// oldest by global step (then by name), never `latest`. Sorted by name.
+pub fn to_prune(saved: &[(String, u64)], latest: &str, keep: usize) -> Vec<String> {
+    if keep == 0 || saved.len() <= keep {
+        return Vec::new();
+    }
+    let mut newest_first: Vec<&(String, u64)> = saved.iter().collect();
+    newest_first.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    let mut kept = 0;
+    let mut doomed = Vec::new();
+    // `latest` is kept whatever its place, and counts as one of the kept.
+    if saved.iter().any(|(name, _)| name == latest) {
+        kept += 1;
+    }
+    for (name, _) in newest_first {
+        if name == latest {
+            continue;
+        }
+        if kept < keep {
+            kept += 1;
+        } else {
+            doomed.push(name.clone());
+        }
+    }
+    doomed.sort();
+    doomed
 }
 
 /// The checkpoint's files, written and synced into `dir`.
@@ -442,5 +506,72 @@ mod tests {
         let err = anyhow::Error::from(read_state(dir.path()).expect_err("not UTF-8"));
         let text = format!("{err:#}");
         assert_eq!(text.matches("valid UTF-8").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_and_always_latest() {
+        let saved = |list: &[(&str, u64)]| -> Vec<(String, u64)> {
+            list.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+        };
+        let three = saved(&[
+            ("epoch-0001", 10),
+            ("step-00000015", 15),
+            ("epoch-0002", 20),
+        ]);
+        /// (saved, latest, keep, removed)
+        type Case<'a> = (&'a [(String, u64)], &'a str, usize, &'a [&'a str]);
+        let cases: [Case; 6] = [
+            (&three, "epoch-0002", 0, &[]),
+            (&three, "epoch-0002", 3, &[]),
+            (&three, "epoch-0002", 2, &["epoch-0001"]),
+            (&three, "epoch-0002", 1, &["epoch-0001", "step-00000015"]),
+            // A resume from an older checkpoint makes it latest: it stays, and counts.
+            (&three, "epoch-0001", 1, &["epoch-0002", "step-00000015"]),
+            (&three, "epoch-0001", 2, &["step-00000015"]),
+        ];
+        for (saved, latest, keep, removed) in cases {
+            assert_eq!(
+                to_prune(saved, latest, keep),
+                removed,
+                "latest {latest}, keep {keep}"
+            );
+        }
+    }
+
+    #[test]
+    fn prune_removes_old_checkpoints_but_no_partial_or_foreign_folder() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("checkpoints");
+        let model = vec![("w".to_string(), Tensor::zeros([2], tch::kind::FLOAT_CPU))];
+        for (name, step) in [("epoch-0001", 10), ("epoch-0002", 20), ("epoch-0003", 30)] {
+            let state = CheckpointState {
+                global_step: step,
+                ..state()
+            };
+            write(&root, name, &model, &[], &[], &state).expect("write");
+        }
+        std::fs::create_dir(root.join(".epoch-0004.partial-1")).expect("partial");
+        std::fs::create_dir(root.join("notes")).expect("foreign");
+        assert_eq!(prune(&root, 0).expect("keep all"), Vec::<String>::new());
+        assert_eq!(prune(&root, 2).expect("prune"), ["epoch-0001"]);
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .expect("read")
+            .map(|e| e.expect("entry").file_name().into_string().expect("name"))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".epoch-0004.partial-1",
+                "epoch-0002",
+                "epoch-0003",
+                "latest",
+                "notes"
+            ]
+        );
+        assert_eq!(
+            resolve(dir.path()).expect("latest"),
+            root.join("epoch-0003")
+        );
     }
 }

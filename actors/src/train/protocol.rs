@@ -256,6 +256,9 @@ pub struct SaveRequest {
     pub root: PathBuf,
     pub name: String,
     pub state: CheckpointState,
+    /// Once it is saved, keep the newest `keep` checkpoints of `root` (0: every one).
+    #[serde(default)]
+    pub keep: u32,
 }
 
 /// The reply is the checkpoint's folder.

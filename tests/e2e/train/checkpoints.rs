@@ -1,5 +1,6 @@
 //! Checkpoints and resuming: from a mid-epoch checkpoint as an uninterrupted run, at
-//! every multiple of the step interval, and after Ctrl-C with the command the job prints.
+//! every multiple of the step interval, the newest few kept, and after Ctrl-C with the
+//! command the job prints.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -185,7 +186,8 @@ fn step_checkpoints_land_on_every_multiple() {
     const EVERY: u64 = 3;
     let cluster = TrainCluster::start();
     let every = format!("train.checkpoint_every_steps={EVERY}");
-    let out = cluster.job("every", 2, &[&every], false).finish(JOB_LIMIT);
+    let sets = [every.as_str(), "train.keep_checkpoints=0"];
+    let out = cluster.job("every", 2, &sets, false).finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
     let records = metrics(&cluster.runs.join("every"));
     let per_epoch = records
@@ -219,6 +221,39 @@ fn step_checkpoints_land_on_every_multiple() {
         "{}",
         again.describe()
     );
+}
+
+/// `train.keep_checkpoints = 2`: of a run's many step and epoch checkpoints, the newest
+/// two remain, the one `latest` names (at the run's last step) among them.
+#[test]
+fn a_run_keeps_its_newest_checkpoints() {
+    let cluster = TrainCluster::start();
+    let sets = ["train.checkpoint_every_steps=2", "train.keep_checkpoints=2"];
+    let out = cluster.job("kept", 2, &sets, false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let run = cluster.runs.join("kept");
+    let root = run.join("checkpoints");
+    let mut kept: Vec<(u64, String)> = std::fs::read_dir(&root)
+        .expect("checkpoints")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "latest")
+        .map(|name| {
+            let state = read_json(&root.join(&name).join("state.json"));
+            (state["global_step"].as_u64().expect("global_step"), name)
+        })
+        .collect();
+    kept.sort();
+    let last = last_step_value(&metrics(&run))
+        .and_then(|v| v.as_u64())
+        .expect("a last step");
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert_eq!(kept[1].0, last, "{kept:?}");
+    assert!(
+        kept[0].0 < last && kept[0].0 >= last.saturating_sub(2),
+        "{kept:?}"
+    );
+    let latest = std::fs::read_to_string(root.join("latest")).expect("latest");
+    assert_eq!(latest.trim(), kept[1].1);
 }
 
 /// While a job runs, `imgrun status` names its job and each trainer's rank. Ctrl-C then

@@ -946,7 +946,7 @@ impl Trainer {
             loss_scale: self.scaler.state(),
             ..request.state
         };
-        checkpoint::write(
+        let saved = checkpoint::write(
             &request.root,
             &request.name,
             model,
@@ -954,7 +954,17 @@ impl Trainer {
             replicas,
             &state,
         )
-        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))
+        .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))?;
+        // The save stands whatever pruning does: a folder that cannot be removed costs
+        // disk, not the job.
+        match checkpoint::prune(&request.root, request.keep as usize) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(?removed, keep = request.keep, "older checkpoints removed");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!("pruning old checkpoints: {error}"),
+        }
+        Ok(saved)
     }
 
     fn digest(&self) -> Result<DigestReply, MethodError> {
