@@ -159,6 +159,22 @@ impl Cluster {
             .unwrap_or_else(|error| panic!("spawn {kind}: {error}"))
     }
 
+    /// Three actors spread over the nodes (one each), each restarted once on failure; and
+    /// the one on `node`.
+    async fn spread_restartable(&self, node: NodeId) -> (Vec<ActorRef>, ActorRef) {
+        let mut actors = Vec::new();
+        for _ in 0..3 {
+            let options = probe(1, Strategy::Spread).restart(1, Duration::from_millis(10));
+            actors.push(self.spawn(options).await);
+        }
+        let on_node = actors
+            .iter()
+            .find(|a| a.node() == node)
+            .unwrap_or_else(|| panic!("an actor on node {node}"))
+            .clone();
+        (actors, on_node)
+    }
+
     async fn status(&self) -> ClusterStatus {
         within("status", self.client.status())
             .await
@@ -622,16 +638,7 @@ async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
     let mut cluster = Cluster::start().await;
     let [head, one, gpu] = cluster.ids();
     // Spread: one actor per node; the one on `one` dies with it.
-    let mut actors = Vec::new();
-    for _ in 0..3 {
-        let options = probe(1, Strategy::Spread).restart(1, Duration::from_millis(10));
-        actors.push(cluster.spawn(options).await);
-    }
-    let doomed = actors
-        .iter()
-        .find(|a| a.node() == one)
-        .expect("an actor on node one")
-        .clone();
+    let (_spread, doomed) = cluster.spread_restartable(one).await;
     let plain = cluster.spawn(probe(1, Strategy::Node(one))).await;
     assert_eq!(call(&doomed, "add", "5").await.expect("add"), "5");
 
@@ -682,16 +689,7 @@ async fn a_dropped_node_fails_its_actors_and_restarts_land_on_survivors() {
 async fn a_node_cut_off_from_the_head_loses_its_actors_and_rejoins_without_them() {
     let cluster = Cluster::start().await;
     let [head, one, gpu] = cluster.ids();
-    let mut actors = Vec::new();
-    for _ in 0..3 {
-        let options = probe(1, Strategy::Spread).restart(1, Duration::from_millis(10));
-        actors.push(cluster.spawn(options).await);
-    }
-    let doomed = actors
-        .iter()
-        .find(|a| a.node() == one)
-        .expect("an actor on node one")
-        .clone();
+    let (actors, doomed) = cluster.spread_restartable(one).await;
     assert_eq!(call(&doomed, "add", "5").await.expect("add"), "5");
 
     cluster

@@ -376,10 +376,8 @@ async fn a_head_beats_on_the_port_it_is_given_and_refuses_one_it_cannot_have() {
     .await;
     assert_eq!(cluster.head.beat_port(), port);
     let _node = cluster.join("one", 0).await;
-    within("a beat taken on the given port", async {
-        while cluster.head.beat_counts().accepted == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    until("a beat taken on the given port", || {
+        cluster.head.beat_counts().accepted > 0
     })
     .await;
 

@@ -67,14 +67,21 @@ impl Scalars {
 
     /// The events of `record`, in the order they are written.
     pub fn events(&mut self, record: &MetricsRecord) -> Vec<Event> {
-        let at = |step: u64, elapsed_s: f64, what: What| Event {
-            wall_time: self.started + elapsed_s,
-            step,
-            what,
-        };
         let scalar = |tag, value: f64| What::Scalar {
             tag,
             value: value as f32,
+        };
+        let started = self.started;
+        // Scalars of one step, `elapsed_s` after the run started.
+        let series = |step: u64, elapsed_s: f64, values: Vec<(&'static str, f64)>| {
+            values
+                .into_iter()
+                .map(|(tag, value)| Event {
+                    wall_time: started + elapsed_s,
+                    step,
+                    what: scalar(tag, value),
+                })
+                .collect()
         };
         match record {
             MetricsRecord::Job(job) => {
@@ -109,31 +116,27 @@ impl Scalars {
                 if let Some(scale) = s.loss_scale {
                     values.push(("train/loss_scale", scale));
                 }
-                let elapsed = s.elapsed_s;
-                values
-                    .into_iter()
-                    .map(|(tag, value)| at(s.step, elapsed, scalar(tag, value)))
-                    .collect()
+                series(s.step, s.elapsed_s, values)
             }
-            MetricsRecord::Eval(e) => [
-                ("eval/loss", e.loss),
-                ("eval/top1", e.top1),
-                ("eval/top5", e.top5),
-            ]
-            .into_iter()
-            .map(|(tag, value)| at(e.step, e.elapsed_s, scalar(tag, value)))
-            .collect(),
-            MetricsRecord::Epoch(e) => [
-                ("epoch/train_loss", e.train_loss),
-                ("epoch/train_top1", e.train_accuracy),
-                ("epoch/images_per_s", e.images_per_s),
-            ]
-            .into_iter()
-            .map(|(tag, value)| at(e.step, e.elapsed_s, scalar(tag, value)))
-            .collect(),
-            MetricsRecord::Regroup(r) => {
-                vec![at(r.step, 0.0, scalar("job/world", r.world.into()))]
-            }
+            MetricsRecord::Eval(e) => series(
+                e.step,
+                e.elapsed_s,
+                vec![
+                    ("eval/loss", e.loss),
+                    ("eval/top1", e.top1),
+                    ("eval/top5", e.top5),
+                ],
+            ),
+            MetricsRecord::Epoch(e) => series(
+                e.step,
+                e.elapsed_s,
+                vec![
+                    ("epoch/train_loss", e.train_loss),
+                    ("epoch/train_top1", e.train_accuracy),
+                    ("epoch/images_per_s", e.images_per_s),
+                ],
+            ),
+            MetricsRecord::Regroup(r) => series(r.step, 0.0, vec![("job/world", r.world.into())]),
             MetricsRecord::Connect(_)
             | MetricsRecord::Stop(_)
             | MetricsRecord::Late(_)

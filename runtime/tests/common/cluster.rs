@@ -77,32 +77,14 @@ impl TestCluster {
     /// token and node ids kept), as a restarted head process would.
     pub async fn restart_head(self) -> TestCluster {
         let config = self.head_config();
-        let TestCluster { head, .. } = &self;
-        within("head stops", head.stop()).await;
-        within("head stopped", head.stopped()).await;
-        let TestCluster {
-            dir,
-            head,
-            net,
-            hosting,
-            configured,
-            machines,
-            fronts,
-        } = self;
+        within("head stops", self.head.stop()).await;
+        within("head stopped", self.head.stopped()).await;
         // Its port is free only once it is dropped.
-        drop(head);
+        drop(self.head);
         let head = within("head restarts", Head::start(config))
             .await
             .expect("head restarts on its ports");
-        TestCluster {
-            dir,
-            head,
-            net,
-            hosting,
-            configured,
-            machines,
-            fronts,
-        }
+        TestCluster { head, ..self }
     }
 
     /// The state folder of `machine` (`head` is the head's).
