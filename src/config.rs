@@ -258,6 +258,8 @@ pub struct ShardsConfig {
 pub struct ServeConfig {
     pub port: u16,
     pub max_in_flight: usize,
+    /// Most of those one client (peer address) may hold at once.
+    pub max_per_client: usize,
     pub header_timeout_secs: u64,
     pub send_timeout_secs: u64,
     pub follow_links: bool,
@@ -642,6 +644,9 @@ fn validate(config: &Config) -> Result<(), Invalid> {
         .map_err(|e| invalid("shards.cache_max_size", e))?;
     if config.serve.max_in_flight == 0 {
         return Err(invalid("serve.max_in_flight", "must be positive"));
+    }
+    if config.serve.max_per_client == 0 {
+        return Err(invalid("serve.max_per_client", "must be positive"));
     }
     if config.serve.header_timeout_secs == 0 {
         return Err(invalid("serve.header_timeout_secs", "must be positive"));

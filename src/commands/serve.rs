@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// Most requests handled at once [default: serve.max_in_flight, 64].
     #[arg(long)]
     max_in_flight: Option<usize>,
+    /// Most of those one client (peer address) may hold at once; its others wait
+    /// [default: serve.max_per_client, 32].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_per_client: Option<u64>,
     /// Seconds a connection may take to send a request before it is closed [default:
     /// serve.header_timeout_secs, 30].
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
@@ -46,6 +50,9 @@ pub fn run(loaded: &Loaded, args: ServeArgs) -> anyhow::Result<ExitCode> {
         dir: args.dir,
         bind: SocketAddr::new(args.bind, args.port.unwrap_or(config.port)),
         max_in_flight: args.max_in_flight.unwrap_or(config.max_in_flight),
+        max_per_client: args.max_per_client.map_or(config.max_per_client, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
         timeouts: Timeouts {
             header: secs(args.header_timeout, config.header_timeout_secs),
             send: secs(args.send_timeout, config.send_timeout_secs),

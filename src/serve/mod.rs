@@ -14,9 +14,12 @@
 //! so the limit bounds open files and transfers; later requests wait for a slot. A client
 //! that stops reading holds its slot for at most the send timeout, and a connection that
 //! sends no request is closed after the header timeout (`connection.rs`), so stalled and
-//! silent clients cost a slot or a socket for a while, never the server. Each request is
-//! logged once, at info level, when its body is done.
+//! silent clients cost a slot or a socket for a while, never the server. One client (a
+//! peer address) holds at most `max_per_client` slots at once (`clients.rs`): its stalled
+//! connections never take every slot from the others. Each request is logged once, at
+//! info level, when its body is done.
 
+mod clients;
 mod connection;
 mod links;
 
@@ -42,6 +45,8 @@ use axum::routing::get;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_http::services::ServeDir;
 
+use clients::{ClientSlot, Clients};
+
 /// Bytes read from disk and sent per chunk of a file body.
 const CHUNK: usize = 256 * 1024;
 
@@ -54,6 +59,8 @@ pub struct ServeOptions {
     pub bind: SocketAddr,
     /// Most requests handled at once; the rest wait.
     pub max_in_flight: usize,
+    /// Most of those one client (peer address) may hold; its others wait.
+    pub max_per_client: usize,
     /// How long a client may stay silent or stop reading.
     pub timeouts: Timeouts,
     /// Whether symbolic links may lead out of the folder.
@@ -73,6 +80,7 @@ pub async fn serve(
         dir,
         bind,
         max_in_flight,
+        max_per_client,
         timeouts,
         follow_links,
     } = options;
@@ -82,6 +90,7 @@ pub async fn serve(
         .with_context(|| format!("cannot serve {shown}"))?;
     anyhow::ensure!(metadata.is_dir(), "cannot serve {shown}: not a folder");
     anyhow::ensure!(max_in_flight > 0, "max_in_flight must be at least 1");
+    anyhow::ensure!(max_per_client > 0, "max_per_client must be at least 1");
     anyhow::ensure!(
         !timeouts.header.is_zero() && !timeouts.send.is_zero(),
         "the header and send timeouts must be positive"
@@ -96,11 +105,12 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .with_context(|| format!("reading the address bound for {bind}"))?;
-    let app = router(dir, max_in_flight, follow_links);
+    let app = router(dir, max_in_flight, max_per_client, follow_links);
     tracing::info!(
         dir = %shown,
         %addr,
         max_in_flight,
+        max_per_client,
         header_timeout_ms = timeouts.header.as_millis() as u64,
         send_timeout_ms = timeouts.send.as_millis() as u64,
         follow_links,
@@ -112,11 +122,14 @@ pub async fn serve(
     Ok(())
 }
 
-fn router(dir: PathBuf, max_in_flight: usize, follow_links: bool) -> Router {
+fn router(dir: PathBuf, max_in_flight: usize, max_per_client: usize, follow_links: bool) -> Router {
     let files = ServeDir::new(&dir)
         .append_index_html_on_directories(false)
         .with_buf_chunk_size(CHUNK);
-    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let slots = Arc::new(Slots {
+        server: Arc::new(Semaphore::new(max_in_flight)),
+        clients: Clients::new(max_per_client),
+    });
     let folder = Arc::new(Folder { dir, follow_links });
     Router::new()
         .route("/", get(list_shards))
@@ -133,9 +146,17 @@ struct Folder {
     follow_links: bool,
 }
 
-/// Waits for a slot, runs the request, and hands the slot and the access log line to
-/// the response body, which keeps them until it is done.
-async fn track(State(slots): State<Arc<Semaphore>>, request: Request, next: Next) -> Response {
+/// The server's slots, and each client's share of them.
+#[derive(Debug)]
+struct Slots {
+    server: Arc<Semaphore>,
+    clients: Arc<Clients>,
+}
+
+/// Waits for one of its client's slots, then one of the server's, runs the request, and
+/// hands the slots and the access log line to the response body, which keeps them until
+/// it is done.
+async fn track(State(slots): State<Arc<Slots>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -143,7 +164,9 @@ async fn track(State(slots): State<Arc<Semaphore>>, request: Request, next: Next
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|info| info.0);
-    let Ok(slot) = slots.acquire_owned().await else {
+    tracing::debug!(%method, %path, peer = ?peer, "request waits for a slot");
+    let client_slot = slots.clients.acquire(peer.map(|p| p.ip())).await;
+    let Ok(slot) = Arc::clone(&slots.server).acquire_owned().await else {
         // Only a closed semaphore fails, and nothing closes this one.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
@@ -153,6 +176,7 @@ async fn track(State(slots): State<Arc<Semaphore>>, request: Request, next: Next
         Body::new(Tracked {
             inner,
             _slot: slot,
+            _client_slot: client_slot,
             entry: Entry {
                 method,
                 path,
@@ -236,10 +260,11 @@ impl Drop for Entry {
     }
 }
 
-/// A response body that holds its request's slot and counts what it sends.
+/// A response body that holds its request's slots and counts what it sends.
 struct Tracked {
     inner: Body,
     _slot: OwnedSemaphorePermit,
+    _client_slot: ClientSlot,
     entry: Entry,
 }
 
@@ -300,6 +325,7 @@ mod tests {
             dir: dir.to_path_buf(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_in_flight,
+            max_per_client: max_in_flight,
             timeouts: Timeouts {
                 header: Duration::from_secs(30),
                 send: Duration::from_secs(60),

@@ -161,6 +161,81 @@ fn verify_reports_corruption_with_shard_and_offset() {
     );
 }
 
+/// One client (127.0.0.1) asks for a large shard on 96 connections and reads none of it,
+/// with the default limits: 64 slots, at most 32 to one client, a 60 s send timeout. Once
+/// the server has every one of those requests, a client at another address (127.0.0.2)
+/// asks for a small shard. Without the share per client its request would queue behind
+/// the 32 that wait for a slot, for the whole send timeout; with it, 32 stalled replies
+/// hold slots, the others wait for the client's own, and the other client is answered.
+#[test]
+fn one_client_that_stops_reading_never_holds_every_slot() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+    const CONNECTIONS: usize = 96;
+    // Far below the 60 s send timeout that would otherwise free a slot.
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let big = std::fs::File::create(dir.path().join("big.tar")).expect("create");
+    big.set_len(32 << 20).expect("grow");
+    std::fs::write(dir.path().join("small.tar"), b"small").expect("write");
+    // A debug line for each request the server has read, before it waits for a slot.
+    let server = Server::start_with(dir.path(), &[("IMGRUN_LOG", "warn,imgrun::serve=debug")]);
+    let addr: SocketAddr = server
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the server's address");
+    let head =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let stalled: Vec<TcpStream> = (0..CONNECTIONS)
+        .map(|_| {
+            let mut stream = TcpStream::connect(addr).expect("connect");
+            stream
+                .write_all(head("/big.tar").as_bytes())
+                .expect("send request");
+            stream
+        })
+        .collect();
+    let deadline = Instant::now() + LIMIT;
+    let mut received = 0;
+    while received < CONNECTIONS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = server
+            .log
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("the server read {received} of {CONNECTIONS} requests"));
+        if line.contains("request waits for a slot") && line.contains("/big.tar") {
+            received += 1;
+        }
+    }
+    // Another client: the same server from another loopback address.
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into())
+        .expect("bind 127.0.0.2");
+    socket
+        .connect(&addr.into())
+        .expect("connect from 127.0.0.2");
+    let mut other: TcpStream = socket.into();
+    other.set_read_timeout(Some(LIMIT)).expect("timeout");
+    other
+        .write_all(head("/small.tar").as_bytes())
+        .expect("send request");
+    let mut reply = Vec::new();
+    other
+        .read_to_end(&mut reply)
+        .expect("the other client is answered while the stalled replies hold their slots");
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with("\r\n\r\nsmall"),
+        "{reply}"
+    );
+    drop(stalled);
+}
+
 /// 64 clients that request a shard far larger than the socket buffers and never read it
 /// hold every slot (`max_in_flight` is 64), and 64 more connect and never send anything.
 /// A fresh request is still answered (once the stalled ones have passed the send
@@ -186,6 +261,8 @@ fn stalled_readers_and_silent_connections_cost_the_server_nothing_for_long() {
             ("IMGRUN_SERVE__HEADER_TIMEOUT_SECS", "1"),
             ("IMGRUN_SERVE__SEND_TIMEOUT_SECS", "1"),
             ("IMGRUN_SERVE__MAX_IN_FLIGHT", "64"),
+            // Every slot to the one client, as if it were a proxy for all.
+            ("IMGRUN_SERVE__MAX_PER_CLIENT", "64"),
             // The access log, which says when a reply is given up.
             ("IMGRUN_LOG", "info"),
         ],
