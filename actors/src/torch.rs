@@ -14,6 +14,9 @@ pub struct LibtorchReport {
     pub cudnn_available: bool,
     /// Threads libtorch uses for intra-op parallelism.
     pub threads: i32,
+    /// The NCCL CUDA trainers would average gradients through: its version and the
+    /// library it came from, or why it does not load (it needs no GPU to load).
+    pub nccl: Result<String, String>,
     /// Result of a small matrix product computed by libtorch, checked against the
     /// expected value.
     pub smoke_test: Result<(), String>,
@@ -41,6 +44,9 @@ pub fn probe_libtorch() -> LibtorchReport {
         cuda_devices,
         cudnn_available: tch::Cuda::cudnn_is_available(),
         threads: tch::get_num_threads(),
+        nccl: crate::train::nccl::library()
+            .map(|lib| format!("{} ({})", lib.version(), lib.library_name()))
+            .map_err(|e| e.to_string()),
         smoke_test,
     }
 }

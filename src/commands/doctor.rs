@@ -52,6 +52,13 @@ pub fn run(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         }
     );
     println!(
+        "nccl:             {}",
+        match &torch.nccl {
+            Ok(loaded) => loaded.clone(),
+            Err(why) => format!("not loaded: {why}"),
+        }
+    );
+    println!(
         "config:           {}",
         loaded
             .file

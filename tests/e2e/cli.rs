@@ -413,6 +413,8 @@ fn doctor_runs_a_tensor_op() {
     let report = run_ok(&["doctor"], dir.path());
     assert!(report.contains("tensor smoke test: ok"), "{report}");
     assert!(report.contains("libtorch:         2.11.0"), "{report}");
+    // The torch wheel carries NCCL; it loads without a GPU.
+    assert!(report.contains("nccl:             2."), "{report}");
     assert!(
         report.contains("config:           built-in defaults"),
         "{report}"
