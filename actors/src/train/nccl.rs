@@ -7,14 +7,24 @@
 //! a data-parallel trainer needs are bound: unique ids, communicator set-up and tear-down,
 //! in-place float sum allreduce and broadcast on the legacy default stream (the stream
 //! libtorch uses by default), and the asynchronous error check.
+//!
+//! Communicators are non-blocking (`ncclConfig_t::blocking = 0`): `ncclCommInitRankConfig`
+//! returns at once and the rank polls `ncclCommGetAsyncError` until the communicator is
+//! ready, or aborts it once a deadline passes ([`NcclError::InitTimeout`]), so a bootstrap
+//! that stalls (a rank that never started, a blocked port) fails the rank instead of
+//! hanging it. NCCL has no call that makes a communicator blocking after its creation, so
+//! every later call that answers `ncclInProgress` (a collective still being enqueued,
+//! finalize) is polled to completion the same way before the next call.
 
 // FFI into NCCL and the CUDA runtime cannot be done without unsafe code; every block says
 // why it is sound.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::cell::Cell;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::fmt;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use libloading::Library;
 use tch::{Device, Kind, Tensor};
@@ -38,6 +48,15 @@ const NCCL_SUM: c_int = 0;
 const NCCL_SUCCESS: c_int = 0;
 /// `ncclInProgress`: a non-blocking communicator is still working (not an error).
 const NCCL_IN_PROGRESS: c_int = 7;
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field NCCL chooses itself.
+const CONFIG_UNDEF_INT: c_int = c_int::MIN;
+/// The magic number `NCCL_CONFIG_INITIALIZER` puts in `ncclConfig_t::magic`.
+const CONFIG_MAGIC: c_uint = 0xcafe_beef;
+/// The NCCL version whose `ncclConfig_t` [`RawConfig`] transcribes (2.28.9, the
+/// `nvidia-nccl` wheel torch 2.11 ships), as `NCCL_VERSION(2, 28, 9)`.
+const CONFIG_LAYOUT_VERSION: c_int = 22809;
+/// The pause between two polls of a non-blocking communicator's state.
+const POLL_PAUSE: Duration = Duration::from_millis(1);
 
 /// Why an NCCL call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -62,6 +81,22 @@ pub enum NcclError {
         code: i32,
         message: String,
     },
+    #[error(
+        "rank {rank} of {world}: the NCCL communicator was not ready after {waited:?} (half \
+         of train.step_timeout_secs); check that every rank started, that \
+         NCCL_SOCKET_IFNAME names an interface the ranks reach each other on, and that no \
+         firewall blocks the ports NCCL opens between the nodes"
+    )]
+    InitTimeout {
+        rank: usize,
+        world: usize,
+        waited: Duration,
+    },
+    #[error("{call} did not complete within {waited:?}; the communicator was given up")]
+    CallTimeout {
+        call: &'static str,
+        waited: Duration,
+    },
     #[error("rank {rank} of a world of {world} is invalid")]
     Rank { rank: usize, world: usize },
     #[error("bad NCCL unique id: {0}")]
@@ -77,6 +112,60 @@ struct RawUniqueId {
     internal: [u8; UNIQUE_ID_BYTES],
 }
 
+/// `ncclConfig_t` as NCCL 2.28.9's nccl.h declares it (`ncclConfig_v22800`): 80 bytes on
+/// 64-bit Linux, checked by a unit test against offsets measured with the header. Fields
+/// are only ever appended to it, and NCCL reads the ones of the `version` the caller says
+/// it filled in, so an older library reads the prefix it knows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawConfig {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+    traffic_class: c_int,
+    comm_name: *const c_char,
+    collnet_enable: c_int,
+    cta_policy: c_int,
+    shrink_share: c_int,
+    nvls_ctas: c_int,
+    n_channels_per_net_peer: c_int,
+    nvlink_centric_sched: c_int,
+}
+
+impl RawConfig {
+    /// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`, for a library of `library_version`:
+    /// the config's version is the older of the library's and this layout's, so neither
+    /// side reads a field the other does not have.
+    fn non_blocking(library_version: c_int) -> Self {
+        let version = library_version.clamp(0, CONFIG_LAYOUT_VERSION) as c_uint;
+        Self {
+            size: std::mem::size_of::<Self>(),
+            magic: CONFIG_MAGIC,
+            version,
+            blocking: 0,
+            cga_cluster_size: CONFIG_UNDEF_INT,
+            min_ctas: CONFIG_UNDEF_INT,
+            max_ctas: CONFIG_UNDEF_INT,
+            net_name: std::ptr::null(),
+            split_share: CONFIG_UNDEF_INT,
+            traffic_class: CONFIG_UNDEF_INT,
+            comm_name: std::ptr::null(),
+            collnet_enable: CONFIG_UNDEF_INT,
+            cta_policy: CONFIG_UNDEF_INT,
+            shrink_share: CONFIG_UNDEF_INT,
+            nvls_ctas: CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: CONFIG_UNDEF_INT,
+            nvlink_centric_sched: CONFIG_UNDEF_INT,
+        }
+    }
+}
+
 /// `ncclComm_t`.
 type RawComm = *mut c_void;
 /// `cudaStream_t`.
@@ -84,7 +173,8 @@ type RawStream = *mut c_void;
 
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueIdFn = unsafe extern "C" fn(*mut RawUniqueId) -> c_int;
-type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, RawUniqueId, c_int) -> c_int;
+type CommInitRankConfigFn =
+    unsafe extern "C" fn(*mut RawComm, c_int, RawUniqueId, c_int, *mut RawConfig) -> c_int;
 /// `ncclAllReduce` (the fifth argument is the `ncclRedOp_t`) and `ncclBroadcast` (the
 /// root rank): (send, receive, count, data type, op or root, communicator, stream).
 type CollectiveFn = unsafe extern "C" fn(
@@ -113,9 +203,10 @@ pub struct Nccl {
     cudart_name: String,
     version_code: i32,
     get_unique_id: GetUniqueIdFn,
-    comm_init_rank: CommInitRankFn,
+    comm_init_rank_config: CommInitRankConfigFn,
     all_reduce: CollectiveFn,
     broadcast: CollectiveFn,
+    comm_finalize: CommFn,
     comm_destroy: CommFn,
     comm_abort: CommFn,
     comm_get_async_error: CommGetAsyncErrorFn,
@@ -208,9 +299,10 @@ impl Nccl {
             let lib = Self {
                 version_code: 0,
                 get_unique_id: symbol(&nccl, n, "ncclGetUniqueId")?,
-                comm_init_rank: symbol(&nccl, n, "ncclCommInitRank")?,
+                comm_init_rank_config: symbol(&nccl, n, "ncclCommInitRankConfig")?,
                 all_reduce: symbol(&nccl, n, "ncclAllReduce")?,
                 broadcast: symbol(&nccl, n, "ncclBroadcast")?,
+                comm_finalize: symbol(&nccl, n, "ncclCommFinalize")?,
                 comm_destroy: symbol(&nccl, n, "ncclCommDestroy")?,
                 comm_abort: symbol(&nccl, n, "ncclCommAbort")?,
                 comm_get_async_error: symbol(&nccl, n, "ncclCommGetAsyncError")?,
@@ -265,8 +357,7 @@ impl Nccl {
         Ok(UniqueId(raw.internal))
     }
 
-    /// `Ok` for `ncclSuccess`, otherwise a [`NcclError::Call`] naming `call` with NCCL's
-    /// text for `code` and, given a communicator, its last error message.
+    /// `Ok` for `ncclSuccess`, otherwise [`Self::call_error`].
     fn nccl_result(
         &self,
         call: &'static str,
@@ -276,6 +367,12 @@ impl Nccl {
         if code == NCCL_SUCCESS {
             return Ok(());
         }
+        Err(self.call_error(call, code, comm))
+    }
+
+    /// A [`NcclError::Call`] naming `call` with NCCL's text for `code` and, given a
+    /// communicator, its last error message.
+    fn call_error(&self, call: &'static str, code: c_int, comm: Option<RawComm>) -> NcclError {
         let mut message = self.error_string(code);
         if let Some(comm) = comm {
             // SAFETY: `comm` is a live communicator; NCCL returns a NUL-terminated string
@@ -285,11 +382,11 @@ impl Nccl {
                 message = format!("{message} ({last})");
             }
         }
-        Err(NcclError::Call {
+        NcclError::Call {
             call,
             code,
             message,
-        })
+        }
     }
 
     /// NCCL's text for a result code.
@@ -390,13 +487,71 @@ impl fmt::Debug for UniqueId {
     }
 }
 
-/// One rank's NCCL communicator on one CUDA device.
+/// How polling a non-blocking NCCL operation ended, short of success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PollFailure {
+    /// The state became this NCCL error code.
+    Failed(c_int),
+    /// Still in progress when the deadline passed, after this long; `abort` was called.
+    TimedOut(Duration),
+}
+
+/// The time as [`poll_until_ready`] sees it: how long since polling began, and a short
+/// pause between polls. [`WallClock`] in the bindings, a made-up one in tests.
+pub(crate) trait PollClock {
+    fn elapsed(&mut self) -> Duration;
+    fn pause(&mut self);
+}
+
+/// The real clock: time since its creation, [`POLL_PAUSE`] sleeps.
+struct WallClock(Instant);
+
+impl PollClock for WallClock {
+    fn elapsed(&mut self) -> Duration {
+        self.0.elapsed()
+    }
+
+    fn pause(&mut self) {
+        std::thread::sleep(POLL_PAUSE);
+    }
+}
+
+/// Polls `state` (an NCCL result: `ncclSuccess`, `ncclInProgress` or an error) until it is
+/// no longer `ncclInProgress`, pausing between polls; once `limit` has passed with the
+/// operation still in progress, calls `abort` (once) and gives up. The state is read at
+/// least once, even with a zero limit.
+pub(crate) fn poll_until_ready(
+    mut state: impl FnMut() -> c_int,
+    abort: impl FnOnce(),
+    clock: &mut impl PollClock,
+    limit: Duration,
+) -> Result<(), PollFailure> {
+    loop {
+        match state() {
+            NCCL_SUCCESS => return Ok(()),
+            NCCL_IN_PROGRESS => {}
+            error => return Err(PollFailure::Failed(error)),
+        }
+        let waited = clock.elapsed();
+        if waited >= limit {
+            abort();
+            return Err(PollFailure::TimedOut(waited));
+        }
+        clock.pause();
+    }
+}
+
+/// One rank's NCCL communicator on one CUDA device, non-blocking (see the module doc).
 pub struct Communicator {
     comm: RawComm,
     lib: &'static Nccl,
     rank: usize,
     world: usize,
     device: usize,
+    /// How long a call that answers `ncclInProgress` may take to complete.
+    limit: Duration,
+    /// A call failed or timed out: the communicator is only good for aborting.
+    broken: Cell<bool>,
 }
 
 // SAFETY: an NCCL communicator is not tied to the thread that created it; it may be used
@@ -426,17 +581,37 @@ fn check_ranks(world: usize, rank: usize) -> Result<(c_int, c_int), NcclError> {
     Ok((world_c, rank_c))
 }
 
+/// The state of `comm` (`ncclCommGetAsyncError`'s), or the error of the call itself.
+///
+/// # Safety
+/// `comm` is a live communicator of `lib`.
+unsafe fn async_state(lib: &Nccl, comm: RawComm) -> c_int {
+    let mut state: c_int = NCCL_SUCCESS;
+    // SAFETY: the caller guarantees `comm` is live; `state` is a valid, writable int.
+    let result = unsafe { (lib.comm_get_async_error)(comm, &mut state) };
+    if result == NCCL_SUCCESS {
+        state
+    } else {
+        result
+    }
+}
+
 impl Communicator {
     /// Joins the communicator `id` as `rank` of `world`, on CUDA device `device` (which
-    /// becomes the calling thread's current device).
+    /// becomes the calling thread's current device), waiting at most `limit` for the
+    /// other ranks; then aborts it and returns [`NcclError::InitTimeout`]. The trainer's
+    /// limit is the job's step timeout (`train.step_timeout_secs`), the longest any
+    /// collective of the job may wait for a peer. `limit` also bounds each later call
+    /// that NCCL answers with `ncclInProgress`.
     ///
-    /// Collective: blocks until all `world` ranks have called it with the same id.
+    /// Collective: completes when all `world` ranks have called it with the same id.
     pub fn init(
         lib: &'static Nccl,
         id: &UniqueId,
         world: usize,
         rank: usize,
         device: usize,
+        limit: Duration,
     ) -> Result<Self, NcclError> {
         let (world_c, rank_c) = check_ranks(world, rank)?;
         let device_c = c_int::try_from(device).map_err(|_| NcclError::Cuda {
@@ -447,24 +622,54 @@ impl Communicator {
         lib.set_device(device_c)?;
         let mut comm: RawComm = std::ptr::null_mut();
         let raw = RawUniqueId { internal: id.0 };
+        let mut config = RawConfig::non_blocking(lib.version_code);
         // SAFETY: `comm` is a valid, writable ncclComm_t; the id is passed by value as
-        // ncclCommInitRank declares; the ranks were checked above.
-        let result = unsafe { (lib.comm_init_rank)(&mut comm, world_c, raw, rank_c) };
-        if result != NCCL_SUCCESS {
-            let error = lib.nccl_result("ncclCommInitRank", result, None);
-            if !comm.is_null() {
-                // SAFETY: a communicator NCCL handed back from a failed init is only
-                // good for freeing; nothing else holds it.
+        // ncclCommInitRankConfig declares; `config` is a valid ncclConfig_t (the layout
+        // of the version it names) that outlives the call; the ranks were checked above.
+        let result =
+            unsafe { (lib.comm_init_rank_config)(&mut comm, world_c, raw, rank_c, &mut config) };
+        let started = match result {
+            NCCL_SUCCESS | NCCL_IN_PROGRESS if !comm.is_null() => Ok(()),
+            NCCL_SUCCESS | NCCL_IN_PROGRESS => Err(NcclError::Call {
+                call: "ncclCommInitRankConfig",
+                code: result,
+                message: "no communicator returned".to_string(),
+            }),
+            code => lib.nccl_result("ncclCommInitRankConfig", code, None),
+        };
+        let mut aborted = false;
+        let polled = started.and_then(|()| {
+            let abort = || {
+                // SAFETY: `comm` is live; a communicator still joining after the deadline
+                // is only good for aborting, and it is not used again.
+                unsafe { (lib.comm_abort)(comm) };
+                aborted = true;
+            };
+            poll_until_ready(
+                // SAFETY: `comm` is the live communicator created above.
+                || unsafe { async_state(lib, comm) },
+                abort,
+                &mut WallClock(Instant::now()),
+                limit,
+            )
+            .map_err(|failure| match failure {
+                PollFailure::Failed(code) => {
+                    lib.call_error("ncclCommInitRankConfig", code, Some(comm))
+                }
+                PollFailure::TimedOut(waited) => NcclError::InitTimeout {
+                    rank,
+                    world,
+                    waited,
+                },
+            })
+        });
+        if let Err(error) = polled {
+            if !aborted && !comm.is_null() {
+                // SAFETY: a communicator that failed while joining is only good for
+                // aborting; nothing else holds it and it is not used again.
                 unsafe { (lib.comm_abort)(comm) };
             }
-            error?;
-        }
-        if comm.is_null() {
-            return Err(NcclError::Call {
-                call: "ncclCommInitRank",
-                code: NCCL_SUCCESS,
-                message: "no communicator returned".to_string(),
-            });
+            return Err(error);
         }
         Ok(Self {
             comm,
@@ -472,6 +677,8 @@ impl Communicator {
             rank,
             world,
             device,
+            limit,
+            broken: Cell::new(false),
         })
     }
 
@@ -489,7 +696,9 @@ impl Communicator {
     }
 
     /// Runs `collective` (`call`) in place on `tensor` with `op_or_root` as its fifth
-    /// argument, on the legacy default stream.
+    /// argument, on the legacy default stream; an answer of `ncclInProgress` (the
+    /// non-blocking communicator still enqueues it) is polled until the collective is on
+    /// the stream, so later work on the stream comes after it.
     fn in_place(
         &self,
         call: &'static str,
@@ -516,16 +725,39 @@ impl Communicator {
                 std::ptr::null_mut(),
             )
         };
+        self.complete(call, result)
+    }
+
+    /// Waits for a call that answered `result` to complete (see [`Self::init`]'s limit).
+    fn complete(&self, call: &'static str, result: c_int) -> Result<(), NcclError> {
+        let result = if result == NCCL_IN_PROGRESS {
+            let polled = poll_until_ready(
+                // SAFETY: `self.comm` is live.
+                || unsafe { async_state(self.lib, self.comm) },
+                || self.broken.set(true),
+                &mut WallClock(Instant::now()),
+                self.limit,
+            );
+            match polled {
+                Ok(()) => NCCL_SUCCESS,
+                Err(PollFailure::Failed(code)) => code,
+                Err(PollFailure::TimedOut(waited)) => {
+                    return Err(NcclError::CallTimeout { call, waited });
+                }
+            }
+        } else {
+            result
+        };
+        if result != NCCL_SUCCESS {
+            self.broken.set(true);
+        }
         self.lib.nccl_result(call, result, Some(self.comm))
     }
 
     /// The communicator's asynchronous error, if any (a peer died, a network failure).
     pub fn check(&self) -> Result<(), NcclError> {
-        let mut state: c_int = NCCL_SUCCESS;
-        // SAFETY: `self.comm` is live; `state` is a valid, writable int.
-        let result = unsafe { (self.lib.comm_get_async_error)(self.comm, &mut state) };
-        self.lib
-            .nccl_result("ncclCommGetAsyncError", result, Some(self.comm))?;
+        // SAFETY: `self.comm` is live.
+        let state = unsafe { async_state(self.lib, self.comm) };
         if state == NCCL_IN_PROGRESS {
             return Ok(());
         }
@@ -566,15 +798,22 @@ impl Communicator {
 }
 
 impl Drop for Communicator {
+    /// A healthy communicator is finalized (polled to completion, as a non-blocking one
+    /// must be, within the limit) and destroyed; a broken one, or one whose finalize
+    /// fails or stalls, is aborted (ncclCommDestroy can hang after a failure).
     fn drop(&mut self) {
-        // ncclCommDestroy can hang after a failure; abort then.
-        let failed = self.check().is_err();
+        let healthy = !self.broken.get() && self.check().is_ok();
+        let finalized = healthy && {
+            // SAFETY: `self.comm` is live and used by nothing else.
+            let result = unsafe { (self.lib.comm_finalize)(self.comm) };
+            self.complete("ncclCommFinalize", result).is_ok()
+        };
         // SAFETY: `self.comm` is live and used by nothing else; it is not used again.
         unsafe {
-            if failed {
-                (self.lib.comm_abort)(self.comm);
-            } else {
+            if finalized {
                 (self.lib.comm_destroy)(self.comm);
+            } else {
+                (self.lib.comm_abort)(self.comm);
             }
         }
     }
@@ -583,6 +822,135 @@ impl Drop for Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How long the tests' communicators may take to start.
+    const TEST_LIMIT: Duration = Duration::from_secs(60);
+
+    /// A made-up clock: each pause moves it on by `step`.
+    struct StepClock {
+        now: Duration,
+        step: Duration,
+        pauses: usize,
+    }
+
+    impl PollClock for StepClock {
+        fn elapsed(&mut self) -> Duration {
+            self.now
+        }
+
+        fn pause(&mut self) {
+            self.now += self.step;
+            self.pauses += 1;
+        }
+    }
+
+    #[test]
+    fn polling_ends_ready_failed_or_aborted_at_the_deadline() {
+        let second = Duration::from_secs(1);
+        // (states NCCL answers in turn (the last repeats), limit, expected result,
+        // states read, pauses)
+        let cases: [(&[c_int], Duration, Result<(), PollFailure>, usize, usize); 6] = [
+            (&[NCCL_SUCCESS], 10 * second, Ok(()), 1, 0),
+            (&[NCCL_SUCCESS], Duration::ZERO, Ok(()), 1, 0),
+            (
+                &[
+                    NCCL_IN_PROGRESS,
+                    NCCL_IN_PROGRESS,
+                    NCCL_IN_PROGRESS,
+                    NCCL_SUCCESS,
+                ],
+                10 * second,
+                Ok(()),
+                4,
+                3,
+            ),
+            (
+                &[NCCL_IN_PROGRESS, 2],
+                10 * second,
+                Err(PollFailure::Failed(2)),
+                2,
+                1,
+            ),
+            (
+                &[NCCL_IN_PROGRESS],
+                3 * second,
+                Err(PollFailure::TimedOut(3 * second)),
+                4,
+                3,
+            ),
+            (
+                &[NCCL_IN_PROGRESS],
+                Duration::ZERO,
+                Err(PollFailure::TimedOut(Duration::ZERO)),
+                1,
+                0,
+            ),
+        ];
+        for (i, (states, limit, want, reads, pauses)) in cases.into_iter().enumerate() {
+            let mut clock = StepClock {
+                now: Duration::ZERO,
+                step: second,
+                pauses: 0,
+            };
+            let mut read = 0;
+            let mut aborts = 0;
+            let got = poll_until_ready(
+                || {
+                    read += 1;
+                    states[(read - 1).min(states.len() - 1)]
+                },
+                || aborts += 1,
+                &mut clock,
+                limit,
+            );
+            assert_eq!(got, want, "case {i}");
+            assert_eq!((read, clock.pauses), (reads, pauses), "case {i}");
+            let timed_out = matches!(want, Err(PollFailure::TimedOut(_)));
+            assert_eq!(aborts, usize::from(timed_out), "case {i}: aborts");
+        }
+    }
+
+    /// Offsets and size of `ncclConfig_t` measured from NCCL 2.28.9's nccl.h (the
+    /// `nvidia-nccl` wheel of torch 2.11) with offsetof and sizeof on x86-64 Linux.
+    #[test]
+    fn config_has_the_layout_of_nccl_2_28_9() {
+        assert_eq!(std::mem::size_of::<RawConfig>(), 80);
+        assert_eq!(std::mem::offset_of!(RawConfig, blocking), 16);
+        assert_eq!(std::mem::offset_of!(RawConfig, net_name), 32);
+        assert_eq!(std::mem::offset_of!(RawConfig, split_share), 40);
+        assert_eq!(std::mem::offset_of!(RawConfig, comm_name), 48);
+        assert_eq!(std::mem::offset_of!(RawConfig, collnet_enable), 56);
+        assert_eq!(std::mem::offset_of!(RawConfig, nvlink_centric_sched), 76);
+        let config = RawConfig::non_blocking(22809);
+        assert_eq!(
+            (config.size, config.magic, config.version),
+            (80, 0xcafebeef, 22809)
+        );
+        assert_eq!((config.blocking, config.min_ctas), (0, i32::MIN));
+        assert!(config.net_name.is_null() && config.comm_name.is_null());
+        // An older library is told the config is of its version; a newer one, of ours.
+        assert_eq!(RawConfig::non_blocking(22105).version, 22105);
+        assert_eq!(RawConfig::non_blocking(23001).version, 22809);
+    }
+
+    #[test]
+    fn init_timeout_says_what_to_check() {
+        let error = NcclError::InitTimeout {
+            rank: 1,
+            world: 4,
+            waited: Duration::from_secs(600),
+        };
+        let text = error.to_string();
+        for want in [
+            "rank 1 of 4",
+            "600s",
+            "NCCL_SOCKET_IFNAME",
+            "firewall",
+            "started",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+    }
 
     #[test]
     fn unique_id_hex_round_trips_and_rejects_bad_input() {
@@ -667,7 +1035,7 @@ mod tests {
         let Ok(lib) = library() else { return };
         let id = UniqueId([0; UNIQUE_ID_BYTES]);
         for (world, rank) in [(2, 2), (0, 0)] {
-            match Communicator::init(lib, &id, world, rank, 0) {
+            match Communicator::init(lib, &id, world, rank, 0, TEST_LIMIT) {
                 Err(NcclError::Rank { rank: r, world: w }) => {
                     assert_eq!((r, w), (rank, world));
                 }
@@ -687,13 +1055,14 @@ mod tests {
         };
         let id = lib.unique_id().expect("ncclGetUniqueId");
         if !tch::Cuda::is_available() {
-            match Communicator::init(lib, &id, 1, 0, 0) {
+            match Communicator::init(lib, &id, 1, 0, 0, TEST_LIMIT) {
                 Ok(comm) => panic!("{comm:?} without a GPU"),
                 Err(error) => {
                     let text = error.to_string();
                     println!("without a GPU: {text}");
                     assert!(
-                        text.starts_with("cudaSetDevice ") || text.starts_with("ncclCommInitRank "),
+                        text.starts_with("cudaSetDevice ")
+                            || text.starts_with("ncclCommInitRankConfig "),
                         "{text}"
                     );
                 }
@@ -701,7 +1070,7 @@ mod tests {
             return;
         }
 
-        let comm = Communicator::init(lib, &id, 1, 0, 0).expect("world of one");
+        let comm = Communicator::init(lib, &id, 1, 0, 0, TEST_LIMIT).expect("world of one");
         assert_eq!(comm.device(), 0);
         let expected = Tensor::arange(10, (Kind::Float, Device::Cpu));
         let tensor = Tensor::arange(10, (Kind::Float, Device::Cuda(0)));

@@ -3,6 +3,8 @@
 //! broadcast, and after each stage the ranks agree over imgrun's ring, so that all switch
 //! or none does.
 
+use std::time::Duration;
+
 use runtime::MethodError;
 use tch::{Device, Kind, Tensor};
 
@@ -21,6 +23,17 @@ pub(super) struct Negotiating {
     pub may_use: bool,
     /// Why rank 0 made no NCCL id.
     pub problem: Option<String>,
+    /// How long joining the communicator may take before it is aborted
+    /// ([`init_timeout`]).
+    pub init_timeout: Duration,
+}
+
+/// How long a rank waits for its NCCL communicator to start: half the job's step timeout
+/// (`train.step_timeout_secs`, which the job's wait for `connect` also lasts), so that the
+/// rank's typed timeout, and the ranks' agreement to fall back to the ring, come before
+/// the job gives up on the call; at least a second.
+pub(super) fn init_timeout(step_timeout_secs: u64) -> Duration {
+    Duration::from_millis(step_timeout_secs.saturating_mul(500).max(1000))
 }
 
 /// Moves `sync` onto NCCL when every rank can: each loads the library and takes rank
@@ -69,7 +82,8 @@ pub(super) fn start_nccl(
         (Some(why), _) | (None, Err(why)) => return fall_back("not loaded", why),
     };
     let world = this.world;
-    let joined = nccl::Communicator::init(lib, &id, world, rank as usize, ordinal);
+    let joined =
+        nccl::Communicator::init(lib, &id, world, rank as usize, ordinal, this.init_timeout);
     let problem = agree(sync, rank, joined.as_ref().err())?;
     let communicator = match (problem, joined) {
         (None, Ok(communicator)) => communicator,
@@ -130,5 +144,26 @@ fn self_check(communicator: &nccl::Communicator, rank: u32, world: usize) -> Res
         (true, true) => Ok(()),
         (false, _) => Err(format!("a sum over {world} ranks did not give {want}")),
         (_, false) => Err("a broadcast from rank 0 did not arrive".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_gets_half_the_step_timeout_and_at_least_a_second() {
+        // (train.step_timeout_secs, the communicator's limit)
+        let cases = [
+            (600, 300_000),
+            (10, 5_000),
+            (3, 1_500),
+            (1, 1_000),
+            (0, 1_000),
+        ];
+        for (step, millis) in cases {
+            assert_eq!(init_timeout(step), Duration::from_millis(millis), "{step}");
+        }
+        assert!(init_timeout(u64::MAX) > Duration::from_secs(1));
     }
 }

@@ -343,7 +343,7 @@ impl Trainer {
         let bucket_bytes = self.init.job.optim.bucket_bytes;
         let mut sync = GradSync::start(connect, &self.params, bucket_bytes)
             .map_err(|e| ring_failure(self.init.rank, "joining the ring", &e))?;
-        let allreduce = self.start_nccl(&mut sync, request.nccl_id.as_deref())?;
+        let allreduce = self.start_nccl(&mut sync, &request)?;
         if self.init.job.optim.overlap && !self.decentralized() {
             sync.overlap_backward(&self.params)
                 .map_err(|e| MethodError::fatal(format!("rank {rank}: {e}")))?;
@@ -406,9 +406,15 @@ impl Trainer {
             && !self.elastic()
     }
 
-    /// Moves `sync` onto NCCL when every rank can (see [`negotiate::start_nccl`]);
-    /// returns what averages the gradients.
-    fn start_nccl(&self, sync: &mut GradSync, id: Option<&str>) -> Result<String, MethodError> {
+    /// Moves `sync` onto NCCL when every rank can (see [`negotiate::start_nccl`]), giving
+    /// the communicator half the job's step timeout (`request.op_timeout_secs`, from
+    /// `train.step_timeout_secs`; [`negotiate::init_timeout`]) to start; returns what
+    /// averages the gradients.
+    fn start_nccl(
+        &self,
+        sync: &mut GradSync,
+        request: &ConnectRequest,
+    ) -> Result<String, MethodError> {
         let rank = Negotiating {
             rank: self.init.rank,
             world: self.init.world as usize,
@@ -416,8 +422,9 @@ impl Trainer {
             required: self.init.job.optim.allreduce == AllreduceChoice::Nccl,
             may_use: self.may_use_nccl(),
             problem: self.nccl_problem.clone(),
+            init_timeout: negotiate::init_timeout(request.op_timeout_secs),
         };
-        negotiate::start_nccl(sync, &rank, id)
+        negotiate::start_nccl(sync, &rank, request.nccl_id.as_deref())
     }
 
     /// Restores the checkpoint; true when this rank took its own replica from it (a
