@@ -6,11 +6,13 @@
 //! The format is TensorFlow's record file: each record is its length (u64, little
 //! endian), the masked CRC-32C of those 8 bytes, the data, and the data's masked CRC-32C;
 //! each record's data is one protobuf `Event` (`wall_time` = 1, `step` = 2,
-//! `file_version` = 3, `summary` = 5, `session_log` = 6). The first event of a file says
-//! `brain.Event:2`. Scalars are `Summary.Value`s (`tag` = 1, `simple_value` = 2). A
-//! resumed run begins with a `SessionLog` of status `START` at the step it resumes from,
-//! so TensorBoard drops what an earlier run wrote past that step (as `metrics.jsonl`'s
-//! rewind does) and shows one curve.
+//! `file_version` = 3, `summary` = 5, `session_log` = 7; 6 is the retired
+//! `log_message`). The first event of a file says `brain.Event:2`. Scalars are
+//! `Summary.Value`s (`tag` = 1, `simple_value` = 2). A resumed run begins with a `SessionLog` of status `START` at the first step it writes,
+//! one past its checkpoint's, so TensorBoard drops what an earlier run wrote past the
+//! checkpoint (as `metrics.jsonl`'s rewind does) and shows one curve. (TensorBoard keeps
+//! only the events of steps below a `START`'s: at the checkpoint's own step it would drop
+//! that step's values too, which no run writes again.)
 //!
 //! Tags, by record:
 //! - step: `train/loss`, `train/top1` (the batch's accuracy), `train/lr`,
@@ -86,7 +88,8 @@ impl Scalars {
         match record {
             MetricsRecord::Job(job) => {
                 self.started = job.time as f64;
-                let step = job.resumed_at_step.unwrap_or(0);
+                // The first step this run writes (see the module's doc).
+                let step = job.resumed_at_step.map_or(0, |saved| saved + 1);
                 let mut events = Vec::new();
                 if job.resumed_at_step.is_some() {
                     events.push(Event {
@@ -262,8 +265,8 @@ fn encode_event(wall_time: f64, step: u64, body: Body) -> Vec<u8> {
             bytes_field(&mut event, 5, &summary);
         }
         Body::Start => {
-            // SessionLog: status (1, varint) START = 1; Event.session_log: field 6.
-            bytes_field(&mut event, 6, &[1 << 3, 1]);
+            // SessionLog: status (1, varint) START = 1; Event.session_log: field 7.
+            bytes_field(&mut event, 7, &[1 << 3, 1]);
         }
     }
     event
@@ -338,7 +341,8 @@ mod tests {
     fn events_encode_as_protobuf() {
         let cases: [(Body, &[u8]); 3] = [
             (Body::Version, b"\x1a\x0dbrain.Event:2"),
-            (Body::Start, b"\x32\x02\x08\x01"),
+            // Event.session_log is field 7 (tag 0x3a); SessionLog.status START = 1.
+            (Body::Start, b"\x3a\x02\x08\x01"),
             (
                 Body::Scalar {
                     tag: "a/b",
@@ -396,8 +400,8 @@ mod tests {
             }
         }
         let want: Vec<(f64, u64, String)> = [
-            (1000.0, 7, "start"),
-            (1000.0, 7, "job/world=2"),
+            (1000.0, 8, "start"),
+            (1000.0, 8, "job/world=2"),
             (1003.0, 8, "train/loss=2.5"),
             (1003.0, 8, "train/top1=0.25"),
             (1003.0, 8, "train/lr=0.1"),

@@ -440,6 +440,29 @@ pub fn tools_python(script: &str) -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// What TensorBoard's own reader (`tests/python/tb_check.py`, run by `python` of
+/// `tools/pybench.sh`) charts for `tag` from the event files in `dir`: (step, value).
+pub fn tensorboard_scalars(python: &Path, dir: &Path, tag: &str) -> Vec<(u64, f32)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/tb_check.py");
+    let read = Command::new(python)
+        .arg(&script)
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python");
+    assert!(read.status.success(), "tb_check.py: {}", describe(&read));
+    let scalars: serde_json::Value = serde_json::from_slice(&read.stdout).expect("json");
+    scalars[tag]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {tag} in {scalars}"))
+        .iter()
+        .map(|point| {
+            let step = point[0].as_u64().expect("step");
+            (step, point[1].as_f64().expect("value") as f32)
+        })
+        .collect()
+}
+
 /// The first `program` on `PATH`, as a shell would find it.
 pub fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?

@@ -129,6 +129,20 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
             .all(|r| r["step"].as_u64() <= Some(saved_step)),
         "the stop record past the checkpoint was dropped"
     );
+    // TensorBoard charts the same steps, each once with the value metrics.jsonl keeps:
+    // the resumed run's START drops the cut run's steps past the checkpoint, not the
+    // checkpoint's own.
+    if let Some(python) = crate::common::tools_python("tools/pybench.sh") {
+        let charted = crate::common::tensorboard_scalars(&python, &run.join("tb"), "train/loss");
+        let kept: Vec<(u64, f32)> = steps(&records)
+            .into_iter()
+            .map(|(step, loss)| (step, loss as f32))
+            .collect();
+        assert_eq!(
+            charted, kept,
+            "TensorBoard's train/loss against metrics.jsonl"
+        );
+    }
     // Every epoch's summary, the resumed one included, as the uninterrupted job's.
     let epoch_losses = |records: &[Value]| -> Vec<(u64, f64, u64)> {
         records
