@@ -388,9 +388,10 @@ impl DeviceCollective for Communicator {
 
 /// [`GradSync::average`] on the device (NCCL): each bucket is flattened on the device, multiplied
 /// by this rank's weight (zeroed at weight 0, so a rank without data cannot spread a NaN)
-/// and summed in place; the last bucket carries the extra values and the weight. After the
-/// one sync that reads the total weight back, every bucket is divided by it and copied
-/// into the gradients, all on the device.
+/// and summed in place; the last bucket carries the extra values and the weight. Every
+/// bucket is then divided by the total weight and copied into the gradients, all on the
+/// device; one read at the end brings the extra values' means, the total and whether the
+/// gradients are finite to the host (the step's one synchronisation here).
 fn average_on_device(
     collective: &dyn DeviceCollective,
     buckets: &[Range<usize>],
@@ -424,29 +425,29 @@ fn average_on_device(
         collective.all_reduce_sum(&flat)?;
         flats.push(flat);
     }
-    // Reading the sums back waits for every reduction queued above.
+    // One read back to the host, at the end: the means of the extra values, the total
+    // weight and whether every averaged gradient is finite, all worked out on the device
+    // (before: one read of the sums and another of the finite flag). Each division is the
+    // f32 one the host made before, so the values are the same bits.
     // `cut_buckets` always makes at least one bucket.
     let last = flats.last().expect("at least one bucket");
     let length = last.numel();
     let tail_length = extra.len() + 1;
-    let tail: Vec<f32> = Vec::<f32>::try_from(
-        last.f_narrow(0, (length - tail_length) as i64, tail_length as i64)?
-            .f_to_device(Device::Cpu)?,
-    )?;
-    let total = tail[extra.len()];
-    for (value, sum) in extra.iter_mut().zip(&tail) {
-        *value = if total > 0.0 { sum / total } else { 0.0 };
-    }
-    let factor = if total > 0.0 {
-        f64::from(unscale) / f64::from(total)
-    } else {
-        0.0
-    };
-    let mut finite = Tensor::f_ones([], (Kind::Bool, device))?;
+    let tail = last.f_narrow(0, (length - tail_length) as i64, tail_length as i64)?;
+    let total = tail.f_narrow(0, extra.len() as i64, 1)?;
+    let positive = total.f_gt(0.0)?;
+    let means = tail
+        .f_narrow(0, 0, extra.len() as i64)?
+        .f_div(&total)?
+        .f_where_scalarother(&positive, 0.0)?;
+    let factor = Tensor::f_full([1], f64::from(unscale), (Kind::Float, device))?
+        .f_div(&total)?
+        .f_where_scalarother(&positive, 0.0)?;
+    let mut finite = Tensor::f_ones([1], (Kind::Bool, device))?;
     for (b, (range, flat)) in buckets.iter().zip(&flats).enumerate() {
         let grads = flat.numel() - if b + 1 == count { tail_length } else { 0 };
         let mut values = flat.f_narrow(0, 0, grads as i64)?;
-        let _ = values.f_mul_scalar_(factor)?;
+        let _ = values.f_mul_(&factor)?;
         finite = finite.f_logical_and(&values.f_isfinite()?.f_all()?)?;
         let mut offset = 0;
         for p in range.clone() {
@@ -456,7 +457,10 @@ fn average_on_device(
             offset += n;
         }
     }
-    let finite = finite.f_int64_value(&[])? != 0;
+    let read = Tensor::f_cat(&[means, total, finite.f_to_kind(Kind::Float)?], 0)?;
+    let read: Vec<f32> = Vec::<f32>::try_from(read.f_to_device(Device::Cpu)?)?;
+    extra.copy_from_slice(&read[..extra.len()]);
+    let (total, finite) = (read[extra.len()], read[extra.len() + 1] != 0.0);
     Ok(SyncStats {
         samples: total,
         wait: started.elapsed(),

@@ -41,7 +41,7 @@ pub use checkpoint::{CheckpointState, EpochSums};
 pub use comm::SyncError;
 pub use ddp::{DeviceCollective, GradSync, SyncStats};
 pub use file_error::FileError;
-pub use loss::{cross_entropy_smoothed, topk_correct};
+pub use loss::{cross_entropy_smoothed, to_host, topk_correct, topk_correct_tensor};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
 pub use protocol::{

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use runtime::{CollectiveError, CollectiveOptions, MethodError};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::{Trainer, fatal, parse_secret};
 use crate::train::checkpoint;
@@ -100,6 +100,9 @@ impl Trainer {
         let mut finite = true;
         if n > 0 {
             let _no_grad = tch::no_grad_guard();
+            // Whether every gradient is finite, worked out on the device and read once
+            // (before: one read per parameter).
+            let mut all_finite = Tensor::ones([], (Kind::Bool, self.device));
             for parameter in &self.params {
                 let mut grad = parameter.grad();
                 if !grad.defined() {
@@ -110,8 +113,12 @@ impl Trainer {
                         .f_mul_scalar_(unscale)
                         .map_err(|e| fatal("unscaling")(e.to_string()))?;
                 }
-                finite &= grad.isfinite().all().int64_value(&[]) != 0;
+                all_finite = all_finite.logical_and(&grad.isfinite().all());
             }
+            finite = all_finite
+                .f_int64_value(&[])
+                .map_err(|e| fatal("checking the gradients")(e.to_string()))?
+                != 0;
         }
         let compute_s = computing.elapsed().as_secs_f64();
         phase::enter(Phase::Averaging);
