@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actors::train::{AllreduceChoice, Loaders, LossScaling, ModelKind, SyncChoice};
+use actors::train::{AllreduceChoice, Loaders, LossScaling, ModelKind, Precision, SyncChoice};
 use anyhow::Context;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -162,25 +162,6 @@ impl std::str::FromStr for Schedule {
     }
 }
 
-/// `train.precision`: full f32, or autocast with loss scaling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    Fp32,
-    Amp,
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fp32" => Ok(Self::Fp32),
-            "amp" => Ok(Self::Amp),
-            other => Err(format!("`{other}`: expected fp32 or amp")),
-        }
-    }
-}
-
 /// `[train]`: optimisation, evaluation, checkpoints and the world.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -200,6 +181,7 @@ pub struct TrainConfig {
     pub final_lr_fraction: f64,
     pub milestones: Vec<u64>,
     pub gamma: f64,
+    /// `fp32`, `amp` (float16 autocast on CUDA) or `bf16` (bfloat16 autocast on CUDA).
     #[serde(deserialize_with = "choice")]
     pub precision: Precision,
     #[serde(deserialize_with = "choice")]
@@ -973,7 +955,7 @@ mod tests {
                 "[train]\nschedule = \"linear\"\n",
                 "cosine, step or constant",
             ),
-            ("[train]\nprecision = \"fp16\"\n", "fp32 or amp"),
+            ("[train]\nprecision = \"fp16\"\n", "fp32, amp or bf16"),
             ("[train]\nallreduce = \"mpi\"\n", "train.allreduce"),
             ("[shards]\nerror_policy = \"ignore\"\n", "`fail` or `skip`"),
             ("[data]\nloaders = \"elsewhere\"\n", "local or remote"),

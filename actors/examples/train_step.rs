@@ -1,19 +1,22 @@
 //! The trainer's compute ceiling: forward, backward and SGD steps of one replica on a
 //! fixed random batch, with no loader and no communication, the same code `imgrun train`
-//! runs per step (models, loss, loss scaling, autocast on CUDA, and `GradSync`'s
-//! on-device average, here over a world of one whose sums are no-ops). Compared
-//! with the images/s of a real `imgrun train` job of the same model, size and batch, the
-//! gap is what the loader and the synchronisation cost (`tools/gpu_bench.sh`).
+//! runs per step (models, loss, loss scaling, autocast on CUDA in the job's precision,
+//! and `GradSync`'s on-device average, here over a world of one whose sums are no-ops), through the library
+//! functions the trainer calls. Compared with the images/s of a real `imgrun train` job of
+//! the same model, size and batch, the gap is what the loader and the synchronisation
+//! cost (`tools/gpu_check.sh`).
 //!
 //!     cargo run --release -p actors --example train_step -- \
-//!         --device cuda --model resnet50 --size 224 --batch 128 --amp --steps 60
+//!         --device cuda --model resnet50 --size 224 --batch 128 --precision bf16 --steps 60
 //!
-//! Prints one line of figures (after `--warmup` steps that are not timed) and a JSON line.
+//! `--precision fp32|amp|bf16` is `train.precision` (`--amp` is `--precision amp`).
+//! Prints one line of figures (after `--warmup` steps that are not timed), then, last, one
+//! JSON object with `images_per_s`.
 
 use std::time::Instant;
 
 use actors::train::{
-    DeviceCollective, GradSync, LossScaler, Model, ModelKind, Sgd, SgdConfig, SyncError,
+    DeviceCollective, GradSync, LossScaler, Model, ModelKind, Precision, Sgd, SgdConfig, SyncError,
     cross_entropy_smoothed,
 };
 use anyhow::{Context, bail};
@@ -41,7 +44,7 @@ struct Args {
     size: i64,
     batch: i64,
     classes: i64,
-    amp: bool,
+    precision: Precision,
     steps: u32,
     warmup: u32,
 }
@@ -54,15 +57,19 @@ fn parse() -> anyhow::Result<Args> {
         size: 48,
         batch: 64,
         classes: 1000,
-        amp: false,
+        precision: Precision::Fp32,
         steps: 30,
         warmup: 5,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--amp" {
-            args.amp = true;
-            continue;
+        // Switches, which take no value.
+        match flag.as_str() {
+            "--amp" => {
+                args.precision = Precision::Amp;
+                continue;
+            }
+            _ => {}
         }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         let number = || {
@@ -83,11 +90,16 @@ fn parse() -> anyhow::Result<Args> {
             "--size" => args.size = number()?,
             "--batch" => args.batch = number()?,
             "--classes" => args.classes = number()?,
+            "--precision" => {
+                args.precision = value
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--precision {e}"))?;
+            }
             "--steps" => args.steps = u32::try_from(number()?)?,
             "--warmup" => args.warmup = u32::try_from(number()?)?,
             other => bail!(
                 "unknown flag {other} (--device, --model, --width, --size, --batch, --classes, \
-                 --amp, --steps, --warmup)"
+                 --precision, --amp, --steps, --warmup)"
             ),
         }
     }
@@ -109,7 +121,7 @@ fn main() -> anyhow::Result<()> {
             weight_decay: 5e-5,
         },
     );
-    let autocast = args.amp && args.device != Device::Cpu;
+    let autocast = args.precision.autocast_kind(args.device);
     let mut scaler = LossScaler::for_job(actors::train::LossScaling::Auto, 65536.0, autocast);
     let images = Tensor::randn(
         [args.batch, 3, args.size, args.size],
@@ -130,7 +142,9 @@ fn main() -> anyhow::Result<()> {
             started = Instant::now();
         }
         sgd.zero_grad();
-        let logits = tch::autocast(autocast, || model.forward_t(&images, true));
+        let logits = args
+            .precision
+            .autocast(args.device, || model.forward_t(&images, true))?;
         let loss = cross_entropy_smoothed(&logits.to_kind(Kind::Float), &labels, 0.1);
         (&loss * scaler.scale()).backward();
         let stats = grads.average(
@@ -148,12 +162,13 @@ fn main() -> anyhow::Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     let images_per_s = f64::from(args.steps) * args.batch as f64 / seconds;
     println!(
-        "{} {}px batch {} on {:?}{}: {:.1} images/s, {:.1} ms/step over {} steps ({} skipped)",
+        "{} {}px batch {} on {:?} {}: {:.1} images/s, {:.1} ms/step over {} steps ({} \
+         skipped)",
         args.model.name(),
         args.size,
         args.batch,
         args.device,
-        if autocast { " amp" } else { "" },
+        args.precision,
         images_per_s,
         seconds * 1e3 / f64::from(args.steps),
         args.steps,
@@ -163,7 +178,9 @@ fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "model": args.model.name(), "size": args.size, "batch": args.batch,
-            "device": format!("{:?}", args.device), "amp": autocast,
+            "device": format!("{:?}", args.device),
+            "amp": autocast == Some(Kind::Half),
+            "precision": args.precision.name(),
             "images_per_s": images_per_s, "steps": args.steps, "skipped": skipped,
         })
     );

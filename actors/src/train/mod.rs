@@ -4,7 +4,8 @@
 //!
 //! Layers, bottom up: a file uses only files on the lines before its own
 //! (`tools/check-circles.py` fails on a circle among them).
-//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `scaler`, `schedule`: leaves.
+//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `precision`, `scaler`, `schedule`:
+//!    leaves.
 //! 2. `checkpoint`; `comm` (a communication thread, [`SyncError`]); `spec` (the job as
 //!    every trainer gets it).
 //! 3. `bucket` (the bucket helpers); `protocol` (every request and reply of the trainer
@@ -28,6 +29,7 @@ mod negotiate;
 mod optim;
 mod overlap;
 pub mod phase;
+mod precision;
 mod protocol;
 mod records;
 mod scaler;
@@ -44,6 +46,7 @@ pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, to_host, topk_correct, topk_correct_tensor};
 pub use model::{Model, ModelKind};
 pub use optim::{Sgd, SgdConfig};
+pub use precision::{AutocastError, Precision, cuda_autocast_dtype, set_cuda_autocast_dtype};
 pub use protocol::{
     AverageReply, AverageRequest, ConnectReply, ConnectRequest, DigestReply, DigestRequest,
     EpochReceived, EvalReply, EvaluateRequest, ListenReply, ListenRequest, LoaderActorsReply,

@@ -7,6 +7,7 @@
 //! same bits everywhere), so the ranks' scales never drift apart.
 
 use serde::{Deserialize, Serialize};
+use tch::Kind;
 
 /// PyTorch's `GradScaler` default: the finite steps in a row that double the scale.
 pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
@@ -15,7 +16,8 @@ pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LossScaling {
-    /// Dynamic scaling with mixed precision on CUDA, none otherwise.
+    /// Dynamic scaling under float16 autocast (`precision = "amp"` on CUDA), none
+    /// otherwise (bfloat16 has f32's exponent range).
     #[default]
     Auto,
     Dynamic,
@@ -78,11 +80,14 @@ impl LossScaler {
         }
     }
 
-    /// The scaler a job asks for on a device with or without autocast.
-    pub fn for_job(scaling: LossScaling, init: f64, autocast: bool) -> Self {
+    /// The scaler a job asks for when autocast computes in `autocast` (`None`: no
+    /// autocast; see `Precision::autocast_kind`).
+    pub fn for_job(scaling: LossScaling, init: f64, autocast: Option<Kind>) -> Self {
         match scaling {
             LossScaling::Dynamic => Self::dynamic(init, DEFAULT_GROWTH_INTERVAL),
-            LossScaling::Auto if autocast => Self::dynamic(init, DEFAULT_GROWTH_INTERVAL),
+            LossScaling::Auto if autocast == Some(Kind::Half) => {
+                Self::dynamic(init, DEFAULT_GROWTH_INTERVAL)
+            }
             LossScaling::Auto | LossScaling::Off => Self::off(),
         }
     }
@@ -172,16 +177,24 @@ mod tests {
 
     #[test]
     fn the_job_setting_picks_the_scaler() {
-        // (setting, autocast, enabled)
+        let (half, bf16) = (Some(Kind::Half), Some(Kind::BFloat16));
+        // (setting, autocast dtype, enabled)
         let cases = [
-            (LossScaling::Auto, true, true),
-            (LossScaling::Auto, false, false),
-            (LossScaling::Dynamic, false, true),
-            (LossScaling::Off, true, false),
+            (LossScaling::Auto, half, true),
+            (LossScaling::Auto, bf16, false),
+            (LossScaling::Auto, None, false),
+            (LossScaling::Dynamic, None, true),
+            (LossScaling::Dynamic, bf16, true),
+            (LossScaling::Off, half, false),
+            (LossScaling::Off, bf16, false),
         ];
         for (setting, autocast, enabled) in cases {
             let scaler = LossScaler::for_job(setting, 1024.0, autocast);
-            assert_eq!(scaler.enabled(), enabled, "{setting:?} autocast {autocast}");
+            assert_eq!(
+                scaler.enabled(),
+                enabled,
+                "{setting:?} autocast {autocast:?}"
+            );
             assert_eq!(scaler.scale(), if enabled { 1024.0 } else { 1.0 });
         }
         assert_eq!("dynamic".parse(), Ok(LossScaling::Dynamic));

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::ModelKind;
 use super::optim::SgdConfig;
+use super::precision::Precision;
 use super::scaler::LossScaling;
 pub use crate::data::{DataSpec, Loaders, ShardSet, SourceSpec, TrainPlanner};
 
@@ -71,8 +72,9 @@ pub struct OptimSpec {
     /// (`train.overlap`; CPU trainers on the ring; NCCL averages after backward).
     #[serde(default)]
     pub overlap: bool,
-    /// Mixed precision (autocast) on CUDA.
-    pub amp: bool,
+    /// What CUDA trainers compute in (`train.precision`); CPU trainers stay in fp32.
+    #[serde(default)]
+    pub precision: Precision,
     pub loss_scaling: LossScaling,
     /// The dynamic loss scale's first value.
     pub loss_scale_init: f64,

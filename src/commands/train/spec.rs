@@ -10,7 +10,7 @@ use actors::train::{
 use anyhow::{Context, bail};
 use pipelines::{HookSources, Manifest, ShardList};
 
-use crate::config::{Config, Precision, Schedule};
+use crate::config::{Config, Schedule};
 
 /// The configuration turned into what every trainer gets.
 /// `resuming`: the job continues from a checkpoint, whose weights replace `model.init`'s.
@@ -40,7 +40,6 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
         },
         Schedule::Constant => ScheduleSpec::Constant,
     };
-    let amp = train.precision == Precision::Amp;
     let (loss_scaling, allreduce) = (train.loss_scaling, train.allreduce);
     Ok(JobSpec {
         data,
@@ -71,7 +70,7 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
             schedule,
             bucket_bytes: (train.bucket_mb.max(0.001) * 1e6) as usize,
             overlap: train.overlap,
-            amp,
+            precision: train.precision,
             loss_scaling,
             loss_scale_init: train.loss_scale_init,
             allreduce,

@@ -224,7 +224,7 @@ impl Trainer {
             scaler: LossScaler::for_job(
                 init.job.optim.loss_scaling,
                 init.job.optim.loss_scale_init,
-                init.job.optim.amp && device != Device::Cpu,
+                init.job.optim.precision.autocast_kind(device),
             ),
             mean,
             std,
@@ -797,7 +797,7 @@ impl Trainer {
             return Ok([0.0; 2]);
         }
         let (images, labels) = self.tensors(batch)?;
-        let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, true));
+        let logits = self.forward(&images, true)?;
         let loss = cross_entropy_smoothed(
             &logits.to_kind(Kind::Float),
             &labels,
@@ -817,6 +817,16 @@ impl Trainer {
         Ok([read[0] as f32, read[1] as f32 / n as f32])
     }
 
+    /// The model's logits for `images`, under the job's precision (autocast on CUDA).
+    fn forward(&self, images: &Tensor, train: bool) -> Result<Tensor, MethodError> {
+        self.init
+            .job
+            .optim
+            .precision
+            .autocast(self.device, || self.model.forward_t(images, train))
+            .map_err(|e| MethodError::fatal(e.to_string()))
+    }
+
     /// The replica's parameters and buffers, in order (what mixing averages).
     fn state_tensors(&self) -> Vec<Tensor> {
         self.params
@@ -824,10 +834,6 @@ impl Trainer {
             .chain(&self.buffers)
             .map(Tensor::shallow_clone)
             .collect()
-    }
-
-    fn amp(&self) -> bool {
-        self.init.job.optim.amp && self.device != Device::Cpu
     }
 
     /// The batch as a normalised float NCHW tensor on the device, and its labels, checked
@@ -925,8 +931,7 @@ impl Trainer {
                 continue;
             }
             let (images, labels) = self.tensors(&batch)?;
-            let logits = tch::autocast(self.amp(), || self.model.forward_t(&images, false))
-                .to_kind(Kind::Float);
+            let logits = self.forward(&images, false)?.to_kind(Kind::Float);
             let loss = cross_entropy_smoothed(&logits, &labels, 0.0);
             let top1 = topk_correct_tensor(&logits, &labels, 1);
             let top5 = topk_correct_tensor(&logits, &labels, 5);
