@@ -184,6 +184,8 @@ pub struct TrainConfig {
     /// `fp32`, `amp` (float16 autocast on CUDA) or `bf16` (bfloat16 autocast on CUDA).
     #[serde(deserialize_with = "choice")]
     pub precision: Precision,
+    /// Channels-last images (and, on CUDA, convolution weights).
+    pub channels_last: bool,
     #[serde(deserialize_with = "choice")]
     pub loss_scaling: LossScaling,
     pub loss_scale_init: f64,
@@ -956,6 +958,7 @@ mod tests {
                 "cosine, step or constant",
             ),
             ("[train]\nprecision = \"fp16\"\n", "fp32, amp or bf16"),
+            ("[train]\nchannels_last = \"yes\"\n", "channels_last"),
             ("[train]\nallreduce = \"mpi\"\n", "train.allreduce"),
             ("[shards]\nerror_policy = \"ignore\"\n", "`fail` or `skip`"),
             ("[data]\nloaders = \"elsewhere\"\n", "local or remote"),

@@ -1,7 +1,8 @@
 //! The trainer's compute ceiling: forward, backward and SGD steps of one replica on a
 //! fixed random batch, with no loader and no communication, the same code `imgrun train`
 //! runs per step (models, loss, loss scaling, autocast on CUDA in the job's precision,
-//! and `GradSync`'s on-device average, here over a world of one whose sums are no-ops), through the library
+//! channels-last images and weights, cuDNN's benchmark mode, and `GradSync`'s on-device
+//! average, here over a world of one whose sums are no-ops), through the library
 //! functions the trainer calls. Compared with the images/s of a real `imgrun train` job of
 //! the same model, size and batch, the gap is what the loader and the synchronisation
 //! cost (`tools/gpu_check.sh`).
@@ -9,7 +10,8 @@
 //!     cargo run --release -p actors --example train_step -- \
 //!         --device cuda --model resnet50 --size 224 --batch 128 --precision bf16 --steps 60
 //!
-//! `--precision fp32|amp|bf16` is `train.precision` (`--amp` is `--precision amp`).
+//! `--precision fp32|amp|bf16` is `train.precision` (`--amp` is `--precision amp`);
+//! `--channels-last` (the default, as `train.channels_last`) or `--no-channels-last`.
 //! Prints one line of figures (after `--warmup` steps that are not timed), then, last, one
 //! JSON object with `images_per_s`.
 
@@ -17,7 +19,7 @@ use std::time::Instant;
 
 use actors::train::{
     DeviceCollective, GradSync, LossScaler, Model, ModelKind, Precision, Sgd, SgdConfig, SyncError,
-    cross_entropy_smoothed,
+    channels_last_weights, cross_entropy_smoothed, to_channels_last,
 };
 use anyhow::{Context, bail};
 use runtime::{CollectiveOptions, RingGroup};
@@ -45,6 +47,7 @@ struct Args {
     batch: i64,
     classes: i64,
     precision: Precision,
+    channels_last: bool,
     steps: u32,
     warmup: u32,
 }
@@ -58,6 +61,7 @@ fn parse() -> anyhow::Result<Args> {
         batch: 64,
         classes: 1000,
         precision: Precision::Fp32,
+        channels_last: true,
         steps: 30,
         warmup: 5,
     };
@@ -67,6 +71,14 @@ fn parse() -> anyhow::Result<Args> {
         match flag.as_str() {
             "--amp" => {
                 args.precision = Precision::Amp;
+                continue;
+            }
+            "--channels-last" => {
+                args.channels_last = true;
+                continue;
+            }
+            "--no-channels-last" => {
+                args.channels_last = false;
                 continue;
             }
             _ => {}
@@ -99,7 +111,7 @@ fn parse() -> anyhow::Result<Args> {
             "--warmup" => args.warmup = u32::try_from(number()?)?,
             other => bail!(
                 "unknown flag {other} (--device, --model, --width, --size, --batch, --classes, \
-                 --precision, --amp, --steps, --warmup)"
+                 --precision, --amp, --channels-last, --no-channels-last, --steps, --warmup)"
             ),
         }
     }
@@ -111,8 +123,14 @@ fn parse() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let args = parse()?;
+    if args.device != Device::Cpu {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
     tch::manual_seed(0);
     let model = Model::new(args.model, args.classes, args.width, args.device)?;
+    if channels_last_weights(args.channels_last, args.device) {
+        model.use_channels_last_weights()?;
+    }
     let mut sgd = Sgd::new(
         model.parameters(),
         SgdConfig {
@@ -127,6 +145,12 @@ fn main() -> anyhow::Result<()> {
         [args.batch, 3, args.size, args.size],
         (Kind::Float, args.device),
     );
+    // As the trainer hands batches over: channels-last, or contiguous NCHW.
+    let images = if args.channels_last {
+        to_channels_last(&images)?
+    } else {
+        images
+    };
     let labels = Tensor::randint(args.classes, [args.batch], (Kind::Int64, args.device));
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let ring = RingGroup::in_memory(1, CollectiveOptions::default())
@@ -162,13 +186,18 @@ fn main() -> anyhow::Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     let images_per_s = f64::from(args.steps) * args.batch as f64 / seconds;
     println!(
-        "{} {}px batch {} on {:?} {}: {:.1} images/s, {:.1} ms/step over {} steps ({} \
+        "{} {}px batch {} on {:?} {}{}: {:.1} images/s, {:.1} ms/step over {} steps ({} \
          skipped)",
         args.model.name(),
         args.size,
         args.batch,
         args.device,
         args.precision,
+        if args.channels_last {
+            " channels-last"
+        } else {
+            ""
+        },
         images_per_s,
         seconds * 1e3 / f64::from(args.steps),
         args.steps,
@@ -180,7 +209,7 @@ fn main() -> anyhow::Result<()> {
             "model": args.model.name(), "size": args.size, "batch": args.batch,
             "device": format!("{:?}", args.device),
             "amp": autocast == Some(Kind::Half),
-            "precision": args.precision.name(),
+            "precision": args.precision.name(), "channels_last": args.channels_last,
             "images_per_s": images_per_s, "steps": args.steps, "skipped": skipped,
         })
     );

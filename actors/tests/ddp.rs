@@ -19,7 +19,8 @@
 use std::sync::{Arc, Barrier, Mutex};
 
 use actors::train::{
-    DeviceCollective, GradSync, Model, ModelKind, Sgd, SgdConfig, SyncError, cross_entropy_smoothed,
+    DeviceCollective, GradSync, Model, ModelKind, Sgd, SgdConfig, SyncError,
+    cross_entropy_smoothed, is_channels_last, to_channels_last,
 };
 use runtime::{CollectiveOptions, RingGroup};
 use tch::{Device, Kind, Tensor};
@@ -145,14 +146,31 @@ fn grad_sync(
     sync
 }
 
-/// Two steps on two replicas, rank 0 taking the first `split` samples.
-fn data_parallel(images: &Tensor, labels: &Tensor, split: i64, path: Path) -> [Vec<Tensor>; 2] {
+/// Two steps on two replicas, rank 0 taking the first `split` samples; with
+/// `channels_last`, channels-last images and weights (what a CUDA trainer runs).
+fn data_parallel(
+    images: &Tensor,
+    labels: &Tensor,
+    split: i64,
+    path: Path,
+    channels_last: bool,
+) -> [Vec<Tensor>; 2] {
     let n = images.size()[0];
     let parts = [(0, split), (split, n - split)];
     let groups = RingGroup::in_memory(2, CollectiveOptions::default());
     let devices = ThreadCollective::group(2);
     // Built here, one after the other: libtorch's random generator is one per process.
     let models = [model(), model()];
+    let images = if channels_last {
+        for model in &models {
+            model
+                .use_channels_last_weights()
+                .expect("channels-last weights");
+        }
+        to_channels_last(images).expect("channels-last images")
+    } else {
+        images.shallow_clone()
+    };
     let results: Vec<Vec<Tensor>> = std::thread::scope(|scope| {
         let handles: Vec<_> = groups
             .into_iter()
@@ -217,9 +235,9 @@ fn data_parallel_steps_equal_the_single_process_step() {
             (split, Path::Overlap),
         ]
     }) {
-        let [rank0, rank1] = data_parallel(&images, &labels, split, path);
+        let [rank0, rank1] = data_parallel(&images, &labels, split, path, false);
         if path == Path::Overlap {
-            let [ring, _] = data_parallel(&images, &labels, split, Path::Ring);
+            let [ring, _] = data_parallel(&images, &labels, split, Path::Ring, false);
             for (i, (a, b)) in rank0.iter().zip(&ring).enumerate() {
                 assert!(
                     a.equal(b),
@@ -239,6 +257,33 @@ fn data_parallel_steps_equal_the_single_process_step() {
                 "split {split} on {path:?}: parameter {i} is {diff} away from the single-process step"
             );
             assert!(moved > 0.0 || i > 0, "the step did not move parameter {i}");
+        }
+    }
+}
+
+/// A CUDA trainer's channels-last weights (strided gradients, momentum and parameters)
+/// through every path: the replicas stay identical, stay channels-last, and end where
+/// the single NCHW process does, to the rounding of the other kernels.
+#[test]
+fn channels_last_weights_average_like_nchw_ones() {
+    tch::set_num_threads(1);
+    tch::manual_seed(1);
+    let images = Tensor::randn([8, 3, 16, 16], (Kind::Float, Device::Cpu));
+    let labels = Tensor::randint(CLASSES, [8], (Kind::Int64, Device::Cpu));
+    let want = single(&images, &labels);
+    for path in [Path::Ring, Path::Device, Path::Overlap] {
+        let [rank0, rank1] = data_parallel(&images, &labels, 5, path, true);
+        for (i, ((a, b), w)) in rank0.iter().zip(&rank1).zip(&want).enumerate() {
+            assert!(
+                a.equal(b),
+                "{path:?}: parameter {i} differs between the replicas"
+            );
+            assert_eq!(a.dim() == 4, is_channels_last(a), "{path:?}: parameter {i}");
+            let diff = (a - w).abs().max().double_value(&[]);
+            assert!(
+                diff <= 1e-4 * (1.0 + w.abs().max().double_value(&[])),
+                "{path:?}: parameter {i} is {diff} away from the NCHW single-process step"
+            );
         }
     }
 }

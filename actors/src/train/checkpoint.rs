@@ -213,10 +213,17 @@ fn write_files(
     write_file(&state_path, text.as_bytes())
 }
 
-/// Named tensors in libtorch's file format, in memory.
+/// Named tensors in libtorch's file format, in memory, each in standard contiguous
+/// (logical NCHW) layout: a channels-last weight of a CUDA trainer is copied into it, so
+/// a checkpoint's bytes do not depend on `train.channels_last`.
 fn serialize(tensors: &[(String, Tensor)], path: &Path) -> Result<Vec<u8>, CheckpointError> {
+    let tensors = tensors
+        .iter()
+        .map(|(name, tensor)| Ok((name.clone(), tensor.f_contiguous()?)))
+        .collect::<Result<Vec<_>, tch::TchError>>()
+        .map_err(|e| torch(path, e))?;
     let buffer = SharedBuffer::default();
-    Tensor::save_multi_to_stream(tensors, buffer.clone()).map_err(|e| torch(path, e))?;
+    Tensor::save_multi_to_stream(&tensors, buffer.clone()).map_err(|e| torch(path, e))?;
     Ok(buffer.take())
 }
 
@@ -422,6 +429,36 @@ mod tests {
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    }
+
+    /// A CUDA trainer's channels-last weights are written in NCHW order: the same file
+    /// bytes as the NCHW weights, read back equal, and restored into either layout.
+    #[test]
+    fn channels_last_weights_write_the_nchw_bytes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("checkpoints");
+        let nchw = Tensor::arange(2 * 3 * 4 * 5, tch::kind::FLOAT_CPU).reshape([2, 3, 4, 5]);
+        let channels_last = crate::train::model::to_channels_last(&nchw).expect("permute");
+        assert!(!channels_last.is_contiguous() && channels_last.equal(&nchw));
+        let mut files = Vec::new();
+        for (name, weight) in [("nchw", &nchw), ("channels-last", &channels_last)] {
+            let model = vec![("conv.weight".to_string(), weight.shallow_clone())];
+            let optimizer = vec![("momentum.conv.weight".to_string(), weight * 0.5)];
+            let path = write(&root, name, &model, &optimizer, &[], &state()).expect("write");
+            files.push(std::fs::read(path.join(MODEL_FILE)).expect("model file"));
+            let (saved, momentum) = read_tensors(&path).expect("tensors");
+            assert!(
+                saved[0].1.equal(&nchw) && saved[0].1.is_contiguous(),
+                "{name}"
+            );
+            assert!(momentum[0].1.equal(&(&nchw * 0.5)), "{name}");
+            let target =
+                crate::train::model::to_channels_last(&nchw.zeros_like()).expect("permute");
+            let targets = vec![("conv.weight".to_string(), target.shallow_clone())];
+            restore(&path, &saved, &targets).expect("restore");
+            assert!(target.equal(&nchw) && !target.is_contiguous(), "{name}");
+        }
+        assert_eq!(files[0], files[1], "model.ot bytes");
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub use comm::SyncError;
 pub use ddp::{DeviceCollective, GradSync, SyncStats};
 pub use file_error::FileError;
 pub use loss::{cross_entropy_smoothed, to_host, topk_correct, topk_correct_tensor};
-pub use model::{Model, ModelKind};
+pub use model::{Model, ModelKind, channels_last_weights, is_channels_last, to_channels_last};
 pub use optim::{Sgd, SgdConfig};
 pub use precision::{AutocastError, Precision, cuda_autocast_dtype, set_cuda_autocast_dtype};
 pub use protocol::{

@@ -132,6 +132,23 @@ impl Model {
         self.named_variables(false)
     }
 
+    /// Stores every 4-D parameter (the convolutions' weights) channels-last (NHWC in
+    /// memory, the same NCHW sizes and values), for cuDNN's NHWC kernels. Everything that
+    /// later writes the parameters (checkpoint restore, `model.init`, broadcasts,
+    /// averaging, the optimiser) copies into them in place, which keeps their layout, so
+    /// once after building the model is enough; a gradient takes its parameter's layout.
+    /// See [`channels_last_weights`] for when the trainer does it.
+    pub fn use_channels_last_weights(&self) -> Result<(), TchError> {
+        let _guard = tch::no_grad_guard();
+        for (_, mut variable) in self.var_store.variables() {
+            if variable.dim() == 4 {
+                let channels_last = to_channels_last(&variable.f_detach()?)?;
+                variable.f_set_data(&channels_last)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn var_store(&self) -> &nn::VarStore {
         &self.var_store
     }
@@ -161,6 +178,43 @@ impl Model {
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
     }
+}
+
+/// `train.channels_last` means one thing everywhere: images enter the model channels-last
+/// (NHWC in memory, seen as NCHW); the weights are channels-last too on CUDA (cuDNN's NHWC
+/// kernels), while CPU trainers keep NCHW weights, libtorch's fast CPU path (README,
+/// "Layout"). False: NCHW inputs and weights on both. Whether a model on `device` stores
+/// its weights channels-last ([`Model::use_channels_last_weights`]).
+pub fn channels_last_weights(channels_last: bool, device: Device) -> bool {
+    channels_last && device != Device::Cpu
+}
+
+/// A 4-D NCHW tensor's values in channels-last memory (NHWC), seen as NCHW (the sizes do
+/// not change; the strides do). tch has no memory-format argument; this is what
+/// `contiguous(memory_format=torch.channels_last)` does.
+pub fn to_channels_last(tensor: &Tensor) -> Result<Tensor, TchError> {
+    tensor
+        .f_permute([0, 2, 3, 1])?
+        .f_contiguous()?
+        .f_permute([0, 3, 1, 2])
+}
+
+/// Whether `tensor` is 4-D and laid out channels-last: dense, channels varying fastest,
+/// then width, height and images (a dimension of size 1 may have any stride, as in
+/// PyTorch's `is_contiguous(memory_format=torch.channels_last)`).
+pub fn is_channels_last(tensor: &Tensor) -> bool {
+    let (size, stride) = (tensor.size(), tensor.stride());
+    if size.len() != 4 {
+        return false;
+    }
+    let mut expected = 1;
+    for dim in [1, 3, 2, 0] {
+        if size[dim] != 1 && stride[dim] != expected {
+            return false;
+        }
+        expected *= size[dim];
+    }
+    true
 }
 
 /// Conv 3x3 (no bias) → BatchNorm → ReLU, the small CNN's repeated block.
@@ -313,6 +367,69 @@ mod tests {
             for (i, (g, w)) in grads.iter().zip(&want_grads).enumerate() {
                 assert!(close(g, w), "{kind}: gradient {i}");
             }
+        }
+    }
+
+    /// A CUDA trainer's layout on the CPU's kernels: channels-last weights (and images)
+    /// give the NCHW model's logits and gradients, to rounding; every convolution weight
+    /// and its gradient are channels-last, nothing else changes layout, and the names and
+    /// order of parameters and buffers stay the same.
+    #[test]
+    fn channels_last_weights_give_the_nchw_logits_and_gradients() {
+        for kind in [ModelKind::SmallCnn, ModelKind::Resnet18] {
+            let nchw = with_tch_rng(|| {
+                tch::manual_seed(5);
+                Tensor::randn([4, 3, 32, 32], (Kind::Float, Device::Cpu))
+            });
+            let channels_last = to_channels_last(&nchw).expect("permute");
+            assert!(is_channels_last(&channels_last) && !is_channels_last(&nchw));
+            let run = |weights_channels_last: bool, input: &Tensor| {
+                let model = seeded(kind, 10, 8, 0);
+                if weights_channels_last {
+                    model
+                        .use_channels_last_weights()
+                        .expect("channels-last weights");
+                }
+                let logits = model.forward_t(input, true);
+                logits.square().sum(Kind::Float).backward();
+                (model, logits.detach())
+            };
+            let (want_model, want_logits) = run(false, &nchw);
+            let close = |a: &Tensor, b: &Tensor| {
+                let scale = 1.0 + b.abs().max().double_value(&[]);
+                (a - b).abs().max().double_value(&[]) <= 1e-3 * scale
+            };
+            for input in [&nchw, &channels_last] {
+                let (model, logits) = run(true, input);
+                assert!(close(&logits, &want_logits), "{kind}: logits");
+                let (params, want) = (model.parameters(), want_model.parameters());
+                assert_eq!(names(&params), names(&want), "{kind}");
+                assert_eq!(names(&model.buffers()), names(&want_model.buffers()));
+                for ((name, p), (_, w)) in params.iter().zip(&want) {
+                    assert!(p.equal(w), "{kind}: {name} changed its values");
+                    assert_eq!(is_channels_last(p), p.dim() == 4, "{kind}: {name}");
+                    assert_eq!(is_channels_last(&p.grad()), p.dim() == 4, "{kind}: {name}");
+                    assert!(close(&p.grad(), &w.grad()), "{kind}: gradient of {name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_weights_are_channels_last_on_cuda_only_and_only_when_asked() {
+        // (train.channels_last, device, channels-last weights)
+        let cases = [
+            (true, Device::Cpu, false),
+            (false, Device::Cpu, false),
+            (true, Device::Cuda(0), true),
+            (false, Device::Cuda(0), false),
+        ];
+        for (setting, device, want) in cases {
+            assert_eq!(
+                channels_last_weights(setting, device),
+                want,
+                "{setting} {device:?}"
+            );
         }
     }
 

@@ -75,6 +75,11 @@ pub struct OptimSpec {
     /// What CUDA trainers compute in (`train.precision`); CPU trainers stay in fp32.
     #[serde(default)]
     pub precision: Precision,
+    /// Images enter the model channels-last (NHWC in memory), and on CUDA trainers the
+    /// 4-D convolution weights are channels-last too; false: NCHW inputs and weights
+    /// (`train.channels_last`).
+    #[serde(default = "default_channels_last")]
+    pub channels_last: bool,
     pub loss_scaling: LossScaling,
     /// The dynamic loss scale's first value.
     pub loss_scale_init: f64,
@@ -91,6 +96,10 @@ pub struct OptimSpec {
     /// is an error the job recovers from, not the trainer's end.
     #[serde(default)]
     pub elastic: bool,
+}
+
+fn default_channels_last() -> bool {
+    true
 }
 
 fn default_topology() -> runtime::Topology {

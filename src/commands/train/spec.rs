@@ -71,6 +71,7 @@ pub(crate) fn job_spec(config: &Config, resuming: bool) -> anyhow::Result<JobSpe
             bucket_bytes: (train.bucket_mb.max(0.001) * 1e6) as usize,
             overlap: train.overlap,
             precision: train.precision,
+            channels_last: train.channels_last,
             loss_scaling,
             loss_scale_init: train.loss_scale_init,
             allreduce,

@@ -28,7 +28,7 @@ use super::comm::ring_failure;
 use super::ddp::GradSync;
 use super::decentral::{self, MixSync};
 use super::loss::{cross_entropy_smoothed, to_host, topk_correct_tensor};
-use super::model::Model;
+use super::model::{self, Model};
 use super::nccl;
 use super::negotiate::{self, Negotiating};
 use super::optim::Sgd;
@@ -158,9 +158,20 @@ impl Trainer {
                 Device::Cuda(ordinal as usize)
             }
         };
+        if device != Device::Cpu {
+            // cuDNN times its convolution algorithms for each new shape once and keeps
+            // the fastest (a job's shapes repeat every step).
+            tch::Cuda::cudnn_set_benchmark(true);
+        }
         tch::manual_seed(job.model.seed as i64);
+        let building = |e: tch::TchError| {
+            MethodError::fatal(format!("building {}: {e}", job.model.kind.name()))
+        };
         let model = Model::new(job.model.kind, job.model.classes, job.model.width, device)
-            .map_err(|e| MethodError::fatal(format!("building {}: {e}", job.model.kind.name())))?;
+            .map_err(building)?;
+        if model::channels_last_weights(job.optim.channels_last, device) {
+            model.use_channels_last_weights().map_err(building)?;
+        }
         let named_params = model.parameters();
         let params: Vec<Tensor> = named_params
             .iter()
@@ -836,8 +847,8 @@ impl Trainer {
             .collect()
     }
 
-    /// The batch as a normalised float NCHW tensor on the device, and its labels, checked
-    /// against the number of classes.
+    /// The batch as a normalised float NCHW tensor on the device (channels-last in memory
+    /// under `train.channels_last`), and its labels, checked against the number of classes.
     fn tensors(&self, batch: &pipelines::Batch) -> Result<(Tensor, Tensor), MethodError> {
         let classes = self.model.classes();
         if let Some(i) = batch.labels.iter().position(|&l| l < 0 || l >= classes) {
@@ -865,11 +876,13 @@ impl Trainer {
         let images =
             (images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 255.0 - &self.mean) / &self.std;
         let labels = Tensor::from_slice(&batch.labels).to_device(self.device);
-        // On the CPU the images stay channels-last, the loader's NHWC layout seen as NCHW
-        // (the ops above keep it): libtorch's CPU convolutions, pooling and BatchNorm take
-        // the small CNN's forward and backward in about 0.55x the time they take on NCHW
-        // (README, "Layout"). Every rank runs the same kernels, so replicas stay identical.
-        let images = if self.device == Device::Cpu {
+        // Under `train.channels_last` the images stay channels-last, the loader's NHWC
+        // layout seen as NCHW (the ops above keep it), on both devices: libtorch's CPU
+        // convolutions, pooling and BatchNorm take the small CNN's forward and backward in
+        // about 0.55x the time they take on NCHW (README, "Layout"), and on CUDA cuDNN's
+        // NHWC kernels meet the channels-last weights. Every rank runs the same kernels,
+        // so replicas stay identical.
+        let images = if self.init.job.optim.channels_last {
             images
         } else {
             images.contiguous()
