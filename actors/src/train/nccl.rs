@@ -849,7 +849,14 @@ mod tests {
         let second = Duration::from_secs(1);
         // (states NCCL answers in turn (the last repeats), limit, expected result,
         // states read, pauses)
-        let cases: [(&[c_int], Duration, Result<(), PollFailure>, usize, usize); 6] = [
+        type Case = (
+            &'static [c_int],
+            Duration,
+            Result<(), PollFailure>,
+            usize,
+            usize,
+        );
+        let cases: [Case; 6] = [
             (&[NCCL_SUCCESS], 10 * second, Ok(()), 1, 0),
             (&[NCCL_SUCCESS], Duration::ZERO, Ok(()), 1, 0),
             (
