@@ -107,7 +107,7 @@ fn bad_input_is_refused_with_a_clear_error() {
     let data = Dataset::synth(root.path());
     let missing = root.path().join("missing/x-{000..003}.tar");
     let missing = format!("data.train={:?}", missing.display().to_string());
-    let cases: [(&str, &str, &[&str]); 13] = [
+    let cases: [(&str, &str, &[&str]); 15] = [
         ("unknown key", "train.epoch=3", &["train.epoch", "epochs"]),
         (
             "empty training set",
@@ -139,6 +139,16 @@ fn bad_input_is_refused_with_a_clear_error() {
             "a loss scaling typo",
             "train.loss_scaling=static",
             &["train.loss_scaling", "static", "dynamic"],
+        ),
+        (
+            "a precision typo",
+            "train.precision=fp16",
+            &["train.precision", "fp16", "fp32", "amp", "bf16"],
+        ),
+        (
+            "a channels_last that is not a boolean",
+            "train.channels_last=sometimes",
+            &["train.channels_last"],
         ),
         (
             "a scale that is not positive",
