@@ -191,6 +191,8 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         let mut json = plan_json(&plan);
         json["sync"] = train.sync.name().into();
+        json["precision"] = train.precision.name().into();
+        json["channels_last"] = train.channels_last.into();
         if train.sync == SyncChoice::Decentralized {
             let nodes = runtime::node_of_each_rank(&node_ranks);
             let period = train.topology.period(&nodes);
@@ -211,6 +213,8 @@ pub fn run(loaded: &Loaded, args: PlanArgs) -> anyhow::Result<ExitCode> {
             max_failures: train.max_failures,
         });
         println!("{}", actors::job::elastic_line(elastic).trim_start());
+        let compute = actors::job::compute_line(train.precision, train.channels_last, None);
+        println!("{}", compute.trim_start());
     }
     // The job's own check: what `imgrun train` would refuse, this refuses.
     match actors::job::trainable_steps(&plan) {

@@ -23,8 +23,8 @@ use super::world::{RankPlace, Trainers, check_plan, plan_world};
 use super::{Elastic, HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
 use crate::train::{
     AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, DigestReply, DigestRequest,
-    JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord, RegroupRecord,
-    ResumeFrom, SyncChoice, checkpoint, scaled_lr, secret_hex,
+    JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord, Precision,
+    RegroupRecord, ResumeFrom, SyncChoice, checkpoint, scaled_lr, secret_hex,
 };
 
 /// Runs the job of `request` on the cluster `client` reaches, telling `output` what
@@ -844,11 +844,42 @@ fn plan_lines(
             job.optim.batch_size, job.optim.lr
         ),
         format!("  epochs      {}", job.optim.epochs),
+        compute_line(
+            job.optim.precision,
+            job.optim.channels_last,
+            places.first().map(|p| p.gpu),
+        ),
     ];
     lines.extend(sync_lines(job.optim.sync, job.optim.topology, node_ranks));
     lines.push(elastic_line(elastic));
     lines.push(format!("  run         {}", run_dir.display()));
     lines
+}
+
+/// What the trainers compute in and how their tensors are laid out (`train.precision`,
+/// `train.channels_last`), as the plans print it; `gpu`: whether the trainers have GPUs
+/// (`None`: not known, as for `imgrun plan`).
+pub fn compute_line(precision: Precision, channels_last: bool, gpu: Option<bool>) -> String {
+    let autocast = match precision {
+        Precision::Fp32 => None,
+        Precision::Amp => Some("float16 autocast with loss scaling"),
+        Precision::Bf16 => Some("bfloat16 autocast"),
+    };
+    let arithmetic = match (autocast, gpu) {
+        (None, _) => "fp32".to_string(),
+        (Some(autocast), Some(true)) => format!("{precision} ({autocast})"),
+        (Some(_), Some(false)) => format!("fp32 ({precision} applies to CUDA trainers only)"),
+        (Some(autocast), None) => {
+            format!("{precision} ({autocast}) on CUDA trainers, fp32 on CPU ones")
+        }
+    };
+    let layout = match (channels_last, gpu) {
+        (false, _) => "NCHW images and weights",
+        (true, Some(true)) => "channels-last images and convolution weights",
+        (true, Some(false)) => "channels-last images, NCHW weights",
+        (true, None) => "channels-last images (and weights on CUDA)",
+    };
+    format!("  compute     {arithmetic}; {layout}")
 }
 
 /// What a job does when it loses trainers (`train.elastic`), as the plans print it.
@@ -888,4 +919,51 @@ pub fn sync_lines(
         lines.push(format!("                ... {} more", steps.len() - SHOWN));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compute_line_says_what_each_device_computes_in() {
+        // (precision, channels_last, gpu, expected line after `compute`)
+        let cases = [
+            (
+                Precision::Fp32,
+                true,
+                Some(false),
+                "fp32; channels-last images, NCHW weights",
+            ),
+            (
+                Precision::Bf16,
+                true,
+                Some(false),
+                "fp32 (bf16 applies to CUDA trainers only); channels-last images, NCHW weights",
+            ),
+            (
+                Precision::Bf16,
+                true,
+                Some(true),
+                "bf16 (bfloat16 autocast); channels-last images and convolution weights",
+            ),
+            (
+                Precision::Amp,
+                false,
+                Some(true),
+                "amp (float16 autocast with loss scaling); NCHW images and weights",
+            ),
+            (
+                Precision::Bf16,
+                true,
+                None,
+                "bf16 (bfloat16 autocast) on CUDA trainers, fp32 on CPU ones; channels-last \
+                 images (and weights on CUDA)",
+            ),
+        ];
+        for (precision, channels_last, gpu, want) in cases {
+            let line = compute_line(precision, channels_last, gpu);
+            assert_eq!(line, format!("  compute     {want}"), "{precision} {gpu:?}");
+        }
+    }
 }

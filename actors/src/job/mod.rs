@@ -61,7 +61,7 @@ pub use coordinator::{
     FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, StatusRequest,
     register,
 };
-pub use driver::{elastic_line, newest_run, run, sync_lines};
+pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
