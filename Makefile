@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what they need on first use, after
 # tools/preflight.sh has checked the toolchain (Rust at the workspace's rust-version, a
 # C and a C++ compiler, python3 with venv) and named whatever is missing.
-.PHONY: demo test install doctor bench bench-gpu preflight
+.PHONY: demo test install doctor bench bench-gpu gpu-kit preflight
 
 preflight:
 	@bash tools/preflight.sh
@@ -39,9 +39,21 @@ bench: preflight
 	eval "$$(bash tools/libtorch.sh)" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH cargo run --locked --release -p runtime --example allreduce_procs
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release --bin imgrun && PY=$${IMGRUN_CACHE:-$$HOME/.cache/imgrun}/torch-2.11.0/bin/python && { $$PY -c 'import webdataset, PIL' 2>/dev/null || $$PY -m pip install --quiet webdataset pillow; } && $$PY actors/benches/python/compare_train.py --epochs 3 --repeat 2
 
-# One trainer on one GPU: ResNet-50 at 224 px with mixed precision, images/s on real
-# shards against a fixed random batch, and whether NCCL ran (tools/gpu_bench.sh). Without
-# a GPU, `tools/gpu_bench.sh small_cnn 48 32 fp32` checks the script on the CPU.
-bench-gpu: preflight
+# The device check (tools/gpu_check.sh): on a machine with a GPU, every stage a first
+# contact should show (preflight, compute ceiling in fp32/amp/bf16, ResNet-50 on real
+# shards against a random batch, NCCL between two processes, channels-last, the demo on
+# CUDA), one PASS or FAIL line each. On a machine with a GPU and no Rust, carry
+# target/gpu-kit/ and run its gpu_check.sh there.
+bench-gpu: gpu-kit
+	bash tools/gpu_check.sh
+
+# The two binaries the device check runs, optimised and stripped, and the check itself, in
+# target/gpu-kit/: small enough to carry to a machine without Rust (README, "On a machine
+# with a GPU and no Rust").
+gpu-kit: preflight
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release -p imgrun -p actors --bin imgrun --example train_step
-	bash tools/gpu_bench.sh resnet50 224 128 amp
+	mkdir -p target/gpu-kit
+	strip -o target/gpu-kit/imgrun target/release/imgrun
+	strip -o target/gpu-kit/train_step target/release/examples/train_step
+	cp tools/gpu_check.sh target/gpu-kit/
+	du -sh target/gpu-kit

@@ -95,6 +95,12 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 step "tests of the binary and the actors (with libtorch)"
 cargo test --locked -p imgrun -p actors
 
+# The device check's own code, on the CPU: every stage with the small CNN, from the binaries
+# the tests built (a machine with a GPU runs it from `make gpu-kit`'s release build).
+step "the device check's dry run (tools/gpu_check.sh --dry)"
+IMGRUN=target/debug/imgrun TRAIN_STEP=target/debug/examples/train_step \
+    OUT=target/gpu-check-dry DATA=target/gpu-check-data bash tools/gpu_check.sh --dry
+
 # The dev profile: the binary the tests ran, not a second, optimised build of everything
 # (13 minutes here). Same job, same code, about 900 images/s against 961; the release build is what
 # `make demo` makes.
