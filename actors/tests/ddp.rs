@@ -28,6 +28,16 @@ use tch::{Device, Kind, Tensor};
 const CLASSES: i64 = 10;
 const LR: f64 = 0.1;
 
+/// Held by every test of this file: each seeds libtorch's one random generator and builds
+/// its models from it, so two at once would draw each other's numbers.
+fn seeded_alone() -> std::sync::MutexGuard<'static, ()> {
+    static SEEDING: Mutex<()> = Mutex::new(());
+    // A test that panicked while holding the lock leaves no state behind to protect.
+    SEEDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn model() -> Model {
     tch::manual_seed(7);
     Model::new(ModelKind::SmallCnn, CLASSES, 8, Device::Cpu).expect("model")
@@ -222,6 +232,7 @@ fn data_parallel(
 
 #[test]
 fn data_parallel_steps_equal_the_single_process_step() {
+    let _alone = seeded_alone();
     tch::set_num_threads(1);
     tch::manual_seed(1);
     let images = Tensor::randn([8, 3, 16, 16], (Kind::Float, Device::Cpu));
@@ -266,6 +277,7 @@ fn data_parallel_steps_equal_the_single_process_step() {
 /// the single NCHW process does, to the rounding of the other kernels.
 #[test]
 fn channels_last_weights_average_like_nchw_ones() {
+    let _alone = seeded_alone();
     tch::set_num_threads(1);
     tch::manual_seed(1);
     let images = Tensor::randn([8, 3, 16, 16], (Kind::Float, Device::Cpu));
@@ -292,6 +304,7 @@ fn channels_last_weights_average_like_nchw_ones() {
 /// a rank without samples (weight 0) it is ignored. Both paths, with a loss scale to undo.
 #[test]
 fn a_non_finite_gradient_counts_only_on_a_rank_with_samples() {
+    let _alone = seeded_alone();
     // (path, rank 1's samples, finite on both ranks)
     let cases = [
         (Path::Ring, 2.0, false),
