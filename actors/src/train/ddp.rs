@@ -30,6 +30,7 @@ use super::bucket::{
 use super::comm::{CommThread, SyncError};
 use super::nccl::Communicator;
 use super::overlap::{Overlap, Sent};
+use super::transfer::to_device_async;
 
 /// Averages gradients and broadcasts state across the ranks of one ring.
 #[derive(Debug)]
@@ -414,7 +415,7 @@ fn average_on_device(
         if b + 1 == count {
             let mut tail = extra.to_vec();
             tail.push(1.0);
-            let tail = Tensor::f_from_slice(&tail)?.f_to_device(device)?;
+            let tail = to_device_async(&Tensor::f_from_slice(&tail)?, device)?;
             flat = Tensor::f_cat(&[flat, tail], 0)?;
         }
         if samples > 0.0 {

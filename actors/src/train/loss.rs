@@ -32,33 +32,10 @@ pub fn topk_correct_tensor(logits: &Tensor, targets: &Tensor, k: i64) -> Tensor 
         .sum(Kind::Int64)
 }
 
-/// `scalars` (0-dimensional tensors of one device, any kind) brought to the host in one
-/// transfer, as f64 (exact for f32 values and for counts below 2^53).
-pub fn to_host(scalars: &[Tensor]) -> Result<Vec<f64>, tch::TchError> {
-    let _no_grad = tch::no_grad_guard();
-    let parts = scalars
-        .iter()
-        .map(|t| t.f_detach()?.f_to_kind(Kind::Double)?.f_reshape([1]))
-        .collect::<Result<Vec<_>, _>>()?;
-    Vec::<f64>::try_from(Tensor::f_cat(&parts, 0)?.f_to_device(tch::Device::Cpu)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tch::Device;
-
-    #[test]
-    fn scalars_reach_the_host_in_one_read_with_their_exact_values() {
-        let loss = Tensor::from_slice(&[0.1f32]).reshape([]);
-        let count = Tensor::from_slice(&[12345_i64]).reshape([]);
-        let read = to_host(&[loss.shallow_clone(), count]).expect("to_host");
-        assert_eq!(read.len(), 2);
-        assert_eq!(read[0] as f32, loss.double_value(&[]) as f32);
-        assert_eq!(read[0], f64::from(0.1f32));
-        assert_eq!(read[1], 12345.0);
-        assert_eq!(to_host(&[]).map(|v| v.len()).ok(), None, "cat of nothing");
-    }
 
     #[test]
     fn without_smoothing_it_is_plain_cross_entropy() {

@@ -4,8 +4,8 @@
 //!
 //! Layers, bottom up: a file uses only files on the lines before its own
 //! (`tools/check-circles.py` fails on a circle among them).
-//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `precision`, `scaler`, `schedule`:
-//!    leaves.
+//! 1. `file_error`, `loss`, `model`, `nccl`, `optim`, `precision`, `scaler`, `schedule`,
+//!    `transfer`: leaves.
 //! 2. `checkpoint`; `comm` (a communication thread, [`SyncError`]); `spec` (the job as
 //!    every trainer gets it).
 //! 3. `bucket` (the bucket helpers); `protocol` (every request and reply of the trainer
@@ -37,13 +37,14 @@ mod schedule;
 mod spec;
 mod straggler;
 mod trainer;
+mod transfer;
 pub mod weights;
 
 pub use checkpoint::{CheckpointState, EpochSums};
 pub use comm::SyncError;
 pub use ddp::{DeviceCollective, GradSync, SyncStats};
 pub use file_error::FileError;
-pub use loss::{cross_entropy_smoothed, to_host, topk_correct, topk_correct_tensor};
+pub use loss::{cross_entropy_smoothed, topk_correct, topk_correct_tensor};
 pub use model::{Model, ModelKind, channels_last_weights, is_channels_last, to_channels_last};
 pub use optim::{Sgd, SgdConfig};
 pub use precision::{AutocastError, Precision, cuda_autocast_dtype, set_cuda_autocast_dtype};
@@ -66,3 +67,4 @@ pub use spec::{
 };
 pub use straggler::{Late, LateCause, late_rank};
 pub use trainer::{TRAINER_KIND, register, secret_hex};
+pub use transfer::{to_device_async, to_host};

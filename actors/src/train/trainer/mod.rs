@@ -27,7 +27,7 @@ use super::checkpoint::{self, CheckpointState};
 use super::comm::ring_failure;
 use super::ddp::GradSync;
 use super::decentral::{self, MixSync};
-use super::loss::{cross_entropy_smoothed, to_host, topk_correct_tensor};
+use super::loss::{cross_entropy_smoothed, topk_correct_tensor};
 use super::model::{self, Model};
 use super::nccl;
 use super::negotiate::{self, Negotiating};
@@ -44,6 +44,7 @@ use super::schedule::{LrSchedule, ScheduleKind};
 use super::spec::{
     AllreduceChoice, DeviceSpec, ScheduleSpec, SyncChoice, TrainPlanner, TrainerInit,
 };
+use super::transfer::{to_device_async, to_host};
 use super::weights;
 
 mod decentralized;
@@ -796,11 +797,13 @@ impl Trainer {
     /// Zeroes the gradients, then (on a batch with samples) runs forward and backward of
     /// the (scaled) loss; returns the batch's mean loss and top-1 accuracy.
     ///
-    /// Host synchronisations of a CUDA step: the loss and the top-1 count come back in one
-    /// transfer after backward is queued (before: two, the loss's `double_value` and the
-    /// count's `int64_value`); `GradSync::average` on NCCL then reads once (before: twice,
-    /// the sums and the finite flag). A step makes 2 now, 4 before (and on the ring, one
-    /// staging copy per bucket on top, as before).
+    /// Host synchronisations of a CUDA step on NCCL: 2, where there were 6. Here the loss
+    /// and the top-1 count come back in one transfer after backward is queued (before:
+    /// the loss's `double_value` and the count's `int64_value`), and the labels go up
+    /// from pinned memory without waiting, like the images (before: a pageable copy, which
+    /// waits for the device); `GradSync::average` then reads once (before: an upload of
+    /// the extra values, a read of the sums and one of the finite flag). On the ring the
+    /// staging of each bucket through the host comes on top, as before.
     fn forward_backward(&mut self, batch: &pipelines::Batch) -> Result<[f32; 2], MethodError> {
         let n = batch.len();
         self.sgd.zero_grad();
@@ -875,7 +878,8 @@ impl Trainer {
         }
         let images =
             (images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 255.0 - &self.mean) / &self.std;
-        let labels = Tensor::from_slice(&batch.labels).to_device(self.device);
+        let labels = to_device_async(&Tensor::from_slice(&batch.labels), self.device)
+            .map_err(|e| fatal("uploading the labels")(e.to_string()))?;
         // Under `train.channels_last` the images stay channels-last, the loader's NHWC
         // layout seen as NCHW (the ops above keep it), on both devices: libtorch's CPU
         // convolutions, pooling and BatchNorm take the small CNN's forward and backward in
