@@ -203,6 +203,8 @@ pub struct TrainConfig {
     pub checkpoint_every_steps: u64,
     /// The newest checkpoints a run keeps (0: every one).
     pub keep_checkpoints: u32,
+    /// Also keep the checkpoint of the best validation top-1.
+    pub keep_best: bool,
     pub runs_dir: String,
     pub name: String,
     pub gpus: u32,

@@ -219,6 +219,7 @@ mod tests {
             classes: 4,
             loss_scale: None,
             epoch_sums: Default::default(),
+            val_top1: None,
         };
         assert_eq!(rewind(&path, &state(3, 1)).expect("no file"), 0);
         std::fs::write(&path, RUN).expect("write");

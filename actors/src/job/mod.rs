@@ -123,6 +123,9 @@ pub struct JobSettings {
     /// complete.
     #[serde(default)]
     pub keep_checkpoints: u32,
+    /// Also keep the checkpoint of the best validation top-1.
+    #[serde(default)]
+    pub keep_best: bool,
     /// How far behind the quickest rank a rank may be in one step before it is named
     /// (0: never).
     pub straggler_secs: f64,

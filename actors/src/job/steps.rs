@@ -101,12 +101,14 @@ pub(super) struct RunningJob<'a> {
 
 impl RunningJob<'_> {
     /// Has rank 0 write `checkpoint`: the job at its global step, to continue at its step
-    /// of its epoch with the ranks' loader `cursors` and the epoch's running `sums` so far.
+    /// of its epoch with the ranks' loader `cursors` and the epoch's running `sums` so far,
+    /// and the validation top-1 of an evaluation at that step.
     pub(super) async fn save(
         &self,
         checkpoint: &Checkpoint,
         cursors: Vec<RankCursor>,
         sums: EpochSums,
+        val_top1: Option<f64>,
     ) -> Result<(), JobError> {
         let name = checkpoint.name.as_str();
         let (epoch, global_step, step_in_epoch) = checkpoint.place();
@@ -129,6 +131,7 @@ impl RunningJob<'_> {
             // Rank 0 fills in its scaler.
             loss_scale: None,
             epoch_sums: sums,
+            val_top1,
         };
         let root = std::fs::canonicalize(self.run_dir)
             .unwrap_or_else(|_| self.run_dir.to_path_buf())
@@ -138,6 +141,7 @@ impl RunningJob<'_> {
             name: name.to_string(),
             state,
             keep: self.settings.keep_checkpoints,
+            keep_best: self.settings.keep_best,
         };
         let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
         let Some(rank0) = self.ranks.first() else {
@@ -195,7 +199,7 @@ impl RunningJob<'_> {
             } else {
                 (at.cursors.clone(), at.sums)
             };
-            if let Err(error) = self.save(&checkpoint, cursors, sums).await {
+            if let Err(error) = self.save(&checkpoint, cursors, sums, None).await {
                 return JobError::Interrupted(Box::new(Interrupted::late(
                     signal,
                     self.stop.progress().clone(),
@@ -237,7 +241,10 @@ impl RunningJob<'_> {
         let place = (at.epoch, at.global_step, at.step_in_epoch);
         let newest = self.newest_checkpoint_step();
         let saved = match last_checkpoint(place, newest) {
-            Some(checkpoint) => self.save(&checkpoint, at.cursors.clone(), at.sums).await,
+            Some(checkpoint) => {
+                self.save(&checkpoint, at.cursors.clone(), at.sums, None)
+                    .await
+            }
             None => Ok(()),
         };
         let world_size: u32 = self.node_ranks.iter().sum();
@@ -509,6 +516,7 @@ impl RunningJob<'_> {
             };
             let after = cadence.after_call(&called);
             chunk = after.chunk;
+            let mut top1 = None;
             if after.evaluate {
                 let elapsed_s = clock.started.elapsed().as_secs_f64();
                 let global_step = called.global_step;
@@ -521,10 +529,11 @@ impl RunningJob<'_> {
                         top.0 * 100.0,
                         top.1 * 100.0
                     ));
+                    top1 = Some(top.0);
                 }
             }
             if let Some(checkpoint) = &after.checkpoint {
-                self.save(checkpoint, tally.cursors.clone(), tally.sums)
+                self.save(checkpoint, tally.cursors.clone(), tally.sums, top1)
                     .await?;
             }
             if called.epoch_done {
@@ -570,7 +579,8 @@ impl RunningJob<'_> {
         }
         self.epoch_record(tally, (global_step, epoch_s), top, clock, metrics)?;
         if let Some(checkpoint) = &end.checkpoint {
-            self.save(checkpoint, Vec::new(), EpochSums::default())
+            let top1 = top.map(|(top1, _)| top1);
+            self.save(checkpoint, Vec::new(), EpochSums::default(), top1)
                 .await?;
         }
         if let (Some(want), Some(grow)) = (end.look_for_room, self.grow) {

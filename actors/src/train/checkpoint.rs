@@ -57,6 +57,10 @@ pub struct CheckpointState {
     /// so that a resumed epoch's summary covers the whole epoch.
     #[serde(default)]
     pub epoch_sums: EpochSums,
+    /// Validation top-1 of the evaluation at this checkpoint's step, when there was one
+    /// (what `train.keep_best` ranks checkpoints by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_top1: Option<f64>,
 }
 
 /// Running sums over the steps of one epoch: what its summary (mean train loss and
@@ -139,11 +143,29 @@ pub fn write(
     Ok(done)
 }
 
-/// Removes the checkpoints of `root` beyond the newest `keep` (0: keeps every one), by
-/// [`to_prune`]'s rule; returns the names removed. A folder whose state cannot be read
-/// is no checkpoint and stays; a removal that fails is an error naming the folder.
-pub fn prune(root: &Path, keep: usize) -> Result<Vec<String>, CheckpointError> {
-    if keep == 0 {
+/// Which checkpoints a run keeps (`train.keep_checkpoints`, `train.keep_best`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// The newest checkpoints kept, the one `latest` names counted among them (0: every
+    /// one).
+    pub keep: usize,
+    /// Also keep the one with the best validation top-1 (the newest of equals).
+    pub keep_best: bool,
+}
+
+/// A checkpoint of a run, as pruning sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedCheckpoint {
+    pub name: String,
+    pub global_step: u64,
+    pub val_top1: Option<f64>,
+}
+
+/// Removes the checkpoints of `root` that `retention` does not keep, by [`to_prune`]'s
+/// rule; returns the names removed. A folder whose state cannot be read is no checkpoint
+/// and stays; a removal that fails is an error naming the folder.
+pub fn prune(root: &Path, retention: Retention) -> Result<Vec<String>, CheckpointError> {
+    if retention.keep == 0 {
         return Ok(Vec::new());
     }
     let latest_path = root.join(LATEST_FILE);
@@ -158,10 +180,14 @@ pub fn prune(root: &Path, keep: usize) -> Result<Vec<String>, CheckpointError> {
             continue;
         }
         if let Ok(state) = read_state(&entry.path()) {
-            saved.push((name, state.global_step));
+            saved.push(SavedCheckpoint {
+                name,
+                global_step: state.global_step,
+                val_top1: state.val_top1,
+            });
         }
     }
-    let doomed = to_prune(&saved, latest.trim(), keep);
+    let doomed = to_prune(&saved, latest.trim(), retention);
     for name in &doomed {
         let dir = root.join(name);
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -169,28 +195,47 @@ pub fn prune(root: &Path, keep: usize) -> Result<Vec<String>, CheckpointError> {
     Ok(doomed)
 }
 
-/// Which of the checkpoints `saved` (name, global step) go so that `keep` remain: the
-/// oldest by global step (then by name), never `latest`. Sorted by name.
-pub fn to_prune(saved: &[(String, u64)], latest: &str, keep: usize) -> Vec<String> {
+/// Which of the checkpoints `saved` go so that the newest `retention.keep` remain (the
+/// oldest go first, by global step, then by name), never `latest`, which counts as one of
+/// the kept, nor (with `keep_best`) the one of the best validation top-1 (the newest of
+/// equals), which does not count. Sorted by name.
+pub fn to_prune(saved: &[SavedCheckpoint], latest: &str, retention: Retention) -> Vec<String> {
+    let keep = retention.keep;
     if keep == 0 || saved.len() <= keep {
         return Vec::new();
     }
-    let mut newest_first: Vec<&(String, u64)> = saved.iter().collect();
-    newest_first.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    let mut newest_first: Vec<&SavedCheckpoint> = saved.iter().collect();
+    newest_first.sort_by(|a, b| {
+        b.global_step
+            .cmp(&a.global_step)
+            .then_with(|| b.name.cmp(&a.name))
+    });
+    let best = retention
+        .keep_best
+        .then(|| {
+            newest_first
+                .iter()
+                .filter_map(|c| Some((c.val_top1.filter(|t| t.is_finite())?, c.name.as_str())))
+                // Newest first, so among equals the first (newest) wins.
+                .reduce(|best, next| if next.0 > best.0 { next } else { best })
+                .map(|(_, name)| name)
+        })
+        .flatten();
     let mut kept = 0;
     let mut doomed = Vec::new();
     // `latest` is kept whatever its place, and counts as one of the kept.
-    if saved.iter().any(|(name, _)| name == latest) {
+    if saved.iter().any(|c| c.name == latest) {
         kept += 1;
     }
-    for (name, _) in newest_first {
-        if name == latest {
+    for checkpoint in newest_first {
+        let name = checkpoint.name.as_str();
+        if name == latest || Some(name) == best {
             continue;
         }
         if kept < keep {
             kept += 1;
         } else {
-            doomed.push(name.clone());
+            doomed.push(name.to_string());
         }
     }
     doomed.sort();
@@ -394,6 +439,7 @@ mod tests {
                 accuracy_sum: 1.25,
                 samples: 96,
             },
+            val_top1: Some(0.75),
         }
     }
 
@@ -547,30 +593,72 @@ mod tests {
 
     #[test]
     fn pruning_keeps_the_newest_and_always_latest() {
-        let saved = |list: &[(&str, u64)]| -> Vec<(String, u64)> {
-            list.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+        let saved = |list: &[(&str, u64, Option<f64>)]| -> Vec<SavedCheckpoint> {
+            list.iter()
+                .map(|&(name, global_step, val_top1)| SavedCheckpoint {
+                    name: name.to_string(),
+                    global_step,
+                    val_top1,
+                })
+                .collect()
         };
         let three = saved(&[
-            ("epoch-0001", 10),
-            ("step-00000015", 15),
-            ("epoch-0002", 20),
+            ("epoch-0001", 10, Some(0.5)),
+            ("step-00000015", 15, None),
+            ("epoch-0002", 20, Some(0.4)),
         ]);
-        /// (saved, latest, keep, removed)
-        type Case<'a> = (&'a [(String, u64)], &'a str, usize, &'a [&'a str]);
-        let cases: [Case; 6] = [
-            (&three, "epoch-0002", 0, &[]),
-            (&three, "epoch-0002", 3, &[]),
-            (&three, "epoch-0002", 2, &["epoch-0001"]),
-            (&three, "epoch-0002", 1, &["epoch-0001", "step-00000015"]),
+        // The best so far is the oldest but one; two share it, the newer one is kept.
+        let four = saved(&[
+            ("epoch-0001", 10, Some(0.6)),
+            ("epoch-0002", 20, Some(0.6)),
+            ("epoch-0003", 30, Some(f64::NAN)),
+            ("epoch-0004", 40, Some(0.3)),
+        ]);
+        let (newest, best) = (false, true);
+        /// (saved, latest, keep, keep_best, removed)
+        type Case<'a> = (&'a [SavedCheckpoint], &'a str, usize, bool, &'a [&'a str]);
+        let cases: [Case; 12] = [
+            (&three, "epoch-0002", 0, newest, &[]),
+            (&three, "epoch-0002", 3, newest, &[]),
+            (&three, "epoch-0002", 2, newest, &["epoch-0001"]),
+            (
+                &three,
+                "epoch-0002",
+                1,
+                newest,
+                &["epoch-0001", "step-00000015"],
+            ),
             // A resume from an older checkpoint makes it latest: it stays, and counts.
-            (&three, "epoch-0001", 1, &["epoch-0002", "step-00000015"]),
-            (&three, "epoch-0001", 2, &["step-00000015"]),
+            (
+                &three,
+                "epoch-0001",
+                1,
+                newest,
+                &["epoch-0002", "step-00000015"],
+            ),
+            (&three, "epoch-0001", 2, newest, &["step-00000015"]),
+            // The best by top-1 stays beside the newest, and does not count.
+            (&three, "epoch-0002", 1, best, &["step-00000015"]),
+            (&three, "epoch-0002", 2, best, &[]),
+            (&three, "epoch-0002", 0, best, &[]),
+            // Among equals the newer; a NaN top-1 is never the best.
+            (&four, "epoch-0004", 1, best, &["epoch-0001", "epoch-0003"]),
+            (&four, "epoch-0004", 2, best, &["epoch-0001"]),
+            // The best is also latest: nothing more is kept for it.
+            (
+                &four,
+                "epoch-0002",
+                1,
+                best,
+                &["epoch-0001", "epoch-0003", "epoch-0004"],
+            ),
         ];
-        for (saved, latest, keep, removed) in cases {
+        for (saved, latest, keep, keep_best, removed) in cases {
+            let retention = Retention { keep, keep_best };
             assert_eq!(
-                to_prune(saved, latest, keep),
+                to_prune(saved, latest, retention),
                 removed,
-                "latest {latest}, keep {keep}"
+                "latest {latest}, {retention:?}"
             );
         }
     }
@@ -589,8 +677,15 @@ mod tests {
         }
         std::fs::create_dir(root.join(".epoch-0004.partial-1")).expect("partial");
         std::fs::create_dir(root.join("notes")).expect("foreign");
-        assert_eq!(prune(&root, 0).expect("keep all"), Vec::<String>::new());
-        assert_eq!(prune(&root, 2).expect("prune"), ["epoch-0001"]);
+        let keep = |keep| Retention {
+            keep,
+            keep_best: false,
+        };
+        assert_eq!(
+            prune(&root, keep(0)).expect("keep all"),
+            Vec::<String>::new()
+        );
+        assert_eq!(prune(&root, keep(2)).expect("prune"), ["epoch-0001"]);
         let mut left: Vec<String> = std::fs::read_dir(&root)
             .expect("read")
             .map(|e| e.expect("entry").file_name().into_string().expect("name"))

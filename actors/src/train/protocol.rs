@@ -256,9 +256,12 @@ pub struct SaveRequest {
     pub root: PathBuf,
     pub name: String,
     pub state: CheckpointState,
-    /// Once it is saved, keep the newest `keep` checkpoints of `root` (0: every one).
+    /// Once it is saved, keep the newest `keep` checkpoints of `root` (0: every one)...
     #[serde(default)]
     pub keep: u32,
+    /// ... and the one of the best validation top-1.
+    #[serde(default)]
+    pub keep_best: bool,
 }
 
 /// The reply is the checkpoint's folder.

@@ -336,6 +336,7 @@ pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::R
             checkpoint_every_epochs: train.checkpoint_every_epochs,
             checkpoint_every_steps: train.checkpoint_every_steps,
             keep_checkpoints: train.keep_checkpoints,
+            keep_best: train.keep_best,
             straggler_secs: train.straggler_secs,
             sample_log: train.sample_log,
             runs_dir: PathBuf::from(&train.runs_dir),

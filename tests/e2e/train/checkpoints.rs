@@ -270,6 +270,75 @@ fn a_run_keeps_its_newest_checkpoints() {
     assert_eq!(latest.trim(), kept[1].1);
 }
 
+/// `train.keep_best`: with one newest checkpoint kept, the one of the best validation
+/// top-1 stays too. Every checkpoint of this run has an evaluation at its step (every two
+/// steps and at each epoch's end), which its `state.json` records; what remains is
+/// `latest` and the checkpoint of the best evaluation (the newest of equals).
+#[test]
+fn a_run_keeps_its_best_checkpoint_by_validation_top1() {
+    let cluster = TrainCluster::start();
+    let sets = [
+        "train.checkpoint_every_steps=2",
+        "train.eval_every_steps=2",
+        "train.keep_checkpoints=1",
+        "train.keep_best=true",
+    ];
+    let out = cluster.job("best", 2, &sets, false).finish(JOB_LIMIT);
+    assert!(out.status.success(), "{}", out.describe());
+    let run = cluster.runs.join("best");
+    let root = run.join("checkpoints");
+    let kept: BTreeMap<u64, (String, Option<f64>)> = std::fs::read_dir(&root)
+        .expect("checkpoints")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "latest")
+        .map(|name| {
+            let state = read_json(&root.join(&name).join("state.json"));
+            let step = state["global_step"].as_u64().expect("global_step");
+            (step, (name, state["val_top1"].as_f64()))
+        })
+        .collect();
+    let records = metrics(&run);
+    let evals: BTreeMap<u64, f64> = records
+        .iter()
+        .filter(|r| r["kind"] == "eval")
+        .map(|r| {
+            let step = r["step"].as_u64().expect("step");
+            (step, r["top1"].as_f64().expect("top1"))
+        })
+        .collect();
+    // The newest of the best: the last step whose top-1 is the largest.
+    let best = evals
+        .iter()
+        .fold(
+            None,
+            |best: Option<(u64, f64)>, (&step, &top1)| match best {
+                Some((_, b)) if b > top1 => best,
+                _ => Some((step, top1)),
+            },
+        )
+        .expect("evaluations");
+    let last = last_step_value(&records)
+        .and_then(|v| v.as_u64())
+        .expect("a last step");
+    let want: Vec<u64> = BTreeMap::from([(best.0, ()), (last, ())])
+        .into_keys()
+        .collect();
+    assert_eq!(
+        kept.keys().copied().collect::<Vec<_>>(),
+        want,
+        "{kept:?}, evals {evals:?}"
+    );
+    for (step, (name, top1)) in &kept {
+        assert_eq!(
+            *top1,
+            evals.get(step).copied(),
+            "{name}: its state's val_top1"
+        );
+    }
+    let latest = std::fs::read_to_string(root.join("latest")).expect("latest");
+    assert_eq!(latest.trim(), kept[&last].0);
+}
+
 /// While a job runs, `imgrun status` names its job and each trainer's rank. Ctrl-C then
 /// lets the step in flight end, saves a checkpoint at the last completed step, stops
 /// every trainer, exits with 130 and prints the command that continues the run; that

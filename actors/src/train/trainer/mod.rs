@@ -997,9 +997,13 @@ impl Trainer {
         .map_err(|e| MethodError::new(format!("saving a checkpoint: {e}")))?;
         // The save stands whatever pruning does: a folder that cannot be removed costs
         // disk, not the job.
-        match checkpoint::prune(&request.root, request.keep as usize) {
+        let retention = checkpoint::Retention {
+            keep: request.keep as usize,
+            keep_best: request.keep_best,
+        };
+        match checkpoint::prune(&request.root, retention) {
             Ok(removed) if !removed.is_empty() => {
-                tracing::info!(?removed, keep = request.keep, "older checkpoints removed");
+                tracing::info!(?removed, ?retention, "older checkpoints removed");
             }
             Ok(_) => {}
             Err(error) => tracing::warn!("pruning old checkpoints: {error}"),
