@@ -18,8 +18,8 @@ use rustix::process::Signal;
 use crate::common;
 use crate::common::train::{
     Dataset, Finished, GONE_LIMIT, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
-    checkpoint_dir, metrics, printed_resume_command, read_json, replica_digest, total_steps,
-    wait_for_steps, workers_of,
+    checkpoint_dir, last_step_value, metrics, printed_resume_command, read_json, replica_digest,
+    total_steps, wait_for_steps, workers_of,
 };
 use crate::common::{Machine, is_running, path_str, wait_alive, wait_for};
 
@@ -29,7 +29,8 @@ const KILL_WAIT: Duration = Duration::from_secs(30);
 /// The disk of the runs folder fills after the first checkpoint. The next save fails with
 /// an error that names the file and the newest intact checkpoint; the job exits 1 (no
 /// abort), leaves no partial folder, and `latest` still names a whole checkpoint, from
-/// which the run continues once there is space again.
+/// which the run continues once there is some space again, to its end on the same small
+/// disk with a checkpoint every step: the default retention keeps the newest three.
 #[test]
 fn a_disk_that_fills_during_a_checkpoint_stops_the_job_at_the_newest_intact_one() {
     // Room the filler leaves for metrics.jsonl, and far less than a checkpoint (about
@@ -94,15 +95,22 @@ fn a_disk_that_fills_during_a_checkpoint_stops_the_job_at_the_newest_intact_one(
         "the error does not name the newest checkpoint, {name}:\n{error}"
     );
 
-    // Space again: the run continues from that checkpoint, to the end of its epoch.
+    // Space again, but little: room for five checkpoints, as on a small disk other files
+    // share. The run continues from that checkpoint for two more epochs with a checkpoint
+    // at every step, more than the room holds (a run without retention,
+    // `train.keep_checkpoints=0`, fills it again): the default retention, the newest 3,
+    // keeps it within the disk to its end.
     std::fs::remove_file(&filler).expect("remove the filler");
-    let epochs = state["epoch"].as_u64().expect("epoch") + 1;
+    let size = dir_size(&newest);
+    let _filler = fill(&runs.join("filler"), 5 * size);
+    let epochs = state["epoch"].as_u64().expect("epoch") + 2;
     let resume = ["--resume", path_str(&run)];
-    let every_epoch = [
-        "train.checkpoint_every_steps=0",
+    let every_step = [
+        "train.checkpoint_every_steps=1",
+        "train.checkpoint_every_epochs=1",
         "train.eval_every_epochs=0",
     ];
-    let mut again = site.job("full", epochs, &every_epoch, &resume);
+    let mut again = site.job("full", epochs, &every_step, &resume);
     let resumed = again.finish(JOB_LIMIT);
     again.assert_nothing_left();
     assert!(resumed.status.success(), "{}", resumed.describe());
@@ -119,6 +127,25 @@ fn a_disk_that_fills_during_a_checkpoint_stops_the_job_at_the_newest_intact_one(
         "{}",
         last.display()
     );
+    let mut kept = entries(&checkpoints);
+    kept.sort();
+    assert_eq!(kept.len(), 4, "three checkpoints and latest: {kept:?}");
+    let last_step = last_step_value(&metrics(&run))
+        .and_then(|v| v.as_u64())
+        .expect("a last step");
+    let steps_after = last_step - saved_step;
+    assert!(
+        steps_after > 5,
+        "only {steps_after} steps after the resume: too few to fill the room"
+    );
+}
+
+/// The bytes of the files in `dir` (one level, as a checkpoint folder is).
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").metadata().expect("metadata").len())
+        .sum()
 }
 
 /// SIGTERM in the middle of a job on an embedded cluster: see [`sigterm_case`].
