@@ -230,14 +230,21 @@ fn data_parallel(
     [a, b]
 }
 
-#[test]
-fn data_parallel_steps_equal_the_single_process_step() {
-    let _alone = seeded_alone();
+/// The batch the data-parallel tests split (seed 1, one libtorch thread), and the
+/// parameters one single-process step on it ends with.
+fn seeded_batch() -> (Tensor, Tensor, Vec<Tensor>) {
     tch::set_num_threads(1);
     tch::manual_seed(1);
     let images = Tensor::randn([8, 3, 16, 16], (Kind::Float, Device::Cpu));
     let labels = Tensor::randint(CLASSES, [8], (Kind::Int64, Device::Cpu));
     let want = single(&images, &labels);
+    (images, labels, want)
+}
+
+#[test]
+fn data_parallel_steps_equal_the_single_process_step() {
+    let _alone = seeded_alone();
+    let (images, labels, want) = seeded_batch();
     let start: Vec<Tensor> = model().parameters().into_iter().map(|(_, t)| t).collect();
     for (split, path) in [4, 6, 8].into_iter().flat_map(|split| {
         [
@@ -278,11 +285,7 @@ fn data_parallel_steps_equal_the_single_process_step() {
 #[test]
 fn channels_last_weights_average_like_nchw_ones() {
     let _alone = seeded_alone();
-    tch::set_num_threads(1);
-    tch::manual_seed(1);
-    let images = Tensor::randn([8, 3, 16, 16], (Kind::Float, Device::Cpu));
-    let labels = Tensor::randint(CLASSES, [8], (Kind::Int64, Device::Cpu));
-    let want = single(&images, &labels);
+    let (images, labels, want) = seeded_batch();
     for path in [Path::Ring, Path::Device, Path::Overlap] {
         let [rank0, rank1] = data_parallel(&images, &labels, 5, path, true);
         for (i, ((a, b), w)) in rank0.iter().zip(&rank1).zip(&want).enumerate() {

@@ -868,14 +868,11 @@ impl Trainer {
             .ok_or_else(|| MethodError::fatal("the loader gave float images; expected bytes"))?;
         let size = i64::from(batch.size);
         let n = batch.len() as i64;
-        let mut images =
-            Tensor::from_slice(&pixels[..(n * size * size * 3) as usize]).view([n, size, size, 3]);
-        if self.device != Device::Cpu {
-            images =
-                images
-                    .pin_memory(self.device)
-                    .to_device_(self.device, Kind::Uint8, true, false);
-        }
+        let images = to_device_async(
+            &Tensor::from_slice(&pixels[..(n * size * size * 3) as usize]).view([n, size, size, 3]),
+            self.device,
+        )
+        .map_err(|e| fatal("uploading the images")(e.to_string()))?;
         let images =
             (images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 255.0 - &self.mean) / &self.std;
         let labels = to_device_async(&Tensor::from_slice(&batch.labels), self.device)
