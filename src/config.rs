@@ -305,6 +305,10 @@ pub struct ClusterConfig {
     /// Empty for the per-user default.
     pub state_dir: String,
     pub start_timeout_secs: u64,
+    /// TCP port of the head's dashboard on loopback; 0 for any free port.
+    pub dashboard_port: u16,
+    /// Host names the dashboard answers to besides the loopback ones.
+    pub dashboard_hosts: Vec<String>,
 }
 
 /// Where the configuration came from, for `imgrun doctor` and the line every command

@@ -3,6 +3,7 @@
 
 mod commands;
 mod config;
+mod dashboard;
 #[cfg(test)]
 mod readme_tests;
 mod serve;

@@ -6,13 +6,15 @@
 #   python=$(tools/pytools.sh)
 #
 # The venv lives in ${IMGRUN_CACHE:-~/.cache/imgrun}/pytools and is built once (a
-# `.complete` file marks a finished one; a half-built venv is rebuilt). Exits 2, with a
+# `.complete` file, which lists its packages, marks a finished one; a half-built venv, or
+# one made for other packages, is rebuilt). Exits 2, with a
 # last line that says what is missing, when something it needs is not on this machine
 # (no `python3`, no `venv` module) or PyPI cannot be reached, so that callers can tell a
 # missing precondition from a real failure; other failures exit 1.
 set -euo pipefail
 
-packages=("webdataset>=1.0,<1.1" "pillow" "numpy")
+# prometheus-client: its parser reads the dashboard's `/metrics` in the tests.
+packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0")
 
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
 venv=$cache/pytools
@@ -23,7 +25,7 @@ mkdir -p "$cache"
 exec 9>"$cache/pytools.lock"
 flock 9
 
-if [ ! -f "$venv/.complete" ]; then
+if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "${packages[*]}" ]; then
     echo "tools/pytools.sh: installing ${packages[*]} into $venv (once, about 100 MB)" >&2
     rm -rf "$venv"
     if ! command -v "$python" >/dev/null; then
@@ -48,7 +50,7 @@ if [ ! -f "$venv/.complete" ]; then
         echo "tools/pytools.sh: pip install failed (see above)" >&2
         exit 1
     fi
-    touch "$venv/.complete"
+    echo "${packages[*]}" >"$venv/.complete"
 fi
 
 echo "$venv/bin/python"

@@ -31,6 +31,13 @@ pub struct StartArgs {
     /// UDP port of the nodes' heartbeats [default: cluster.beat_port, 0: any free port].
     #[arg(long)]
     beat_port: Option<u16>,
+    /// TCP port of the dashboard and `/metrics` on loopback [default:
+    /// cluster.dashboard_port, 7080; 0: any free port].
+    #[arg(long)]
+    dashboard_port: Option<u16>,
+    /// Serve no dashboard and no `/metrics`.
+    #[arg(long, conflicts_with = "dashboard_port")]
+    no_dashboard: bool,
     #[command(flatten)]
     daemon: DaemonArgs,
 }
@@ -133,17 +140,25 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
             .await
             .context("starting the head")?;
         let record = daemon_record(runtime::DaemonRole::Head, &head.join_address(), &state)?;
+        let dashboard = if args.no_dashboard {
+            None
+        } else {
+            Some(start_dashboard(&args, cluster, &state).await?)
+        };
         let message = format!(
             "imgrun head started at {} (pid {}; {})\n\nTo add a machine to this cluster, run \
-             on it:\n\n  {}\n\nSee the cluster with `imgrun status`; stop it with `imgrun stop \
-             --all`.",
+             on it:\n\n  {}\n\n{}See the cluster with `imgrun status`; stop it with `imgrun \
+             stop --all`.",
             head.join_address(),
             std::process::id(),
             match head.beat_port() {
                 0 => "heartbeats over QUIC".to_owned(),
                 port => format!("heartbeats on UDP port {port}"),
             },
-            head.join_command()
+            head.join_command(),
+            dashboard
+                .as_ref()
+                .map_or(String::new(), |d| dashboard_lines(&d.record, &state)),
         );
         ready(daemon, &message)?;
         tokio::select! {
@@ -153,10 +168,52 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
                 head.stop().await;
             }
         }
+        if let Some(dashboard) = dashboard {
+            dashboard.stop().await;
+            let _ = state.remove(crate::dashboard::RECORD);
+        }
         forget(&state, &record);
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the head's dashboard with a client of the head, and keeps its record (tokens
+/// included) in the state folder, mode 0600.
+async fn start_dashboard(
+    args: &StartArgs,
+    cluster: &ClusterConfig,
+    state: &runtime::StateDir,
+) -> anyhow::Result<crate::dashboard::Dashboard> {
+    let client = runtime::ClusterClient::connect(state, None)
+        .await
+        .context("connecting the dashboard to the head")?;
+    let options = crate::dashboard::DashboardOptions {
+        port: args.dashboard_port.unwrap_or(cluster.dashboard_port),
+        hosts: cluster.dashboard_hosts.clone(),
+    };
+    let dashboard = crate::dashboard::start(options, client)
+        .await
+        .context("starting the dashboard (`--no-dashboard` starts the head without it)")?;
+    state
+        .write_record(crate::dashboard::RECORD, &dashboard.record)
+        .context("keeping the dashboard's record")?;
+    Ok(dashboard)
+}
+
+/// What the head says of its dashboard: the URL with its token, and where scrapers find
+/// theirs.
+fn dashboard_lines(
+    record: &crate::dashboard::DashboardRecord,
+    state: &runtime::StateDir,
+) -> String {
+    format!(
+        "Dashboard (this machine only; from elsewhere `ssh -L`):\n\n  {url}#token={token}\n\n\
+         Prometheus metrics: {url}metrics with the bearer token `metrics_token` of {file}.\n\n",
+        url = record.url,
+        token = record.token,
+        file = state.root().join(crate::dashboard::RECORD).display(),
+    )
 }
 
 pub fn join(loaded: &Loaded, args: JoinArgs) -> anyhow::Result<ExitCode> {
@@ -215,14 +272,18 @@ pub fn join(loaded: &Loaded, args: JoinArgs) -> anyhow::Result<ExitCode> {
 pub fn status(loaded: &Loaded, args: StatusArgs) -> anyhow::Result<ExitCode> {
     let state = state_dir(&loaded.config.cluster)?;
     let tokio = async_runtime()?;
-    let status = tokio.block_on(async {
-        let client = runtime::ClusterClient::connect(&state, args.address.as_deref()).await?;
-        client.status().await
-    })?;
+    let client = tokio.block_on(runtime::ClusterClient::connect(
+        &state,
+        args.address.as_deref(),
+    ))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        // The cluster and its jobs: the snapshot the dashboard and `/metrics` read too.
+        let snapshot = tokio
+            .block_on(actors::job::snapshot(&client))
+            .context("asking for the cluster's status")?;
+        println!("{}", serde_json::to_string_pretty(&snapshot)?);
     } else {
-        print!("{status}");
+        print!("{}", tokio.block_on(client.status())?);
     }
     Ok(ExitCode::SUCCESS)
 }

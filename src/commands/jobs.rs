@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use actors::job::{
-    COORDINATOR_KIND, CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest,
-    RankView, RanksRequest, STOP_GRACE, StatusRequest,
+    CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest, RankView,
+    RanksRequest, STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
@@ -77,21 +77,31 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let statuses = in_cluster(loaded, args.address.as_deref(), |client| async move {
-        let mut statuses = Vec::new();
-        for (_, actor) in coordinators(&client).await? {
-            statuses.push(call(&actor, &StatusRequest {}).await?);
-        }
-        Ok(statuses)
+    let snapshot = in_cluster(loaded, args.address.as_deref(), |client| async move {
+        actors::job::snapshot(&client)
+            .await
+            .context("asking for the cluster's jobs")
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&statuses)?);
+        println!("{}", serde_json::to_string_pretty(&snapshot.jobs)?);
         return Ok(ExitCode::SUCCESS);
     }
-    if statuses.is_empty() {
+    if snapshot.jobs.is_empty() {
         println!("no jobs (`imgrun train --detach` submits one)");
         return Ok(ExitCode::SUCCESS);
     }
+    for job in snapshot.jobs.iter().filter(|job| job.job.is_none()) {
+        eprintln!(
+            "job {}: {}",
+            job.name,
+            job.problem.as_deref().unwrap_or("no status")
+        );
+    }
+    let statuses: Vec<JobStatus> = snapshot
+        .jobs
+        .into_iter()
+        .filter_map(|job| job.job)
+        .collect();
     print_jobs(&statuses);
     Ok(ExitCode::SUCCESS)
 }
@@ -318,21 +328,7 @@ pub(crate) async fn coordinators(
         .status()
         .await
         .context("asking for the cluster's status")?;
-    let mut found = Vec::new();
-    for actor in status.actors {
-        if actor.kind != COORDINATOR_KIND {
-            continue;
-        }
-        let name = actor
-            .label
-            .map_or_else(|| format!("actor {}", actor.id), |label| label.job);
-        // An actor that ended between the status and here is no longer a job.
-        if let Ok(handle) = client.actor(actor.id).await {
-            found.push((name, handle));
-        }
-    }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(found)
+    Ok(actors::job::coordinators(client, &status).await)
 }
 
 /// The coordinator of the job `name`, or an error listing the jobs there are.

@@ -45,7 +45,7 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Serves `app` on `listener` until `shutdown` resolves; then accepts nothing more, lets
 /// the requests in flight finish (each still bound by the send timeout) and returns.
-pub(super) async fn serve_connections(
+pub(crate) async fn serve_connections(
     listener: TcpListener,
     app: Router,
     timeouts: Timeouts,

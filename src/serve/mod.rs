@@ -23,6 +23,8 @@ mod clients;
 mod connection;
 mod links;
 
+pub(crate) use connection::serve_connections;
+
 pub use connection::Timeouts;
 
 use std::future::Future;
@@ -126,17 +128,25 @@ fn router(dir: PathBuf, max_in_flight: usize, max_per_client: usize, follow_link
     let files = ServeDir::new(&dir)
         .append_index_html_on_directories(false)
         .with_buf_chunk_size(CHUNK);
+    let folder = Arc::new(Folder { dir, follow_links });
+    let app = Router::new()
+        .route("/", get(list_shards))
+        .with_state(Arc::clone(&folder))
+        .fallback_service(files)
+        .layer(middleware::from_fn_with_state(folder, links::stay_inside));
+    with_slots(app, max_in_flight, max_per_client)
+}
+
+/// `app` with the stack's limits: at most `max_in_flight` requests at once, at most
+/// `max_per_client` of them from one peer address, each holding its slot until its body
+/// is sent, and one access log line per request. What every HTTP server of imgrun
+/// (`imgrun serve`, the head's dashboard) runs under.
+pub(crate) fn with_slots(app: Router, max_in_flight: usize, max_per_client: usize) -> Router {
     let slots = Arc::new(Slots {
         server: Arc::new(Semaphore::new(max_in_flight)),
         clients: Clients::new(max_per_client),
     });
-    let folder = Arc::new(Folder { dir, follow_links });
-    Router::new()
-        .route("/", get(list_shards))
-        .with_state(Arc::clone(&folder))
-        .fallback_service(files)
-        .layer(middleware::from_fn_with_state(folder, links::stay_inside))
-        .layer(middleware::from_fn_with_state(slots, track))
+    app.layer(middleware::from_fn_with_state(slots, track))
 }
 
 /// The folder served (its real path) and whether links may leave it.

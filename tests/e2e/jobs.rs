@@ -32,6 +32,8 @@ fn submit(cluster: &TrainCluster, name: &str, epochs: u64, sets: &[&str]) -> Str
     cluster.head.run_ok(&args)
 }
 
+/// The jobs of `jobs --json`: each its `name`, its coordinator's status (`job`) and its
+/// `ranks`.
 fn jobs(cluster: &TrainCluster) -> Vec<Value> {
     let out = cluster.head.run_ok(&["jobs", "--json"]);
     serde_json::from_str::<Value>(&out)
@@ -86,7 +88,7 @@ fn a_detached_job_is_listed_followed_and_cancelled_with_a_checkpoint() {
         .iter()
         .find(|j| j["name"] == "detached")
         .expect("a finished job stays listed");
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["job"]["state"], "succeeded", "{job}");
     assert!(steps_of(&cluster, "detached") > 0);
     // Its metrics are drawn from anywhere: the coordinator sends them.
     let png = cluster.root.path().join("detached.png");

@@ -9,6 +9,7 @@
 mod cli;
 mod cluster;
 mod common;
+mod dashboard;
 mod export;
 mod faults;
 mod jobs;

@@ -30,7 +30,9 @@
 //! 6. `steps.rs` (the step loop, carrying out `due.rs`);
 //! 7. `elastic.rs` (the calls of a loss's recovery and of growth);
 //! 8. `driver.rs` ([`run`], carrying out `recovery.rs`);
-//! 9. `coordinator.rs` (the actor that runs a detached job).
+//! 9. `coordinator.rs` (the actor that runs a detached job);
+//! 10. `snapshot.rs` (the cluster and its jobs at one moment, asked of the head and the
+//!     coordinators: what every view of a running cluster reads).
 
 mod calls;
 mod coordinator;
@@ -44,6 +46,7 @@ mod output;
 mod ranks;
 mod recovery;
 mod rules;
+mod snapshot;
 mod spawn;
 mod steps;
 mod stop;
@@ -66,6 +69,10 @@ pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFa
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
+pub use snapshot::{
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, JobSnapshot, call_coordinator,
+    coordinators, snapshot,
+};
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};

@@ -1,0 +1,186 @@
+//! `/metrics`: a [`ClusterSnapshot`] in the OpenMetrics text format, encoded by the
+//! `prometheus-client` crate, for Prometheus to scrape. Labels are bounded: a node, a
+//! job, a rank, a phase or a job state; never a step or a sample.
+
+use std::sync::atomic::AtomicU64;
+
+use actors::job::{ClusterSnapshot, JobSnapshot};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The Content-Type of what [`render`] writes (Prometheus refuses a scrape without a
+/// valid one).
+pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(&'static str, String)>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+type Counters = Family<Labels, Counter<u64>>;
+
+/// The metrics of one scrape.
+struct Metrics {
+    registry: Registry,
+}
+
+impl Metrics {
+    fn gauge(&mut self, name: &str, help: &str) -> Gauges {
+        let family = Gauges::default();
+        self.registry.register(name, help, family.clone());
+        family
+    }
+
+    fn counter(&mut self, name: &str, help: &str) -> Counters {
+        let family = Counters::default();
+        self.registry.register(name, help, family.clone());
+        family
+    }
+}
+
+/// `snapshot` in the OpenMetrics text format.
+pub(super) fn render(snapshot: &ClusterSnapshot) -> String {
+    let mut metrics = Metrics {
+        registry: Registry::default(),
+    };
+    nodes(&mut metrics, snapshot);
+    jobs(&mut metrics, &snapshot.jobs);
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &metrics.registry);
+    text
+}
+
+fn nodes(metrics: &mut Metrics, snapshot: &ClusterSnapshot) {
+    let up = metrics.gauge(
+        "imgrun_node_up",
+        "1 while the head hears the node (alive or suspect), 0 once it is dead or gone",
+    );
+    let cpus = metrics.gauge("imgrun_node_cpus", "CPUs the node offers");
+    let gpus = metrics.gauge("imgrun_node_gpus", "GPUs the node offers");
+    let heartbeat = metrics.gauge(
+        "imgrun_node_heartbeat_age_seconds",
+        "Seconds since the head last heard the node",
+    );
+    for node in &snapshot.cluster.nodes {
+        let labels = vec![
+            ("node", node.id.0.to_string()),
+            ("hostname", node.hostname.clone()),
+        ];
+        up.get_or_create(&labels)
+            .set(if node.state.is_live() { 1.0 } else { 0.0 });
+        cpus.get_or_create(&labels).set(f64::from(node.cpus));
+        gpus.get_or_create(&labels).set(node.gpus.len() as f64);
+        heartbeat
+            .get_or_create(&labels)
+            .set(node.last_heartbeat_ms_ago as f64 / 1000.0);
+    }
+}
+
+fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
+    let state = metrics.gauge(
+        "imgrun_job_state",
+        "1 for the job's state (running, stopping, succeeded, failed, cancelled)",
+    );
+    let epoch = metrics.gauge("imgrun_job_epoch", "The epoch the job is in");
+    let position = metrics.gauge("imgrun_job_epoch_step", "Steps done in the epoch");
+    let steps = metrics.gauge("imgrun_job_epoch_steps", "Steps in the epoch");
+    let loss = metrics.gauge("imgrun_loss", "The newest training loss");
+    let rate = metrics.gauge(
+        "imgrun_images_per_second",
+        "Training images per second over the newest steps, all ranks together",
+    );
+    let checkpoint = metrics.gauge(
+        "imgrun_checkpoint_step",
+        "The global step of the job's newest checkpoint",
+    );
+    let mut ranks = RankMetrics::new(metrics);
+    for job in jobs {
+        let Some(status) = &job.job else {
+            continue;
+        };
+        let labels = vec![("job", job.name.clone())];
+        let with_state = vec![
+            ("job", job.name.clone()),
+            ("state", status.state.name().to_owned()),
+        ];
+        state.get_or_create(&with_state).set(1.0);
+        if let Some(e) = status.epoch {
+            epoch.get_or_create(&labels).set(e as f64);
+        }
+        position.get_or_create(&labels).set(status.position as f64);
+        steps.get_or_create(&labels).set(status.steps as f64);
+        if let Some(l) = status.loss {
+            loss.get_or_create(&labels).set(f64::from(l));
+        }
+        if let Some(r) = status.images_per_s {
+            rate.get_or_create(&labels).set(r);
+        }
+        if let Some(saved) = &status.checkpoint {
+            checkpoint
+                .get_or_create(&labels)
+                .set(saved.global_step as f64);
+        }
+        ranks.add(job);
+    }
+}
+
+/// The per-rank families.
+struct RankMetrics {
+    step: Counters,
+    phase: Gauges,
+    phase_seconds: Gauges,
+    data_wait: Gauges,
+    heartbeat: Gauges,
+}
+
+impl RankMetrics {
+    fn new(metrics: &mut Metrics) -> Self {
+        RankMetrics {
+            step: metrics.counter(
+                "imgrun_step",
+                "The global step the rank works on (its steps done + 1 while it trains)",
+            ),
+            phase: metrics.gauge(
+                "imgrun_rank_phase",
+                "1 for what the rank is doing now (waiting for data, computing, averaging, ...)",
+            ),
+            phase_seconds: metrics.gauge(
+                "imgrun_rank_phase_seconds",
+                "How long the rank has been in its phase",
+            ),
+            data_wait: metrics.gauge(
+                "imgrun_epoch_data_wait_seconds",
+                "Seconds the rank waited for its loader's batches in this epoch",
+            ),
+            heartbeat: metrics.gauge(
+                "imgrun_rank_heartbeat_age_seconds",
+                "Seconds since the head last heard the rank's node",
+            ),
+        }
+    }
+
+    fn add(&mut self, job: &JobSnapshot) {
+        for view in &job.ranks {
+            let labels = vec![
+                ("job", job.name.clone()),
+                ("rank", view.rank.to_string()),
+                ("node", view.node.to_string()),
+            ];
+            if let Some(ms) = view.heartbeat_ms_ago {
+                self.heartbeat
+                    .get_or_create(&labels)
+                    .set(ms as f64 / 1000.0);
+            }
+            let Some(phase) = &view.phase else {
+                continue;
+            };
+            self.step.get_or_create(&labels).inc_by(phase.step);
+            self.phase_seconds.get_or_create(&labels).set(phase.seconds);
+            self.data_wait.get_or_create(&labels).set(phase.data_wait_s);
+            let mut with_phase = labels;
+            with_phase.push(("phase", phase.phase.name().to_owned()));
+            self.phase.get_or_create(&with_phase).set(1.0);
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The head's dashboard: a read-only web view of the cluster and its jobs, and Prometheus
+//! `/metrics`, served by `imgrun start --head` on loopback (`cluster.dashboard_port`,
+//! `--no-dashboard`) through the HTTP stack `imgrun serve` uses (its slots, its share per
+//! client, its header and send timeouts).
+//!
+//! Everything it shows comes from one [`ClusterSnapshot`] (`actors::job::snapshot`), as
+//! `imgrun status --json` and `imgrun jobs --json` do, taken at most every
+//! [`SNAPSHOT_MAX_AGE`] however many pages and scrapers ask.
+//!
+//! Routes: `/` the overview (a login shell without a session), `job/NAME` one job,
+//! `api/state` the snapshot as JSON, `metrics` (`metrics.rs`), `login` (the page's script
+//! trades the token of the URL it was opened with for a session cookie), `app.js` and
+//! `style.css`. Which request is answered is `policy.rs`'s decision; the secrets are
+//! `sessions.rs`'s; the pages are `pages.rs`'s. Every answer carries a
+//! Content-Security-Policy that allows nothing from another origin and no framing, and no
+//! CORS header. A job is found by its name in the snapshot, never by a path: no request
+//! input reaches a file, a shell or a process argument.
+
+mod metrics;
+mod pages;
+mod policy;
+mod sessions;
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actors::job::ClusterSnapshot;
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use runtime::ClusterClient;
+use serde::{Deserialize, Serialize};
+
+use crate::serve::{Timeouts, serve_connections, with_slots};
+use policy::{Credential, Hosts, Seen};
+use sessions::{COOKIE, Sessions};
+
+/// The oldest snapshot a request is answered from.
+const SNAPSHOT_MAX_AGE: Duration = Duration::from_millis(500);
+
+/// The largest `api/state` answer; a bigger snapshot is refused, not sent.
+const MAX_STATE_BYTES: usize = 16 << 20;
+
+/// Requests handled at once, and by one client.
+const MAX_IN_FLIGHT: usize = 32;
+const MAX_PER_CLIENT: usize = 8;
+
+/// The largest request body (the login's token).
+const MAX_BODY_BYTES: usize = 1024;
+
+/// The record of a running dashboard, in the head's state folder (mode 0600).
+pub const RECORD: &str = "dashboard.json";
+
+/// Where the dashboard is and how to get in: what the head prints once, kept for its
+/// owner and for tests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DashboardRecord {
+    /// `http://127.0.0.1:PORT/`.
+    pub url: String,
+    /// Opening `url#token=TOKEN` starts a session.
+    pub token: String,
+    /// The bearer token that `/metrics` scrapers send.
+    pub metrics_token: String,
+}
+
+/// What the dashboard is started with.
+#[derive(Debug, Clone)]
+pub struct DashboardOptions {
+    /// TCP port on loopback; 0 for any free one. A port that is taken falls back to a
+    /// free one.
+    pub port: u16,
+    /// Host names it answers to besides the loopback ones.
+    pub hosts: Vec<String>,
+}
+
+/// A running dashboard; it stops when this is dropped or [`Dashboard::stop`]ped.
+pub struct Dashboard {
+    pub record: DashboardRecord,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Dashboard {
+    /// Finishes the requests in flight and stops.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// Binds on loopback and serves the dashboard of `client`'s cluster.
+pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::Result<Dashboard> {
+    let loopback = Ipv4Addr::LOCALHOST;
+    let listener = match tokio::net::TcpListener::bind((loopback, options.port)).await {
+        Ok(listener) => listener,
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && options.port != 0 => {
+            tracing::warn!(
+                port = options.port,
+                "the dashboard's port is taken; using a free one"
+            );
+            tokio::net::TcpListener::bind((loopback, 0))
+                .await
+                .context("binding the dashboard on loopback")?
+        }
+        Err(error) => {
+            return Err(error)
+                .with_context(|| format!("binding the dashboard on {loopback}:{}", options.port));
+        }
+    };
+    let addr = listener.local_addr().context("the dashboard's address")?;
+    let record = DashboardRecord {
+        url: format!("http://{addr}/"),
+        token: sessions::secret(),
+        metrics_token: sessions::secret(),
+    };
+    let app = router(Arc::new(Shared {
+        hosts: Hosts::new(addr.ip(), &options.hosts),
+        sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
+        snapshots: Snapshots::new(client),
+    }));
+    let timeouts = Timeouts {
+        header: Duration::from_secs(10),
+        send: Duration::from_secs(30),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        serve_connections(listener, app, timeouts, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    tracing::info!(%addr, "dashboard serving");
+    Ok(Dashboard {
+        record,
+        stop: Some(stop),
+        task,
+    })
+}
+
+/// What every request shares.
+struct Shared {
+    hosts: Hosts,
+    sessions: Sessions,
+    snapshots: Snapshots,
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/job/{name}", get(job_page))
+        .route("/api/state", get(state))
+        .route("/metrics", get(prometheus))
+        .route("/login", post(login))
+        .route(
+            "/app.js",
+            get(|| async { static_file("text/javascript; charset=utf-8", pages::SCRIPT) }),
+        )
+        .route(
+            "/style.css",
+            get(|| async { static_file("text/css; charset=utf-8", pages::STYLE) }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(Arc::clone(&shared), guard))
+        .with_state(shared);
+    with_slots(app, MAX_IN_FLIGHT, MAX_PER_CLIENT)
+}
+
+/// Who the request proved to be: a session (by cookie or the dashboard token as bearer),
+/// the metrics token, or nobody.
+fn credential(shared: &Shared, headers: &HeaderMap) -> Credential {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if let Some(token) = bearer {
+        if shared.sessions.is_token(token) {
+            return Credential::Session { csrf_ok: true };
+        }
+        if shared.sessions.is_metrics_token(token) {
+            return Credential::Metrics;
+        }
+    }
+    let Some(session) = session_id(headers).and_then(|id| shared.sessions.find(id)) else {
+        return Credential::None;
+    };
+    let csrf = headers
+        .get("x-csrf-token")
+        .and_then(|value| value.to_str().ok());
+    Credential::Session {
+        csrf_ok: csrf.is_some_and(|csrf| csrf == session.csrf),
+    }
+}
+
+/// The session id of the request's cookie.
+fn session_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+}
+
+/// Answers only what `policy::check` allows, and puts the security headers on every
+/// answer.
+async fn guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let credential = credential(&shared, headers);
+    let seen = Seen {
+        method: request.method(),
+        path: request.uri().path(),
+        host: text(header::HOST),
+        origin: text(header::ORIGIN),
+        credential,
+    };
+    let mut response = match policy::check(&shared.hosts, &seen) {
+        Ok(()) => {
+            let mut request = request;
+            request.extensions_mut().insert(credential);
+            next.run(request).await
+        }
+        Err(refusal) => {
+            let status = match refusal {
+                policy::Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
+                _ => StatusCode::FORBIDDEN,
+            };
+            (status, format!("{refusal}\n")).into_response()
+        }
+    };
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; frame-ancestors 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+fn static_file(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+fn html(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+/// `/`: the overview with a session, else the login shell.
+async fn index(
+    State(shared): State<Arc<Shared>>,
+    axum::Extension(credential): axum::Extension<Credential>,
+) -> Response {
+    if !matches!(credential, Credential::Session { .. }) {
+        return html(pages::LOGIN.to_owned());
+    }
+    match shared.snapshots.get().await {
+        Ok(snapshot) => html(pages::overview(&snapshot)),
+        Err(error) => unavailable(&error),
+    }
+}
+
+async fn job_page(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    match shared.snapshots.get().await {
+        Ok(snapshot) => match pages::job(&snapshot, &name) {
+            Some(page) => html(page),
+            None => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
+        },
+        Err(error) => unavailable(&error),
+    }
+}
+
+async fn state(State(shared): State<Arc<Shared>>) -> Response {
+    let snapshot = match shared.snapshots.get().await {
+        Ok(snapshot) => snapshot,
+        Err(error) => return unavailable(&error),
+    };
+    match serde_json::to_vec(&*snapshot) {
+        Ok(json) if json.len() <= MAX_STATE_BYTES => {
+            ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+        }
+        Ok(json) => (
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!(
+                "the state is {} bytes, over the dashboard's cap of {MAX_STATE_BYTES}\n",
+                json.len()
+            ),
+        )
+            .into_response(),
+        Err(error) => unavailable(&anyhow::Error::new(error)),
+    }
+}
+
+async fn prometheus(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.snapshots.get().await {
+        Ok(snapshot) => (
+            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            metrics::render(&snapshot),
+        )
+            .into_response(),
+        Err(error) => unavailable(&error),
+    }
+}
+
+/// `login`: the dashboard's token (the body) for a session cookie.
+async fn login(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let token = std::str::from_utf8(&body).unwrap_or("").trim();
+    if !shared.sessions.is_token(token) {
+        return (StatusCode::UNAUTHORIZED, "wrong token\n").into_response();
+    }
+    let session = shared.sessions.open();
+    let cookie = format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", session.id);
+    let Ok(cookie) = HeaderValue::from_str(&cookie) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    (
+        [(header::SET_COOKIE, cookie)],
+        serde_json::json!({ "csrf": session.csrf }).to_string(),
+    )
+        .into_response()
+}
+
+fn unavailable(error: &anyhow::Error) -> Response {
+    tracing::warn!(error = %format!("{error:#}"), "the dashboard cannot read the cluster's state");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("cannot read the cluster's state: {error:#}\n"),
+    )
+        .into_response()
+}
+
+/// The newest snapshot, taken again once it is older than [`SNAPSHOT_MAX_AGE`]; requests
+/// that arrive while one is taken wait for it rather than take their own.
+struct Snapshots {
+    client: ClusterClient,
+    newest: tokio::sync::Mutex<Option<(Instant, Arc<ClusterSnapshot>)>>,
+}
+
+impl Snapshots {
+    fn new(client: ClusterClient) -> Self {
+        Snapshots {
+            client,
+            newest: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> anyhow::Result<Arc<ClusterSnapshot>> {
+        let mut newest = self.newest.lock().await;
+        if let Some((at, snapshot)) = &*newest
+            && at.elapsed() < SNAPSHOT_MAX_AGE
+        {
+            return Ok(Arc::clone(snapshot));
+        }
+        let snapshot = Arc::new(
+            actors::job::snapshot(&self.client)
+                .await
+                .context("asking the head")?,
+        );
+        *newest = Some((Instant::now(), Arc::clone(&snapshot)));
+        Ok(snapshot)
+    }
+}

@@ -1,0 +1,235 @@
+//! The dashboard's pages, drawn on the server from a [`ClusterSnapshot`]: the overview
+//! (nodes, GPUs, CPUs, jobs) and one job's page (its status and every rank's phase).
+//! Every URL is relative, so the pages work behind `ssh -L`, `kubectl port-forward` or a
+//! proxy under a sub-path; every outside string is escaped; nothing is fetched from
+//! another host. A page reloads itself every [`REFRESH_SECS`].
+
+use std::fmt::Write;
+
+use actors::job::{ClusterSnapshot, JobSnapshot};
+
+/// How often a page reloads.
+const REFRESH_SECS: u32 = 2;
+
+/// The page shown without a session: its script trades the token of the URL's fragment
+/// for a session cookie and reloads.
+pub(super) const LOGIN: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>imgrun</title>
+<link rel="stylesheet" href="style.css"><script src="app.js" defer></script></head>
+<body><h1>imgrun</h1><p id="say">Open the dashboard URL that <code>imgrun start --head</code>
+printed: it carries the token (<code>#token=...</code>). The head's state folder keeps it in
+<code>dashboard.json</code>.</p></body></html>
+"#;
+
+/// The login script: `#token=...` to a session cookie, then the page again without the
+/// token in the address bar or the history.
+pub(super) const SCRIPT: &str = r#"const m = location.hash.match(/token=([0-9a-f]+)/);
+if (m) {
+  history.replaceState(null, "", location.pathname + location.search);
+  fetch("login", { method: "POST", body: m[1], credentials: "same-origin" }).then((r) => {
+    if (r.ok) location.reload();
+    else document.getElementById("say").textContent = "The token was refused: open the URL the head printed last.";
+  });
+}
+"#;
+
+pub(super) const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin:.5em 0 1.5em}\
+th,td{padding:.25em .8em;border-bottom:1px solid #ddd;text-align:left}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}\
+.bad{color:#b00}.muted{color:#777}\n";
+
+/// The overview: nodes and jobs.
+pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
+    let mut html = head("imgrun", "");
+    let totals = &snapshot.cluster.totals;
+    let _ = write!(
+        html,
+        "<h1>imgrun</h1><p>{} live node(s), {} CPUs, {} GPU(s); {} job(s)</p>\
+         <h2>Nodes</h2><table><tr><th>node</th><th>host</th><th>address</th><th>state</th>\
+         <th>CPUs</th><th>GPUs</th><th>heartbeat</th></tr>",
+        totals.nodes,
+        totals.cpus,
+        totals.gpus,
+        snapshot.jobs.len()
+    );
+    for node in &snapshot.cluster.nodes {
+        let gpus: Vec<String> = node
+            .gpus
+            .iter()
+            .map(|gpu| format!("{}: {}", gpu.index, gpu.name))
+            .collect();
+        let _ = write!(
+            html,
+            "<tr><td class=n>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=n>{}</td>\
+             <td>{}</td><td class=n>{:.1} s ago</td></tr>",
+            node.id.0,
+            escape(&node.hostname),
+            escape(&node.address),
+            node.state,
+            node.cpus,
+            escape(&gpus.join(", ")),
+            node.last_heartbeat_ms_ago as f64 / 1000.0
+        );
+    }
+    html.push_str(
+        "</table><h2>Jobs</h2><table><tr><th>job</th><th>state</th><th>epoch</th>\
+         <th>step</th><th>loss</th><th>images/s</th><th>checkpoint</th></tr>",
+    );
+    for job in &snapshot.jobs {
+        job_row(&mut html, job);
+    }
+    html.push_str("</table>");
+    html.push_str(&foot(snapshot));
+    html
+}
+
+fn job_row(html: &mut String, job: &JobSnapshot) {
+    let link = format!(
+        "<a href=\"job/{}\">{}</a>",
+        encode_segment(&job.name),
+        escape(&job.name)
+    );
+    let Some(status) = &job.job else {
+        let _ = write!(
+            html,
+            "<tr><td>{link}</td><td class=bad colspan=6>{}</td></tr>",
+            escape(job.problem.as_deref().unwrap_or("no answer"))
+        );
+        return;
+    };
+    let _ = write!(
+        html,
+        "<tr><td>{link}</td><td>{}</td><td class=n>{}</td><td class=n>{}/{}</td>\
+         <td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
+        status.state.name(),
+        status.epoch.map_or("-".into(), |e| e.to_string()),
+        status.position,
+        status.steps,
+        status.loss.map_or("-".into(), |l| format!("{l:.4}")),
+        status
+            .images_per_s
+            .map_or("-".into(), |r| format!("{r:.0}")),
+        status
+            .checkpoint
+            .as_ref()
+            .map_or("-".into(), |c| format!("step {}", c.global_step)),
+    );
+}
+
+/// One job's page; `None` when the snapshot has no job of that name.
+pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
+    let job = snapshot.jobs.iter().find(|job| job.name == name)?;
+    let mut html = head(&format!("imgrun: {}", escape(name)), "../");
+    let _ = write!(
+        html,
+        "<p><a href=\"../\">cluster</a></p><h1>{}</h1>",
+        escape(name)
+    );
+    html.push_str(
+        "<table><tr><th>job</th><th>state</th><th>epoch</th><th>step</th><th>loss</th>\
+         <th>images/s</th><th>checkpoint</th></tr>",
+    );
+    job_row(&mut html, job);
+    html.push_str("</table>");
+    if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
+        let _ = write!(html, "<p>{}</p>", escape(outcome));
+    }
+    if !job.ranks.is_empty() {
+        html.push_str(
+            "<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>phase</th><th>for</th>\
+             <th>epoch</th><th>step</th><th>data wait</th><th>heartbeat</th></tr>",
+        );
+        for view in &job.ranks {
+            let heartbeat = view
+                .heartbeat_ms_ago
+                .map_or("-".into(), |ms| format!("{:.1} s ago", ms as f64 / 1000.0));
+            match &view.phase {
+                Some(phase) => {
+                    let _ = write!(
+                        html,
+                        "<tr><td class=n>{}</td><td class=n>{}</td><td>{}</td>\
+                         <td class=n>{:.1} s</td><td class=n>{}</td><td class=n>{}</td>\
+                         <td class=n>{:.1} s</td><td class=n>{heartbeat}</td></tr>",
+                        view.rank,
+                        view.node,
+                        escape(&phase.describe()),
+                        phase.seconds,
+                        phase.epoch.map_or("-".into(), |e| e.to_string()),
+                        phase.step,
+                        phase.data_wait_s
+                    );
+                }
+                None => {
+                    let _ = write!(
+                        html,
+                        "<tr><td class=n>{}</td><td class=n>{}</td><td class=bad colspan=5>{}\
+                         </td><td class=n>{heartbeat}</td></tr>",
+                        view.rank,
+                        view.node,
+                        escape(view.problem.as_deref().unwrap_or("unknown"))
+                    );
+                }
+            }
+        }
+        html.push_str("</table>");
+    }
+    if let Some(problem) = &job.problem {
+        let _ = write!(html, "<p class=bad>{}</p>", escape(problem));
+    }
+    html.push_str(&foot(snapshot));
+    Some(html)
+}
+
+/// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`).
+fn head(title: &str, up: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\"><title>{title}</title>\
+         <link rel=\"stylesheet\" href=\"{up}style.css\"></head><body>"
+    )
+}
+
+fn foot(snapshot: &ClusterSnapshot) -> String {
+    format!(
+        "<p class=muted>head session {}; taken at {} ms since the Unix epoch</p></body></html>\n",
+        snapshot.cluster.head_session, snapshot.taken_at_unix_ms
+    )
+}
+
+/// `text` safe inside an element or a quoted attribute.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as one path segment of a URL: every byte but ASCII letters and digits
+/// percent-encoded.
+fn encode_segment(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_text_is_escaped_and_names_are_one_path_segment() {
+        assert_eq!(
+            escape("<a href=\"x\">'&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+        assert_eq!(encode_segment("run1"), "run1");
+        assert_eq!(encode_segment("../x y/é"), "%2E%2E%2Fx%20y%2F%C3%A9");
+    }
+}

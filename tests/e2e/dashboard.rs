@@ -1,0 +1,391 @@
+//! End-to-end tests of the head's dashboard (`imgrun start --head` serves it on loopback):
+//! a real head and node, a real detached job, and requests over real sockets. The
+//! dashboard, `imgrun status --json`, `imgrun jobs --json` and `/metrics` (read by the
+//! parser of PyPI `prometheus-client`) must agree on the running job; a request without
+//! the token, with another `Host`, from another origin or naming a path is refused.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::train::{JOB_LIMIT, TrainCluster, metrics};
+use crate::common::{Machine, describe, tools_python, wait_for};
+
+/// The dashboard's record in the head's state folder.
+struct Dashboard {
+    addr: SocketAddr,
+    token: String,
+    metrics_token: String,
+}
+
+fn dashboard(head: &Machine) -> Dashboard {
+    let path = head.state.join("dashboard.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let record: Value = serde_json::from_str(&text).expect("dashboard.json");
+    let url = record["url"].as_str().expect("url");
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the dashboard's address");
+    Dashboard {
+        addr,
+        token: record["token"].as_str().expect("token").to_owned(),
+        metrics_token: record["metrics_token"]
+            .as_str()
+            .expect("metrics_token")
+            .to_owned(),
+    }
+}
+
+/// An answer: status, headers (lower-case names), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request on a fresh connection; `headers` go after `Host`.
+fn request(
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut stream =
+        TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect to the dashboard");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).expect("read the answer");
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (top, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = top.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {top}"));
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// `GET path` with a right `Host` and a bearer token.
+fn get(dash: &Dashboard, path: &str, token: &str) -> Answer {
+    let host = dash.addr.to_string();
+    let bearer = format!("Bearer {token}");
+    request(
+        dash.addr,
+        "GET",
+        path,
+        &host,
+        &[("Authorization", &bearer)],
+        "",
+    )
+}
+
+/// `/metrics` through PyPI `prometheus-client`'s OpenMetrics parser: (name, labels, value).
+fn parse_metrics(python: &std::path::Path, text: &str) -> Vec<(String, Value, f64)> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/metrics_check.py");
+    let mut child = Command::new(python)
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write the metrics");
+    let out = child.wait_with_output().expect("python");
+    assert!(
+        out.status.success(),
+        "metrics_check.py: {}\n{text}",
+        describe(&out)
+    );
+    let samples: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
+    samples
+        .into_iter()
+        .map(|s| {
+            (
+                s[0].as_str().expect("name").to_owned(),
+                s[1].clone(),
+                s[2].as_f64().expect("value"),
+            )
+        })
+        .collect()
+}
+
+/// (job, rank, node) of every rank in a snapshot's `jobs` (as `status --json` and
+/// `api/state` print them, and `jobs --json` lists them).
+fn ranks_of(jobs: &Value) -> BTreeSet<(String, u64, u64)> {
+    let mut ranks = BTreeSet::new();
+    for job in jobs.as_array().expect("jobs") {
+        for rank in job["ranks"].as_array().expect("ranks") {
+            ranks.insert((
+                job["name"].as_str().expect("name").to_owned(),
+                rank["rank"].as_u64().expect("rank"),
+                rank["node"].as_u64().expect("node"),
+            ));
+        }
+    }
+    ranks
+}
+
+fn job_states(jobs: &Value) -> BTreeSet<(String, String)> {
+    jobs.as_array()
+        .expect("jobs")
+        .iter()
+        .map(|job| {
+            (
+                job["name"].as_str().expect("name").to_owned(),
+                job["job"]["state"].as_str().expect("state").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn node_ids(status: &Value) -> BTreeSet<u64> {
+    status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["id"].as_u64().expect("id"))
+        .collect()
+}
+
+/// A running job as the dashboard's state, its pages, `imgrun status --json`, `imgrun
+/// jobs --json` and `/metrics` show it: the same job, state, ranks and nodes everywhere;
+/// and every request the dashboard must refuse is refused.
+#[test]
+fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
+    let cluster = TrainCluster::start();
+    let mut args = cluster.data.args(&cluster.runs, "watched", 200);
+    args.push("--detach".to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cluster.head.run_ok(&args);
+    let steps = || {
+        metrics(&cluster.runs.join("watched"))
+            .iter()
+            .filter(|r| r["kind"] == "step")
+            .count()
+    };
+    wait_for(JOB_LIMIT, "steps of the watched job", || {
+        (steps() >= 2).then_some(())
+    });
+    let dash = dashboard(&cluster.head);
+    refusals(&dash);
+    pages(&dash);
+
+    let state: Value = serde_json::from_str(&get(&dash, "/api/state", &dash.token).body)
+        .expect("api/state is JSON");
+    let status = cluster.head.status();
+    let listed: Value =
+        serde_json::from_str(&cluster.head.run_ok(&["jobs", "--json"])).expect("jobs --json");
+    let answer = get(&dash, "/metrics", &dash.metrics_token);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let Some(python) = tools_python("tools/pytools.sh") else {
+        return;
+    };
+    let samples = parse_metrics(&python, &answer.body);
+
+    let running = BTreeSet::from([("watched".to_owned(), "running".to_owned())]);
+    assert_eq!(job_states(&state["jobs"]), running, "api/state");
+    assert_eq!(job_states(&status["jobs"]), running, "status --json");
+    assert_eq!(job_states(&listed), running, "jobs --json");
+    let scraped: BTreeSet<(String, String)> = samples
+        .iter()
+        .filter(|(name, _, value)| name == "imgrun_job_state" && *value == 1.0)
+        .map(|(_, labels, _)| {
+            (
+                labels["job"].as_str().expect("job").to_owned(),
+                labels["state"].as_str().expect("state").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(scraped, running, "/metrics");
+
+    let ranks = ranks_of(&state["jobs"]);
+    assert_eq!(ranks.len(), 2, "two ranks: {ranks:?}");
+    assert_eq!(ranks_of(&status["jobs"]), ranks, "status --json");
+    assert_eq!(ranks_of(&listed), ranks, "jobs --json");
+    let label =
+        |labels: &Value, key: &str| -> u64 { labels[key].as_str().expect(key).parse().expect(key) };
+    let scraped: BTreeSet<(String, u64, u64)> = samples
+        .iter()
+        .filter(|(name, _, _)| name == "imgrun_step_total")
+        .map(|(_, labels, _)| {
+            (
+                labels["job"].as_str().expect("job").to_owned(),
+                label(labels, "rank"),
+                label(labels, "node"),
+            )
+        })
+        .collect();
+    assert_eq!(scraped, ranks, "/metrics");
+    assert!(
+        samples
+            .iter()
+            .filter(|(name, _, _)| name == "imgrun_step_total")
+            .all(|(_, _, step)| *step >= 1.0),
+        "every rank has taken steps"
+    );
+
+    let nodes = node_ids(&state);
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(node_ids(&status), nodes, "status --json");
+    let scraped: BTreeSet<u64> = samples
+        .iter()
+        .filter(|(name, _, value)| name == "imgrun_node_up" && *value == 1.0)
+        .map(|(_, labels, _)| label(labels, "node"))
+        .collect();
+    assert_eq!(scraped, nodes, "/metrics");
+
+    let out = cluster.head.run(&["cancel", "watched"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    cluster.assert_settled();
+}
+
+/// What the dashboard must refuse, asked of the real server.
+fn refusals(dash: &Dashboard) {
+    let here = dash.addr.to_string();
+    let origin = format!("http://{here}");
+    let bearer = format!("Bearer {}", dash.token);
+    let no_token = request(dash.addr, "GET", "/api/state", &here, &[], "");
+    assert_eq!(no_token.status, 401, "{}", no_token.body);
+    let metrics = request(dash.addr, "GET", "/metrics", &here, &[], "");
+    assert_eq!(metrics.status, 401, "{}", metrics.body);
+    // The metrics token reads `/metrics` only.
+    let state = get(dash, "/api/state", &dash.metrics_token);
+    assert_eq!(state.status, 401, "{}", state.body);
+    // DNS rebinding: the right token under another name.
+    let rebound = request(
+        dash.addr,
+        "GET",
+        "/api/state",
+        "evil.example",
+        &[("Authorization", &bearer)],
+        "",
+    );
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    // A login from another site, even with the right token.
+    let cross = request(
+        dash.addr,
+        "POST",
+        "/login",
+        &here,
+        &[("Origin", "http://evil.example")],
+        &dash.token,
+    );
+    assert_eq!(cross.status, 403, "{}", cross.body);
+    let wrong = request(
+        dash.addr,
+        "POST",
+        "/login",
+        &here,
+        &[("Origin", &origin)],
+        "00",
+    );
+    assert_eq!(wrong.status, 401, "{}", wrong.body);
+    // Paths, globs and folders name nothing.
+    for path in [
+        "/job/..%2F..%2Fetc%2Fpasswd",
+        "/job/%2e%2e",
+        "/job/*",
+        "/job/watched/../../x",
+        "/logs/..%2Fx",
+        "//etc/passwd",
+    ] {
+        let answer = get(dash, path, &dash.token);
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body);
+    }
+    assert_eq!(
+        no_token.header("content-security-policy"),
+        Some("default-src 'self'; frame-ancestors 'none'"),
+        "every answer, a refusal too"
+    );
+    assert_eq!(no_token.header("access-control-allow-origin"), None);
+}
+
+/// The page trades the token for a session cookie that opens the pages.
+fn pages(dash: &Dashboard) {
+    let here = dash.addr.to_string();
+    let origin = format!("http://{here}");
+    let shell = request(dash.addr, "GET", "/", &here, &[], "");
+    assert_eq!(shell.status, 200);
+    assert!(shell.body.contains("app.js"), "{}", shell.body);
+    assert!(!shell.body.contains("watched"), "no data without a session");
+    let login = request(
+        dash.addr,
+        "POST",
+        "/login",
+        &here,
+        &[("Origin", &origin)],
+        &dash.token,
+    );
+    assert_eq!(login.status, 200, "{}", login.body);
+    let cookie = login.header("set-cookie").expect("a session cookie");
+    for attribute in ["HttpOnly", "SameSite=Strict"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    let session = cookie.split(';').next().expect("name=value");
+    let overview = request(dash.addr, "GET", "/", &here, &[("Cookie", session)], "");
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview.body.contains("href=\"job/watched\""),
+        "{}",
+        overview.body
+    );
+    let job = request(
+        dash.addr,
+        "GET",
+        "/job/watched",
+        &here,
+        &[("Cookie", session)],
+        "",
+    );
+    assert_eq!(job.status, 200, "{}", job.body);
+    assert!(job.body.contains("<h2>Ranks</h2>"), "{}", job.body);
+    assert!(
+        !job.body.contains("http://") && !job.body.contains("https://"),
+        "nothing from another host: {}",
+        job.body
+    );
+}
