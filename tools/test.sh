@@ -53,10 +53,15 @@ skipped() {
 }
 trap skipped EXIT
 
-# The network-namespace test of tests/e2e/cluster.rs runs `ip`; as root, install it if missing.
-if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    step "iproute2 (for the network-namespace test)"
-    apt-get install -y -qq iproute2 || { apt-get update -qq && apt-get install -y -qq iproute2; }
+# The network-namespace test of tests/e2e/cluster.rs runs `ip`, and the dashboard's test
+# has Debian's `prometheus` scrape it; as root, install what is missing.
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+command -v prometheus >/dev/null || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "${missing[*]} (for the network-namespace and Prometheus tests)"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
 fi
 
 # Tests read shards through `pipe:curl`; as root, install curl if missing.

@@ -1,6 +1,8 @@
 //! `/metrics`: a [`ClusterSnapshot`] in the OpenMetrics text format, encoded by the
 //! `prometheus-client` crate, for Prometheus to scrape. Labels are bounded: a node, a
-//! job, a rank, a phase or a job state; never a step or a sample.
+//! job, a rank, a phase or a job state; never a step or a sample. A job's label is
+//! `imgrun_job`, not `job`, which Prometheus gives every target (a scraped `job` would be
+//! renamed `exported_job`).
 
 use std::sync::atomic::AtomicU64;
 
@@ -99,9 +101,9 @@ fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
         let Some(status) = &job.job else {
             continue;
         };
-        let labels = vec![("job", job.name.clone())];
+        let labels = vec![("imgrun_job", job.name.clone())];
         let with_state = vec![
-            ("job", job.name.clone()),
+            ("imgrun_job", job.name.clone()),
             ("state", status.state.name().to_owned()),
         ];
         state.get_or_create(&with_state).set(1.0);
@@ -163,7 +165,7 @@ impl RankMetrics {
     fn add(&mut self, job: &JobSnapshot) {
         for view in &job.ranks {
             let labels = vec![
-                ("job", job.name.clone()),
+                ("imgrun_job", job.name.clone()),
                 ("rank", view.rank.to_string()),
                 ("node", view.node.to_string()),
             ];

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::common::skip::skip_or_fail;
 use crate::common::train::{JOB_LIMIT, TrainCluster, metrics};
 use crate::common::{Machine, describe, tools_python, wait_for};
 
@@ -67,35 +68,68 @@ fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
-    let mut stream =
-        TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect to the dashboard");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
+    try_request(to, method, path, host, headers, body)
+        .unwrap_or_else(|e| panic!("{method} {path} of {to}: {e}"))
+}
+
+/// [`request`], or why there was no answer.
+fn try_request(
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<Answer> {
+    let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(head.as_bytes()).expect("send");
+    stream.write_all(head.as_bytes())?;
     let mut bytes = Vec::new();
-    stream.read_to_end(&mut bytes).expect("read the answer");
+    stream.read_to_end(&mut bytes)?;
     let text = String::from_utf8_lossy(&bytes).into_owned();
-    let (top, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let bad = || std::io::Error::other(format!("not an HTTP answer: {text}"));
+    let (top, body) = text.split_once("\r\n\r\n").ok_or_else(bad)?;
     let mut lines = top.lines();
     let status = lines
         .next()
         .and_then(|line| line.split(' ').nth(1))
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("a status line: {top}"));
-    let headers = lines
+        .ok_or_else(bad)?;
+    let headers: Vec<(String, String)> = lines
         .filter_map(|line| line.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    Answer {
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        unchunk(body).ok_or_else(bad)?
+    } else {
+        body.to_owned()
+    };
+    Ok(Answer {
         status,
         headers,
-        body: body.to_owned(),
+        body,
+    })
+}
+
+/// A chunked body's data.
+fn unchunk(mut rest: &str) -> Option<String> {
+    let mut data = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(data);
+        }
+        data.push_str(after.get(..size)?);
+        rest = after.get(size + 2..)?;
     }
 }
 
@@ -235,7 +269,10 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         .filter(|(name, _, value)| name == "imgrun_job_state" && *value == 1.0)
         .map(|(_, labels, _)| {
             (
-                labels["job"].as_str().expect("job").to_owned(),
+                labels["imgrun_job"]
+                    .as_str()
+                    .expect("imgrun_job")
+                    .to_owned(),
                 labels["state"].as_str().expect("state").to_owned(),
             )
         })
@@ -253,7 +290,10 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         .filter(|(name, _, _)| name == "imgrun_step_total")
         .map(|(_, labels, _)| {
             (
-                labels["job"].as_str().expect("job").to_owned(),
+                labels["imgrun_job"]
+                    .as_str()
+                    .expect("imgrun_job")
+                    .to_owned(),
                 label(labels, "rank"),
                 label(labels, "node"),
             )
@@ -278,6 +318,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         .collect();
     assert_eq!(scraped, nodes, "/metrics");
 
+    prometheus_scrapes(&dash, &ranks, cluster.root.path());
     let out = cluster.head.run(&["cancel", "watched"]);
     assert!(out.status.success(), "{}", describe(&out));
     cluster.assert_settled();
@@ -388,4 +429,84 @@ fn pages(dash: &Dashboard) {
         "nothing from another host: {}",
         job.body
     );
+}
+
+/// Debian's `prometheus` scrapes `/metrics` with the metrics token, and its query API
+/// answers `imgrun_step_total` for every rank.
+fn prometheus_scrapes(
+    dash: &Dashboard,
+    ranks: &BTreeSet<(String, u64, u64)>,
+    root: &std::path::Path,
+) {
+    if Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        skip_or_fail("no `prometheus` (Debian's package; tools/test.sh installs it as root)");
+        return;
+    }
+    let dir = root.join("prometheus");
+    std::fs::create_dir_all(&dir).expect("prometheus folder");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &dash.metrics_token).expect("token file");
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: imgrun\n    \
+             authorization:\n      credentials_file: {}\n    static_configs:\n      - targets: ['{}']\n",
+            token_file.display(),
+            dash.addr
+        ),
+    )
+    .expect("prometheus.yml");
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port for prometheus");
+    let mut server = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={web}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log")).expect("log"))
+        .spawn()
+        .expect("start prometheus");
+    let query = |path: &str| -> Option<Value> {
+        let answer = try_request(web, "GET", path, "localhost", &[], "").ok()?;
+        (answer.status == 200).then(|| serde_json::from_str(&answer.body).ok())?
+    };
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            Duration::from_secs(60),
+            "prometheus scraping imgrun_step_total",
+            || {
+                let answer = query("/api/v1/query?query=imgrun_step_total")?;
+                let series: BTreeSet<(String, u64, u64)> = answer["data"]["result"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|r| {
+                        let m = &r["metric"];
+                        Some((
+                            m["imgrun_job"].as_str()?.to_owned(),
+                            m["rank"].as_str()?.parse().ok()?,
+                            m["node"].as_str()?.parse().ok()?,
+                        ))
+                    })
+                    .collect();
+                (series == *ranks).then_some(series)
+            },
+        )
+    }));
+    let _ = server.kill();
+    let _ = server.wait();
+    if found.is_err() {
+        let targets = query("/api/v1/targets");
+        let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+        panic!("prometheus did not scrape the ranks; targets: {targets:?}\n{log}");
+    }
 }
