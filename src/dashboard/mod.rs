@@ -8,6 +8,7 @@
 //! [`SNAPSHOT_MAX_AGE`] however many pages and scrapers ask.
 //!
 //! Routes: `/` the overview (a login shell without a session), `job/NAME` one job,
+//! `job/NAME/chart.svg` its charts (`charts.rs`),
 //! `api/state` the snapshot as JSON, `metrics` (`metrics.rs`), `login` (the page's script
 //! trades the token of the URL it was opened with for a session cookie), `app.js` and
 //! `style.css`. Which request is answered is `policy.rs`'s decision; the secrets are
@@ -16,6 +17,7 @@
 //! CORS header. A job is found by its name in the snapshot, never by a path: no request
 //! input reaches a file, a shell or a process argument.
 
+mod charts;
 mod metrics;
 mod pages;
 mod policy;
@@ -124,6 +126,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
     let app = router(Arc::new(Shared {
         hosts: Hosts::new(addr.ip(), &options.hosts),
         sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
+        charts: charts::Charts::new(client.clone()),
         snapshots: Snapshots::new(client),
     }));
     let timeouts = Timeouts {
@@ -150,12 +153,14 @@ struct Shared {
     hosts: Hosts,
     sessions: Sessions,
     snapshots: Snapshots,
+    charts: charts::Charts,
 }
 
 fn router(shared: Arc<Shared>) -> Router {
     let app = Router::new()
         .route("/", get(index))
         .route("/job/{name}", get(job_page))
+        .route("/job/{name}/chart.svg", get(chart))
         .route("/api/state", get(state))
         .route("/metrics", get(prometheus))
         .route("/login", post(login))
@@ -285,6 +290,18 @@ async fn job_page(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -
             Some(page) => html(page),
             None => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
         },
+        Err(error) => unavailable(&error),
+    }
+}
+
+async fn chart(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    match shared.charts.svg(&name).await {
+        Ok(Some(svg)) => (
+            [(header::CONTENT_TYPE, "image/svg+xml")],
+            svg.as_str().to_owned(),
+        )
+            .into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
         Err(error) => unavailable(&error),
     }
 }

@@ -37,7 +37,7 @@ pub(super) const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5
 table{border-collapse:collapse;margin:.5em 0 1.5em}\
 th,td{padding:.25em .8em;border-bottom:1px solid #ddd;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}\
-.bad{color:#b00}.muted{color:#777}\n";
+.bad{color:#b00}.muted{color:#777}img.chart{max-width:100%;height:auto}\n";
 
 /// The overview: nodes and jobs.
 pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
@@ -135,6 +135,12 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
     }
+    let _ = write!(
+        html,
+        "<p><img class=chart src=\"{}/chart.svg\" alt=\"training loss, eval accuracy, \
+         throughput and learning rate\"></p>",
+        encode_segment(name)
+    );
     if !job.ranks.is_empty() {
         html.push_str(
             "<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>phase</th><th>for</th>\

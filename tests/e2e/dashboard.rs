@@ -425,6 +425,39 @@ fn pages(dash: &Dashboard) {
     assert_eq!(job.status, 200, "{}", job.body);
     assert!(job.body.contains("<h2>Ranks</h2>"), "{}", job.body);
     assert!(
+        job.body.contains("src=\"watched/chart.svg\""),
+        "{}",
+        job.body
+    );
+    // The charts, drawn on the server from the job's metrics.
+    let chart = request(
+        dash.addr,
+        "GET",
+        "/job/watched/chart.svg",
+        &here,
+        &[("Cookie", session)],
+        "",
+    );
+    assert_eq!(chart.status, 200, "{}", chart.body);
+    assert_eq!(chart.header("content-type"), Some("image/svg+xml"));
+    assert!(
+        chart.body.starts_with("<svg"),
+        "{}",
+        &chart.body[..chart.body.len().min(300)]
+    );
+    for caption in ["training loss", "throughput", "learning rate"] {
+        assert!(chart.body.contains(caption), "`{caption}` not in the chart");
+    }
+    let none = request(
+        dash.addr,
+        "GET",
+        "/job/nope/chart.svg",
+        &here,
+        &[("Cookie", session)],
+        "",
+    );
+    assert_eq!(none.status, 404, "{}", none.body);
+    assert!(
         !job.body.contains("http://") && !job.body.contains("https://"),
         "nothing from another host: {}",
         job.body

@@ -1,5 +1,6 @@
 //! Drawing parsed metrics: a 2x2 grid of training loss, eval accuracy, throughput and
-//! learning rate, as a PNG.
+//! learning rate, as a PNG (`imgrun plot`) or an SVG (the dashboard's job page), by one
+//! drawing over any plotters backend.
 
 use std::ops::Range;
 use std::path::Path;
@@ -24,6 +25,11 @@ pub(super) fn title(run_dir: &Path, job: Option<&Job>) -> String {
                 .map(|name| name.to_string_lossy().into_owned())
         })
         .unwrap_or_else(|| run_dir.display().to_string());
+    named_title(name, job)
+}
+
+/// The title of the run called `name`: its name, model and world size.
+pub(super) fn named_title(name: String, job: Option<&Job>) -> String {
     let mut title = name;
     if let Some(model) = job.and_then(|job| job.model.as_deref()) {
         title += &format!(" \u{2014} {model}");
@@ -34,7 +40,12 @@ pub(super) fn title(run_dir: &Path, job: Option<&Job>) -> String {
     title
 }
 
-type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+/// A plotters backend whose errors can travel as `anyhow` errors.
+trait Backend: DrawingBackend<ErrorType: 'static> {}
+
+impl<B: DrawingBackend<ErrorType: 'static>> Backend for B {}
+
+type Area<B> = DrawingArea<B, Shift>;
 
 const FONT: &str = "sans-serif";
 const LOSS: RGBColor = RGBColor(31, 119, 180);
@@ -60,28 +71,10 @@ pub(super) fn draw_png(
     (width, height): (u32, u32),
 ) -> anyhow::Result<Vec<u8>> {
     register_font()?;
-    let short_side = f64::from(width.min(height * 8 / 5));
-    let sizes = Sizes {
-        title: (short_side / 50.0).max(12.0),
-        caption: (short_side / 70.0).max(10.0),
-        label: (short_side / 90.0).max(9.0),
-    };
     let mut rgb = vec![0u8; width as usize * height as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let top = (sizes.title / 2.0).round() as i32;
-        let body = root
-            .margin(top, 0, 0, 0)
-            .titled(title, (FONT, sizes.title))?;
-        let panels = body.split_evenly((2, 2));
-        let [loss, accuracy, throughput, lr] = panels.as_slice() else {
-            bail!("the drawing area did not split into four panels");
-        };
-        loss_panel(loss, metrics, sizes)?;
-        accuracy_panel(accuracy, metrics, sizes)?;
-        throughput_panel(throughput, metrics, sizes)?;
-        lr_panel(lr, metrics, sizes)?;
+        draw(&root, metrics, title, (width, height))?;
         root.present()?;
     }
     let mut png = Vec::new();
@@ -89,6 +82,51 @@ pub(super) fn draw_png(
         .write_image(&rgb, width, height, image::ExtendedColorType::Rgb8)
         .context("encoding the PNG")?;
     Ok(png)
+}
+
+/// Draws the four panels and returns the image as an SVG document.
+pub(super) fn draw_svg(
+    metrics: &Metrics,
+    title: &str,
+    (width, height): (u32, u32),
+) -> anyhow::Result<String> {
+    register_font()?;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        draw(&root, metrics, title, (width, height))?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// The title above a 2x2 grid of the panels, text sized to the image.
+fn draw<B: Backend>(
+    root: &Area<B>,
+    metrics: &Metrics,
+    title: &str,
+    (width, height): (u32, u32),
+) -> anyhow::Result<()> {
+    let short_side = f64::from(width.min(height * 8 / 5));
+    let sizes = Sizes {
+        title: (short_side / 50.0).max(12.0),
+        caption: (short_side / 70.0).max(10.0),
+        label: (short_side / 90.0).max(9.0),
+    };
+    root.fill(&WHITE)?;
+    let top = (sizes.title / 2.0).round() as i32;
+    let body = root
+        .margin(top, 0, 0, 0)
+        .titled(title, (FONT, sizes.title))?;
+    let panels = body.split_evenly((2, 2));
+    let [loss, accuracy, throughput, lr] = panels.as_slice() else {
+        bail!("the drawing area did not split into four panels");
+    };
+    loss_panel(loss, metrics, sizes)?;
+    accuracy_panel(accuracy, metrics, sizes)?;
+    throughput_panel(throughput, metrics, sizes)?;
+    lr_panel(lr, metrics, sizes)?;
+    Ok(())
 }
 
 /// Registers the embedded DejaVu Sans once per process, so text never depends on
@@ -105,7 +143,7 @@ fn register_font() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn loss_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
+fn loss_panel<B: Backend>(area: &Area<B>, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
     let caption = "training loss";
     let raw = finite(
         metrics
@@ -147,7 +185,11 @@ fn loss_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()
     legend(&mut chart, SeriesLabelPosition::UpperRight, sizes)
 }
 
-fn accuracy_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
+fn accuracy_panel<B: Backend>(
+    area: &Area<B>,
+    metrics: &Metrics,
+    sizes: Sizes,
+) -> anyhow::Result<()> {
     let caption = "eval accuracy per epoch";
     let per_epoch = metrics.accuracy_per_epoch();
     let top1 = finite(
@@ -197,7 +239,11 @@ fn accuracy_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Resul
     legend(&mut chart, SeriesLabelPosition::LowerRight, sizes)
 }
 
-fn throughput_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
+fn throughput_panel<B: Backend>(
+    area: &Area<B>,
+    metrics: &Metrics,
+    sizes: Sizes,
+) -> anyhow::Result<()> {
     let caption = "throughput";
     let points = finite(
         metrics
@@ -231,7 +277,7 @@ fn throughput_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Res
     legend(&mut chart, SeriesLabelPosition::LowerRight, sizes)
 }
 
-fn lr_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
+fn lr_panel<B: Backend>(area: &Area<B>, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> {
     let caption = "learning rate";
     let points = finite(
         metrics
@@ -251,16 +297,15 @@ fn lr_panel(area: &Area, metrics: &Metrics, sizes: Sizes) -> anyhow::Result<()> 
     Ok(())
 }
 
-type Chart<'a, 'b> =
-    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+type Chart<'a, B> = ChartContext<'a, B, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
-fn chart<'a, 'b>(
-    area: &'a Area<'b>,
+fn chart<'a, B: Backend>(
+    area: &'a Area<B>,
     caption: &str,
     x: Range<f64>,
     y: Range<f64>,
     sizes: Sizes,
-) -> anyhow::Result<Chart<'a, 'b>> {
+) -> anyhow::Result<Chart<'a, B>> {
     let chart = ChartBuilder::on(area)
         .caption(caption, (FONT, sizes.caption))
         .margin(sizes.label.round() as u32)
@@ -271,7 +316,12 @@ fn chart<'a, 'b>(
 }
 
 /// Grid, tick labels and axis names for a panel with steps along x.
-fn mesh(chart: &mut Chart, x_desc: &str, y_desc: &str, sizes: Sizes) -> anyhow::Result<()> {
+fn mesh<B: Backend>(
+    chart: &mut Chart<'_, B>,
+    x_desc: &str,
+    y_desc: &str,
+    sizes: Sizes,
+) -> anyhow::Result<()> {
     chart
         .configure_mesh()
         .x_desc(x_desc)
@@ -285,8 +335,8 @@ fn mesh(chart: &mut Chart, x_desc: &str, y_desc: &str, sizes: Sizes) -> anyhow::
     Ok(())
 }
 
-fn legend<'a, 'b: 'a>(
-    chart: &mut Chart<'a, 'b>,
+fn legend<'a, B: Backend + 'a>(
+    chart: &mut Chart<'a, B>,
     position: SeriesLabelPosition,
     sizes: Sizes,
 ) -> anyhow::Result<()> {
@@ -301,7 +351,12 @@ fn legend<'a, 'b: 'a>(
 }
 
 /// A panel that says why it has no chart.
-fn empty_panel(area: &Area, caption: &str, message: &str, sizes: Sizes) -> anyhow::Result<()> {
+fn empty_panel<B: Backend>(
+    area: &Area<B>,
+    caption: &str,
+    message: &str,
+    sizes: Sizes,
+) -> anyhow::Result<()> {
     let (width, height) = area.dim_in_pixel();
     let center =
         |size| TextStyle::from((FONT, size).into_font()).pos(Pos::new(HPos::Center, VPos::Center));

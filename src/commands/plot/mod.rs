@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use self::draw::{draw_png, title};
+use self::draw::{draw_png, draw_svg, named_title, title};
 use self::parse::parse_metrics;
 use crate::config::Loaded;
 
@@ -77,6 +77,29 @@ pub fn render_bytes(job: &str, bytes: &[u8], out: &Path) -> anyhow::Result<()> {
     plot_bytes(&label, bytes, job, out, DEFAULT_SIZE)?;
     Ok(())
 }
+
+/// Draws a job's metrics `bytes` (fetched from its coordinator) as an SVG document of
+/// `size`, for the dashboard: each series thinned to at most [`SVG_POINTS`] points, so
+/// the document stays small however long the run.
+pub fn svg_of(job: &str, bytes: &[u8], size: (u32, u32)) -> anyhow::Result<String> {
+    let label = PathBuf::from(format!("job {job}: metrics.jsonl"));
+    let mut metrics = parse_metrics(&label, bytes)?;
+    let every = metrics.steps.len().div_ceil(SVG_POINTS).max(1);
+    if every > 1 {
+        let last = metrics.steps.keys().next_back().copied();
+        metrics.steps = std::mem::take(&mut metrics.steps)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, (step, _))| i % every == 0 || Some(*step) == last)
+            .map(|(_, point)| point)
+            .collect();
+    }
+    let title = named_title(job.to_owned(), metrics.job.as_ref());
+    draw_svg(&metrics, &title, size)
+}
+
+/// The most steps a dashboard chart draws.
+const SVG_POINTS: usize = 1500;
 
 /// Width and height when none are given.
 const DEFAULT_SIZE: (u32, u32) = (1600, 1000);
