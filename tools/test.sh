@@ -54,12 +54,14 @@ skipped() {
 trap skipped EXIT
 
 # The network-namespace test of tests/e2e/cluster.rs runs `ip`, and the dashboard's test
-# has Debian's `prometheus` scrape it; as root, install what is missing.
+# has Debian's `prometheus` scrape it and opens it in `chromium`; as root, install what is
+# missing.
 missing=()
 command -v ip >/dev/null || missing+=(iproute2)
 command -v prometheus >/dev/null || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    step "${missing[*]} (for the network-namespace and Prometheus tests)"
+    step "${missing[*]} (for the network-namespace and dashboard tests)"
     apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
         { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
 fi

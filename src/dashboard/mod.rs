@@ -225,6 +225,8 @@ async fn guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) 
             .and_then(|v: &HeaderValue| v.to_str().ok())
     };
     let credential = credential(&shared, headers);
+    let wants_page = request.method() == axum::http::Method::GET
+        && text(header::ACCEPT).is_some_and(|accept| accept.contains("text/html"));
     let seen = Seen {
         method: request.method(),
         path: request.uri().path(),
@@ -237,6 +239,14 @@ async fn guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) 
             let mut request = request;
             request.extensions_mut().insert(credential);
             next.run(request).await
+        }
+        Err(policy::Refusal::Unauthenticated) if wants_page => {
+            // A page opened without a session: the login shell, which a URL with
+            // `#token=...` gets past.
+            let depth = request.uri().path().matches('/').count().saturating_sub(1);
+            let body = pages::login(&"../".repeat(depth));
+            let headers = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+            (StatusCode::UNAUTHORIZED, headers, body).into_response()
         }
         Err(refusal) => {
             let status = match refusal {
@@ -276,7 +286,7 @@ async fn index(
     axum::Extension(credential): axum::Extension<Credential>,
 ) -> Response {
     if !matches!(credential, Credential::Session { .. }) {
-        return html(pages::LOGIN.to_owned());
+        return html(pages::login(""));
     }
     match shared.snapshots.get().await {
         Ok(snapshot) => html(pages::overview(&snapshot)),

@@ -11,22 +11,26 @@ use actors::job::{ClusterSnapshot, JobSnapshot};
 /// How often a page reloads.
 const REFRESH_SECS: u32 = 2;
 
-/// The page shown without a session: its script trades the token of the URL's fragment
-/// for a session cookie and reloads.
-pub(super) const LOGIN: &str = r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>imgrun</title>
-<link rel="stylesheet" href="style.css"><script src="app.js" defer></script></head>
-<body><h1>imgrun</h1><p id="say">Open the dashboard URL that <code>imgrun start --head</code>
-printed: it carries the token (<code>#token=...</code>). The head's state folder keeps it in
-<code>dashboard.json</code>.</p></body></html>
-"#;
+/// The page shown without a session, `up` below the dashboard's root (`""` or
+/// `"../"`): its script trades the token of the URL's fragment for a session cookie and
+/// reloads, so any page's URL with `#token=...` opens it.
+pub(super) fn login(up: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>imgrun</title>\n\
+         <link rel=\"stylesheet\" href=\"{up}style.css\"><script src=\"{up}app.js\" defer></script>\
+         </head>\n<body><h1>imgrun</h1><p id=\"say\">Open the dashboard URL that <code>imgrun \
+         start --head</code> printed: it carries the token (<code>#token=...</code>). The head's \
+         state folder keeps it in <code>dashboard.json</code>.</p></body></html>\n"
+    )
+}
 
 /// The login script: `#token=...` to a session cookie, then the page again without the
 /// token in the address bar or the history.
 pub(super) const SCRIPT: &str = r#"const m = location.hash.match(/token=([0-9a-f]+)/);
 if (m) {
   history.replaceState(null, "", location.pathname + location.search);
-  fetch("login", { method: "POST", body: m[1], credentials: "same-origin" }).then((r) => {
+  const login = new URL("login", document.currentScript ? document.currentScript.src : location.href);
+  fetch(login, { method: "POST", body: m[1], credentials: "same-origin" }).then((r) => {
     if (r.ok) location.reload();
     else document.getElementById("say").textContent = "The token was refused: open the URL the head printed last.";
   });
@@ -135,12 +139,6 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
     }
-    let _ = write!(
-        html,
-        "<p><img class=chart src=\"{}/chart.svg\" alt=\"training loss, eval accuracy, \
-         throughput and learning rate\"></p>",
-        encode_segment(name)
-    );
     if !job.ranks.is_empty() {
         html.push_str(
             "<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>phase</th><th>for</th>\
@@ -180,6 +178,12 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
         }
         html.push_str("</table>");
     }
+    let _ = write!(
+        html,
+        "<p><img class=chart src=\"{}/chart.svg\" alt=\"training loss, eval accuracy, \
+         throughput and learning rate\"></p>",
+        encode_segment(name)
+    );
     if let Some(problem) = &job.problem {
         let _ = write!(html, "<p class=bad>{}</p>", escape(problem));
     }
@@ -197,9 +201,11 @@ fn head(title: &str, up: &str) -> String {
 }
 
 fn foot(snapshot: &ClusterSnapshot) -> String {
+    let taken = std::time::UNIX_EPOCH + std::time::Duration::from_millis(snapshot.taken_at_unix_ms);
     format!(
-        "<p class=muted>head session {}; taken at {} ms since the Unix epoch</p></body></html>\n",
-        snapshot.cluster.head_session, snapshot.taken_at_unix_ms
+        "<p class=muted>as of {}; head session {}</p></body></html>\n",
+        httpdate::fmt_http_date(taken),
+        snapshot.cluster.head_session
     )
 }
 

@@ -242,7 +242,17 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     });
     let dash = dashboard(&cluster.head);
     refusals(&dash);
-    pages(&dash);
+    let session = pages(&dash);
+    in_chromium(&dash, cluster.root.path());
+    // The chart follows the job: drawn again once more steps are in its metrics.
+    let before = chart(&dash, &session);
+    let seen = steps();
+    wait_for(JOB_LIMIT, "more steps of the watched job", || {
+        (steps() >= seen + 2).then_some(())
+    });
+    wait_for(Duration::from_secs(10), "the chart drawn again", || {
+        (chart(&dash, &session) != before).then_some(())
+    });
 
     let state: Value = serde_json::from_str(&get(&dash, "/api/state", &dash.token).body)
         .expect("api/state is JSON");
@@ -385,8 +395,72 @@ fn refusals(dash: &Dashboard) {
     assert_eq!(no_token.header("access-control-allow-origin"), None);
 }
 
-/// The page trades the token for a session cookie that opens the pages.
-fn pages(dash: &Dashboard) {
+/// The job's chart, fetched with the session cookie `session`.
+fn chart(dash: &Dashboard, session: &str) -> String {
+    let here = dash.addr.to_string();
+    let answer = request(
+        dash.addr,
+        "GET",
+        "/job/watched/chart.svg",
+        &here,
+        &[("Cookie", session)],
+        "",
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// The job's page opened in headless Chromium (Debian's package) with the token in the
+/// URL, as a user opens the line the head printed: the page logs in by itself and shows
+/// the ranks and the chart.
+fn in_chromium(dash: &Dashboard, root: &std::path::Path) {
+    if Command::new("chromium").arg("--version").output().is_err() {
+        skip_or_fail("no `chromium` (Debian's package; tools/test.sh installs it as root)");
+        return;
+    }
+    let profile = root.join("chromium-profile");
+    let dom_file = root.join("chromium-dom.html");
+    let url = format!("http://{}/job/watched#token={}", dash.addr, dash.token);
+    let mut browser = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            // Time for the login script's request and the reload; less than the page's
+            // own reload, so the page is dumped once.
+            "--virtual-time-budget=1500",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(&url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&dom_file).expect("dom file"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromium");
+    let status = wait_for(Duration::from_secs(60), "chromium dumping the page", || {
+        browser.try_wait().expect("chromium")
+    });
+    assert!(status.success(), "chromium: {status}");
+    let dom = std::fs::read_to_string(&dom_file).expect("the dumped page");
+    for words in [
+        "<h2>Ranks</h2>",
+        "<th>data wait</th>",
+        "src=\"watched/chart.svg\"",
+    ] {
+        assert!(
+            dom.contains(words),
+            "`{words}` not in what Chromium shows:\n{dom}"
+        );
+    }
+    // A row per rank, each with its node's heartbeat.
+    assert_eq!(dom.matches(" s ago</td>").count(), 2, "{dom}");
+}
+
+/// The page trades the token for a session cookie that opens the pages; the cookie.
+fn pages(dash: &Dashboard) -> String {
     let here = dash.addr.to_string();
     let origin = format!("http://{here}");
     let shell = request(dash.addr, "GET", "/", &here, &[], "");
@@ -462,6 +536,20 @@ fn pages(dash: &Dashboard) {
         "nothing from another host: {}",
         job.body
     );
+    // A page opened without a session is the login shell, which gets past it with the
+    // token of its URL.
+    let shell = request(
+        dash.addr,
+        "GET",
+        "/job/watched",
+        &here,
+        &[("Accept", "text/html")],
+        "",
+    );
+    assert_eq!(shell.status, 401);
+    assert!(shell.body.contains("src=\"../app.js\""), "{}", shell.body);
+    assert!(!shell.body.contains("Ranks"), "{}", shell.body);
+    session.to_owned()
 }
 
 /// Debian's `prometheus` scrapes `/metrics` with the metrics token, and its query API

@@ -99,7 +99,7 @@ pub fn svg_of(job: &str, bytes: &[u8], size: (u32, u32)) -> anyhow::Result<Strin
 }
 
 /// The most steps a dashboard chart draws.
-const SVG_POINTS: usize = 1500;
+const SVG_POINTS: usize = 800;
 
 /// Width and height when none are given.
 const DEFAULT_SIZE: (u32, u32) = (1600, 1000);
