@@ -13,8 +13,9 @@
 # missing precondition from a real failure; other failures exit 1.
 set -euo pipefail
 
-# prometheus-client: its parser reads the dashboard's `/metrics` in the tests.
-packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0")
+# prometheus-client: its parser reads the dashboard's `/metrics` in the tests;
+# websocket-client: drives headless Chromium through its DevTools protocol.
+packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0" "websocket-client==1.9.2")
 
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
 venv=$cache/pytools

@@ -8,7 +8,8 @@
 //! [`SNAPSHOT_MAX_AGE`] however many pages and scrapers ask.
 //!
 //! Routes: `/` the overview (a login shell without a session), `job/NAME` one job,
-//! `job/NAME/chart.svg` its charts (`charts.rs`),
+//! `job/NAME/chart.svg` its charts (`charts.rs`), `events` the change events the pages
+//! follow (`events.rs`),
 //! `api/state` the snapshot as JSON, `metrics` (`metrics.rs`), `login` (the page's script
 //! trades the token of the URL it was opened with for a session cookie), `app.js` and
 //! `style.css`. Which request is answered is `policy.rs`'s decision; the secrets are
@@ -18,6 +19,7 @@
 //! input reaches a file, a shell or a process argument.
 
 mod charts;
+mod events;
 mod metrics;
 mod pages;
 mod policy;
@@ -84,6 +86,8 @@ pub struct DashboardOptions {
 /// A running dashboard; it stops when this is dropped or [`Dashboard::stop`]ped.
 pub struct Dashboard {
     pub record: DashboardRecord,
+    /// Ends the change streams, which would otherwise keep the server's shutdown waiting.
+    stop_streams: tokio::sync::watch::Sender<bool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -91,6 +95,7 @@ pub struct Dashboard {
 impl Dashboard {
     /// Finishes the requests in flight and stops.
     pub async fn stop(mut self) {
+        let _ = self.stop_streams.send(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -123,10 +128,12 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
         token: sessions::secret(),
         metrics_token: sessions::secret(),
     };
+    let (stop_streams, streams_stopping) = tokio::sync::watch::channel(false);
     let app = router(Arc::new(Shared {
         hosts: Hosts::new(addr.ip(), &options.hosts),
         sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
         charts: charts::Charts::new(client.clone()),
+        streams: events::Streams::new(streams_stopping),
         snapshots: Snapshots::new(client),
     }));
     let timeouts = Timeouts {
@@ -143,6 +150,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
     tracing::info!(%addr, "dashboard serving");
     Ok(Dashboard {
         record,
+        stop_streams,
         stop: Some(stop),
         task,
     })
@@ -154,6 +162,7 @@ struct Shared {
     sessions: Sessions,
     snapshots: Snapshots,
     charts: charts::Charts,
+    streams: events::Streams,
 }
 
 fn router(shared: Arc<Shared>) -> Router {
@@ -162,6 +171,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/job/{name}", get(job_page))
         .route("/job/{name}/chart.svg", get(chart))
         .route("/api/state", get(state))
+        .route("/events", get(events))
         .route("/metrics", get(prometheus))
         .route("/login", post(login))
         .route(
@@ -313,6 +323,26 @@ async fn chart(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> R
             .into_response(),
         Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
         Err(error) => unavailable(&error),
+    }
+}
+
+/// `events`: a change event each time what the pages show changes.
+async fn events(State(shared): State<Arc<Shared>>) -> Response {
+    let look_shared = Arc::clone(&shared);
+    let look = move || {
+        let shared = Arc::clone(&look_shared);
+        async move {
+            let snapshot = shared.snapshots.get().await.ok()?;
+            Some(events::version(&snapshot))
+        }
+    };
+    match shared.streams.open(look) {
+        Some(body) => ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("already {} pages follow the cluster\n", events::MAX_STREAMS),
+        )
+            .into_response(),
     }
 }
 

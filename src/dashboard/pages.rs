@@ -2,14 +2,12 @@
 //! (nodes, GPUs, CPUs, jobs) and one job's page (its status and every rank's phase).
 //! Every URL is relative, so the pages work behind `ssh -L`, `kubectl port-forward` or a
 //! proxy under a sub-path; every outside string is escaped; nothing is fetched from
-//! another host. A page reloads itself every [`REFRESH_SECS`].
+//! another host. A page follows the server's change events (`events.rs`) and fetches
+//! itself again at each.
 
 use std::fmt::Write;
 
 use actors::job::{ClusterSnapshot, JobSnapshot};
-
-/// How often a page reloads.
-const REFRESH_SECS: u32 = 2;
 
 /// The page shown without a session, `up` below the dashboard's root (`""` or
 /// `"../"`): its script trades the token of the URL's fragment for a session cookie and
@@ -24,16 +22,40 @@ pub(super) fn login(up: &str) -> String {
     )
 }
 
-/// The login script: `#token=...` to a session cookie, then the page again without the
-/// token in the address bar or the history.
-pub(super) const SCRIPT: &str = r#"const m = location.hash.match(/token=([0-9a-f]+)/);
+/// The pages' script. With `#token=...` in the URL: the token to a session cookie, then
+/// the page again without the token in the address bar or the history. On a page with
+/// `data-events`: follows the server's change events and fetches the page again at each,
+/// the chart at most every 5 s.
+pub(super) const SCRIPT: &str = r#"const here = document.currentScript ? document.currentScript.src : location.href;
+const m = location.hash.match(/token=([0-9a-f]+)/);
 if (m) {
   history.replaceState(null, "", location.pathname + location.search);
-  const login = new URL("login", document.currentScript ? document.currentScript.src : location.href);
-  fetch(login, { method: "POST", body: m[1], credentials: "same-origin" }).then((r) => {
+  fetch(new URL("login", here), { method: "POST", body: m[1], credentials: "same-origin" }).then((r) => {
     if (r.ok) location.reload();
     else document.getElementById("say").textContent = "The token was refused: open the URL the head printed last.";
   });
+}
+const live = document.body.dataset.events;
+if (live && window.EventSource) {
+  let chartAt = Date.now();
+  new EventSource(live).onmessage = () => {
+    fetch(location.href, { credentials: "same-origin" })
+      .then((r) => (r.ok ? r.text() : null))
+      .then((html) => {
+        if (!html) return;
+        const next = new DOMParser().parseFromString(html, "text/html");
+        const chart = document.querySelector("img.chart");
+        const fresh = next.querySelector("img.chart");
+        if (chart && fresh) {
+          if (Date.now() - chartAt >= 5000) {
+            chartAt = Date.now();
+            chart.src = fresh.getAttribute("src") + "?at=" + chartAt;
+          }
+          fresh.replaceWith(chart);
+        }
+        document.body.replaceChildren(...next.body.childNodes);
+      });
+  };
 }
 "#;
 
@@ -81,16 +103,17 @@ pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
          <th>step</th><th>loss</th><th>images/s</th><th>checkpoint</th></tr>",
     );
     for job in &snapshot.jobs {
-        job_row(&mut html, job);
+        job_row(&mut html, job, "");
     }
     html.push_str("</table>");
     html.push_str(&foot(snapshot));
     html
 }
 
-fn job_row(html: &mut String, job: &JobSnapshot) {
+/// One job's row; `up` is the way back to the dashboard's root from the page.
+fn job_row(html: &mut String, job: &JobSnapshot, up: &str) {
     let link = format!(
-        "<a href=\"job/{}\">{}</a>",
+        "<a href=\"{up}job/{}\">{}</a>",
         encode_segment(&job.name),
         escape(&job.name)
     );
@@ -134,7 +157,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
         "<table><tr><th>job</th><th>state</th><th>epoch</th><th>step</th><th>loss</th>\
          <th>images/s</th><th>checkpoint</th></tr>",
     );
-    job_row(&mut html, job);
+    job_row(&mut html, job, "../");
     html.push_str("</table>");
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
@@ -191,12 +214,13 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     Some(html)
 }
 
-/// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`).
+/// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`):
+/// its style, and its script, which follows the server's change events.
 fn head(title: &str, up: &str) -> String {
     format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\"><title>{title}</title>\
-         <link rel=\"stylesheet\" href=\"{up}style.css\"></head><body>"
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\
+         <link rel=\"stylesheet\" href=\"{up}style.css\"><script src=\"{up}app.js\" defer>\
+         </script></head><body data-events=\"{up}events\">"
     )
 }
 

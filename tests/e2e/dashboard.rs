@@ -243,7 +243,10 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     let dash = dashboard(&cluster.head);
     refusals(&dash);
     let session = pages(&dash);
-    in_chromium(&dash, cluster.root.path());
+    let Some(python) = tools_python("tools/pytools.sh") else {
+        return;
+    };
+    in_chromium(&dash, &python);
     // The chart follows the job: drawn again once more steps are in its metrics.
     let before = chart(&dash, &session);
     let seen = steps();
@@ -265,9 +268,6 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         answer.header("content-type"),
         Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
     );
-    let Some(python) = tools_python("tools/pytools.sh") else {
-        return;
-    };
     let samples = parse_metrics(&python, &answer.body);
 
     let running = BTreeSet::from([("watched".to_owned(), "running".to_owned())]);
@@ -410,53 +410,55 @@ fn chart(dash: &Dashboard, session: &str) -> String {
     answer.body
 }
 
-/// The job's page opened in headless Chromium (Debian's package) with the token in the
-/// URL, as a user opens the line the head printed: the page logs in by itself and shows
-/// the ranks and the chart.
-fn in_chromium(dash: &Dashboard, root: &std::path::Path) {
+/// The job's page opened in headless Chromium (Debian's package, driven through its
+/// DevTools protocol by `tests/python/browser_check.py`) with the token in the URL, as a
+/// user opens the line the head printed: the page logs in by itself, shows both ranks
+/// and the chart, and follows the job in place (the server's change events), not by
+/// reloading.
+fn in_chromium(dash: &Dashboard, python: &std::path::Path) {
     if Command::new("chromium").arg("--version").output().is_err() {
         skip_or_fail("no `chromium` (Debian's package; tools/test.sh installs it as root)");
         return;
     }
-    let profile = root.join("chromium-profile");
-    let dom_file = root.join("chromium-dom.html");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/browser_check.py");
     let url = format!("http://{}/job/watched#token={}", dash.addr, dash.token);
-    let mut browser = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            // Time for the login script's request and the reload; less than the page's
-            // own reload, so the page is dumped once.
-            "--virtual-time-budget=1500",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(&url)
+    let mut browser = Command::new(python)
+        .arg(&script)
+        .args([url.as_str(), "4", "4"])
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&dom_file).expect("dom file"))
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("start chromium");
-    let status = wait_for(Duration::from_secs(60), "chromium dumping the page", || {
-        browser.try_wait().expect("chromium")
+        .expect("run browser_check.py");
+    wait_for(Duration::from_secs(90), "browser_check.py", || {
+        browser.try_wait().expect("browser_check.py")
     });
-    assert!(status.success(), "chromium: {status}");
-    let dom = std::fs::read_to_string(&dom_file).expect("the dumped page");
-    for words in [
-        "<h2>Ranks</h2>",
-        "<th>data wait</th>",
-        "src=\"watched/chart.svg\"",
-    ] {
-        assert!(
-            dom.contains(words),
-            "`{words}` not in what Chromium shows:\n{dom}"
-        );
+    let out = browser.wait_with_output().expect("browser_check.py");
+    assert!(out.status.success(), "browser_check.py: {}", describe(&out));
+    let seen: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let first = seen["first"].as_str().expect("first");
+    let second = seen["second"].as_str().expect("second");
+    for text in [first, second] {
+        let ranks = text
+            .split("Ranks")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no ranks in:\n{text}"));
+        let rows: Vec<&str> = ranks
+            .lines()
+            .filter(|line| line.starts_with("0\t") || line.starts_with("1\t"))
+            .collect();
+        assert_eq!(rows.len(), 2, "a row per rank:\n{text}");
     }
-    // A row per rank, each with its node's heartbeat.
-    assert_eq!(dom.matches(" s ago</td>").count(), 2, "{dom}");
+    assert_ne!(first, second, "the page follows the job");
+    assert_eq!(
+        seen["same_document"], true,
+        "updated in place, not reloaded: {seen}"
+    );
+    assert!(
+        seen["chart_width"].as_u64().is_some_and(|w| w > 0),
+        "the chart is shown: {seen}"
+    );
 }
 
 /// The page trades the token for a session cookie that opens the pages; the cookie.

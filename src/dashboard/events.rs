@@ -1,0 +1,143 @@
+//! `events`: server-sent events that tell an open page the cluster changed, so that it
+//! fetches itself again (the page's script, `pages::SCRIPT`). The server looks at the
+//! snapshot every [`LOOK_EVERY`] and sends one event when what a page shows changed (a
+//! job's state, epoch or step, a rank's phase or step, a node's state), at most
+//! [`MAX_STREAMS`] streams at once; a comment every [`KEEP_ALIVE`] keeps proxies from
+//! closing a quiet stream. A stream ends when its page goes away or the dashboard stops.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use actors::job::ClusterSnapshot;
+use axum::body::{Body, Bytes, HttpBody};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+
+/// How often a stream looks at the snapshot.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// How long a stream may stay silent before a keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The most streams open at once; more are refused (the page then stays as it is).
+pub(super) const MAX_STREAMS: usize = 16;
+
+/// What a page shows of `snapshot`, hashed: equal while nothing a page shows changed.
+pub(super) fn version(snapshot: &ClusterSnapshot) -> u64 {
+    let mut hash = DefaultHasher::new();
+    for node in &snapshot.cluster.nodes {
+        (node.id.0, node.state.to_string()).hash(&mut hash);
+    }
+    for job in &snapshot.jobs {
+        job.name.hash(&mut hash);
+        job.problem.hash(&mut hash);
+        if let Some(status) = &job.job {
+            (status.state.name(), status.epoch, status.position).hash(&mut hash);
+            status
+                .checkpoint
+                .as_ref()
+                .map(|c| c.global_step)
+                .hash(&mut hash);
+        }
+        for rank in &job.ranks {
+            rank.rank.hash(&mut hash);
+            rank.problem.hash(&mut hash);
+            if let Some(phase) = &rank.phase {
+                (phase.phase.name(), phase.epoch, phase.step).hash(&mut hash);
+            }
+        }
+    }
+    hash.finish()
+}
+
+/// The streams' share of the server.
+pub(super) struct Streams {
+    open: Arc<Semaphore>,
+    /// Turns true when the dashboard stops: every stream ends.
+    stopping: watch::Receiver<bool>,
+}
+
+impl Streams {
+    pub(super) fn new(stopping: watch::Receiver<bool>) -> Self {
+        Streams {
+            open: Arc::new(Semaphore::new(MAX_STREAMS)),
+            stopping,
+        }
+    }
+
+    /// A stream of change events fed by `look` (the snapshot's version, or none while it
+    /// cannot be read); `None` when [`MAX_STREAMS`] are open.
+    pub(super) fn open<F, Fut>(&self, look: F) -> Option<Body>
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Option<u64>> + Send,
+    {
+        let permit = Arc::clone(&self.open).try_acquire_owned().ok()?;
+        let (send, receive) = mpsc::channel::<Bytes>(4);
+        let mut stopping = self.stopping.clone();
+        tokio::spawn(async move {
+            let mut seen = look().await;
+            let mut said = Instant::now();
+            // Tells the browser to try again after 2 s if the stream breaks.
+            if send
+                .send(Bytes::from_static(b"retry: 2000\n\n"))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(LOOK_EVERY) => {}
+                    // Stopping, or the dashboard gone.
+                    _ = stopping.changed() => return,
+                }
+                let now = look().await;
+                let message = if now.is_some() && now != seen {
+                    seen = now;
+                    Some(Bytes::from(format!("data: {:x}\n\n", now.unwrap_or(0))))
+                } else if said.elapsed() >= KEEP_ALIVE {
+                    Some(Bytes::from_static(b": still here\n\n"))
+                } else {
+                    None
+                };
+                if let Some(message) = message {
+                    said = Instant::now();
+                    if send.send(message).await.is_err() {
+                        return;
+                    }
+                }
+                if send.is_closed() {
+                    return;
+                }
+            }
+        });
+        Some(Body::new(EventBody {
+            receive,
+            _permit: permit,
+        }))
+    }
+}
+
+/// The body of one stream: what its task sends, until the page goes away.
+struct EventBody {
+    receive: mpsc::Receiver<Bytes>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl HttpBody for EventBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.receive
+            .poll_recv(cx)
+            .map(|bytes| bytes.map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
+}
