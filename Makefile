@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what they need on first use, after
 # tools/preflight.sh has checked the toolchain (Rust at the workspace's rust-version, a
 # C and a C++ compiler, python3 with venv) and named whatever is missing.
-.PHONY: demo test install doctor bench bench-gpu gpu-kit preflight
+.PHONY: demo test install doctor bench bench-gpu bench-dashboard gpu-kit preflight
 
 preflight:
 	@bash tools/preflight.sh
@@ -38,6 +38,11 @@ bench: preflight
 	cargo bench --locked -p runtime --bench cluster
 	eval "$$(bash tools/libtorch.sh)" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH cargo run --locked --release -p runtime --example allreduce_procs
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release --bin imgrun && PY=$${IMGRUN_CACHE:-$$HOME/.cache/imgrun}/torch-2.11.0/bin/python && { $$PY -c 'import webdataset, PIL' 2>/dev/null || $$PY -m pip install --quiet webdataset pillow; } && $$PY actors/benches/python/compare_train.py --epochs 3 --repeat 2
+
+# The head's dashboard under a running job (tools/bench_dashboard.sh): first load,
+# step-to-page delay, the head's CPU and memory with and without pages following the job.
+bench-dashboard: preflight
+	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release --bin imgrun && bash tools/pytools.sh >/dev/null && bash tools/bench_dashboard.sh 20 5
 
 # The device check (tools/gpu_check.sh): on a machine with a GPU, every stage a first
 # contact should show (preflight, compute ceiling in fp32/amp/bf16, ResNet-50 on real
