@@ -284,6 +284,16 @@ pub fn status(loaded: &Loaded, args: StatusArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&snapshot)?);
     } else {
         print!("{}", tokio.block_on(client.status())?);
+        // The head's dashboard, when it runs on this machine: where, and where its token is.
+        let record: Option<crate::dashboard::DashboardRecord> =
+            state.read_record(crate::dashboard::RECORD).ok().flatten();
+        if let (Some(record), None) = (record, &args.address) {
+            println!(
+                "\ndashboard: {} (open it as URL#token=TOKEN, the token of {})",
+                record.url,
+                state.root().join(crate::dashboard::RECORD).display()
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

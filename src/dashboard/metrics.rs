@@ -186,3 +186,117 @@ impl RankMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use actors::job::{JobSnapshot, JobState, JobStatus, RankView};
+    use actors::train::phase::{Phase, RankPhase};
+    use runtime::{ClusterStatus, NodeId, NodeState, NodeStatus};
+
+    use super::*;
+
+    fn node(id: u64, state: NodeState) -> NodeStatus {
+        NodeStatus {
+            id: NodeId(id),
+            address: format!("127.0.0.1:{}", 7000 + id),
+            hostname: format!("host{id}"),
+            state,
+            uptime_ms: 1000,
+            last_heartbeat_ms_ago: 250,
+            cpus: 8,
+            memory_bytes: None,
+            gpus: Vec::new(),
+            used: BTreeMap::new(),
+        }
+    }
+
+    fn rank(rank: u32, node: u64, phase: Option<Phase>) -> RankView {
+        RankView {
+            rank,
+            node,
+            phase: phase.map(|phase| RankPhase {
+                rank,
+                phase,
+                seconds: 1.5,
+                epoch: Some(2),
+                step: 41,
+                bucket: None,
+                reading: Vec::new(),
+                data_wait_s: 0.25,
+            }),
+            problem: phase
+                .is_none()
+                .then(|| "its monitor did not answer".to_owned()),
+            heartbeat_ms_ago: Some(500),
+        }
+    }
+
+    /// Every family is named as documented, a job is labelled `imgrun_job` (never `job`,
+    /// which Prometheus keeps for its scrape job), and a rank without a phase is left out of
+    /// the per-phase families rather than given made-up values.
+    #[test]
+    fn a_snapshot_is_encoded_with_its_documented_names_and_labels() {
+        let cluster = ClusterStatus::new(
+            7,
+            vec![node(1, NodeState::Alive), node(2, NodeState::Dead)],
+            Vec::new(),
+        );
+        let status = JobStatus {
+            name: "r50".to_owned(),
+            state: JobState::Running,
+            run_dir: None,
+            epoch: Some(2),
+            position: 5,
+            steps: 20,
+            loss: Some(1.5),
+            images_per_s: Some(1234.5),
+            checkpoint: None,
+            outcome: None,
+            stopped_by: None,
+            late: None,
+            summary: None,
+        };
+        let snapshot = ClusterSnapshot {
+            taken_at_unix_ms: 0,
+            cluster,
+            jobs: vec![
+                JobSnapshot {
+                    name: "r50".to_owned(),
+                    job: Some(status),
+                    ranks: vec![rank(0, 1, Some(Phase::Averaging)), rank(1, 2, None)],
+                    problem: None,
+                },
+                JobSnapshot {
+                    name: "stuck".to_owned(),
+                    job: None,
+                    ranks: Vec::new(),
+                    problem: Some("no answer".to_owned()),
+                },
+            ],
+        };
+        let text = render(&snapshot);
+        for line in [
+            r#"imgrun_node_up{node="1",hostname="host1"} 1.0"#,
+            r#"imgrun_node_up{node="2",hostname="host2"} 0.0"#,
+            r#"imgrun_job_state{imgrun_job="r50",state="running"} 1.0"#,
+            r#"imgrun_job_epoch_step{imgrun_job="r50"} 5.0"#,
+            r#"imgrun_loss{imgrun_job="r50"} 1.5"#,
+            r#"imgrun_step_total{imgrun_job="r50",rank="0",node="1"} 41"#,
+            r#"imgrun_rank_phase{imgrun_job="r50",rank="0",node="1",phase="averaging"} 1.0"#,
+            r#"imgrun_epoch_data_wait_seconds{imgrun_job="r50",rank="0",node="1"} 0.25"#,
+            r#"imgrun_rank_heartbeat_age_seconds{imgrun_job="r50",rank="1",node="2"} 0.5"#,
+            "# TYPE imgrun_step counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(!text.contains("{job=") && !text.contains(",job="), "{text}");
+        assert!(!text.contains("rank=\"1\",node=\"2\",phase"), "{text}");
+        assert!(
+            !text.contains("stuck"),
+            "a job without a status has no series: {text}"
+        );
+    }
+}
