@@ -54,6 +54,7 @@ impl JobOutput for Terminal {
                 position,
                 loss,
                 images_per_s,
+                ..
             } => {
                 if let Some(bar) = bar.as_ref() {
                     bar.set_position(position);

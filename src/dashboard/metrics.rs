@@ -96,6 +96,19 @@ fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
         "imgrun_checkpoint_step",
         "The global step of the job's newest checkpoint",
     );
+    let lr = metrics.gauge("imgrun_learning_rate", "The newest step's learning rate");
+    let step_s = metrics.gauge(
+        "imgrun_step_seconds",
+        "The newest step's wall time (its slowest rank's)",
+    );
+    let data_wait = metrics.gauge(
+        "imgrun_step_data_wait_seconds",
+        "The newest step's wait for data, the ranks' mean",
+    );
+    let allreduce = metrics.gauge(
+        "imgrun_step_allreduce_seconds",
+        "The newest step's gradient averaging, the ranks' mean",
+    );
     let mut ranks = RankMetrics::new(metrics);
     for job in jobs {
         let Some(status) = &job.job else {
@@ -117,6 +130,16 @@ fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
         }
         if let Some(r) = status.images_per_s {
             rate.get_or_create(&labels).set(r);
+        }
+        for (family, value) in [
+            (&lr, status.lr),
+            (&step_s, status.step_s),
+            (&data_wait, status.data_wait_s),
+            (&allreduce, status.allreduce_s),
+        ] {
+            if let Some(value) = value {
+                family.get_or_create(&labels).set(value);
+            }
         }
         if let Some(saved) = &status.checkpoint {
             checkpoint
@@ -252,6 +275,10 @@ mod tests {
             steps: 20,
             loss: Some(1.5),
             images_per_s: Some(1234.5),
+            lr: Some(0.4),
+            step_s: Some(0.125),
+            data_wait_s: None,
+            allreduce_s: Some(0.0625),
             checkpoint: None,
             outcome: None,
             stopped_by: None,
@@ -283,6 +310,9 @@ mod tests {
             r#"imgrun_job_state{imgrun_job="r50",state="running"} 1.0"#,
             r#"imgrun_job_epoch_step{imgrun_job="r50"} 5.0"#,
             r#"imgrun_loss{imgrun_job="r50"} 1.5"#,
+            r#"imgrun_learning_rate{imgrun_job="r50"} 0.4"#,
+            r#"imgrun_step_seconds{imgrun_job="r50"} 0.125"#,
+            r#"imgrun_step_allreduce_seconds{imgrun_job="r50"} 0.0625"#,
             r#"imgrun_step_total{imgrun_job="r50",rank="0",node="1"} 41"#,
             r#"imgrun_rank_phase{imgrun_job="r50",rank="0",node="1",phase="averaging"} 1.0"#,
             r#"imgrun_epoch_data_wait_seconds{imgrun_job="r50",rank="0",node="1"} 0.25"#,
@@ -297,6 +327,10 @@ mod tests {
         assert!(
             !text.contains("stuck"),
             "a job without a status has no series: {text}"
+        );
+        assert!(
+            !text.contains("imgrun_step_data_wait_seconds{"),
+            "no value, no series: {text}"
         );
     }
 }

@@ -288,6 +288,19 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         })
         .collect();
     assert_eq!(scraped, running, "/metrics");
+    for name in [
+        "imgrun_learning_rate",
+        "imgrun_step_seconds",
+        "imgrun_images_per_second",
+    ] {
+        assert!(
+            samples.iter().any(|(n, labels, value)| n == name
+                && labels["imgrun_job"] == "watched"
+                && value.is_finite()
+                && *value > 0.0),
+            "no {name} of the job in /metrics"
+        );
+    }
 
     let ranks = ranks_of(&state["jobs"]);
     assert_eq!(ranks.len(), 2, "two ranks: {ranks:?}");

@@ -91,6 +91,16 @@ pub struct JobStatus {
     pub steps: u64,
     pub loss: Option<f32>,
     pub images_per_s: Option<f64>,
+    /// The newest step's learning rate, wall time (its slowest rank's), and the ranks'
+    /// mean data wait and allreduce, in seconds.
+    #[serde(default)]
+    pub lr: Option<f64>,
+    #[serde(default)]
+    pub step_s: Option<f64>,
+    #[serde(default)]
+    pub data_wait_s: Option<f64>,
+    #[serde(default)]
+    pub allreduce_s: Option<f64>,
     /// The newest checkpoint.
     pub checkpoint: Option<Saved>,
     /// How it ended: why it failed or how it stopped (where its checkpoint is).
@@ -245,11 +255,19 @@ impl JobOutput for Shared {
                 position,
                 loss,
                 images_per_s,
+                lr,
+                step_s,
+                data_wait_s,
+                allreduce_s,
                 ..
             } => {
                 status.position = *position;
                 status.loss = Some(*loss);
                 status.images_per_s = Some(*images_per_s);
+                status.lr = Some(*lr);
+                status.step_s = Some(*step_s);
+                status.data_wait_s = Some(*data_wait_s);
+                status.allreduce_s = Some(*allreduce_s);
             }
             JobEvent::Line { .. }
             | JobEvent::EpochEnded { .. }
@@ -294,6 +312,10 @@ impl Coordinator {
                     steps: 0,
                     loss: None,
                     images_per_s: None,
+                    lr: None,
+                    step_s: None,
+                    data_wait_s: None,
+                    allreduce_s: None,
                     checkpoint: None,
                     outcome: None,
                     stopped_by: None,

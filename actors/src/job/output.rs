@@ -30,6 +30,12 @@ pub enum JobEvent {
         position: u64,
         loss: f32,
         images_per_s: f64,
+        /// The last step's learning rate, wall time (its slowest rank's), and the ranks'
+        /// mean data wait and allreduce, in seconds.
+        lr: f64,
+        step_s: f64,
+        data_wait_s: f64,
+        allreduce_s: f64,
     },
     /// The epoch's steps are over (its summary line follows as a `Line`).
     EpochEnded { epoch: u64 },

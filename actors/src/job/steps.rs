@@ -624,6 +624,10 @@ impl RunningJob<'_> {
                 position: first.step_in_epoch,
                 loss: last.loss,
                 images_per_s: figures.images_per_s,
+                lr: last.lr,
+                step_s: figures.step_s,
+                data_wait_s: figures.data_wait_s,
+                allreduce_s: figures.allreduce_s,
             });
         }
         Ok(Called {
