@@ -408,17 +408,15 @@ fn refusals(dash: &Dashboard) {
     assert_eq!(no_token.header("access-control-allow-origin"), None);
 }
 
+/// `GET path` with a right `Host` and the session cookie `session` (`name=value`).
+fn browse(dash: &Dashboard, path: &str, session: &str) -> Answer {
+    let here = dash.addr.to_string();
+    request(dash.addr, "GET", path, &here, &[("Cookie", session)], "")
+}
+
 /// The job's chart, fetched with the session cookie `session`.
 fn chart(dash: &Dashboard, session: &str) -> String {
-    let here = dash.addr.to_string();
-    let answer = request(
-        dash.addr,
-        "GET",
-        "/job/watched/chart.svg",
-        &here,
-        &[("Cookie", session)],
-        "",
-    );
+    let answer = browse(dash, "/job/watched/chart.svg", session);
     assert_eq!(answer.status, 200, "{}", answer.body);
     answer.body
 }
@@ -496,21 +494,14 @@ fn pages(dash: &Dashboard) -> String {
         assert!(cookie.contains(attribute), "{cookie}");
     }
     let session = cookie.split(';').next().expect("name=value");
-    let overview = request(dash.addr, "GET", "/", &here, &[("Cookie", session)], "");
+    let overview = browse(dash, "/", session);
     assert_eq!(overview.status, 200);
     assert!(
         overview.body.contains("href=\"job/watched\""),
         "{}",
         overview.body
     );
-    let job = request(
-        dash.addr,
-        "GET",
-        "/job/watched",
-        &here,
-        &[("Cookie", session)],
-        "",
-    );
+    let job = browse(dash, "/job/watched", session);
     assert_eq!(job.status, 200, "{}", job.body);
     assert!(job.body.contains("<h2>Ranks</h2>"), "{}", job.body);
     assert!(
@@ -519,14 +510,7 @@ fn pages(dash: &Dashboard) -> String {
         job.body
     );
     // The charts, drawn on the server from the job's metrics.
-    let chart = request(
-        dash.addr,
-        "GET",
-        "/job/watched/chart.svg",
-        &here,
-        &[("Cookie", session)],
-        "",
-    );
+    let chart = browse(dash, "/job/watched/chart.svg", session);
     assert_eq!(chart.status, 200, "{}", chart.body);
     assert_eq!(chart.header("content-type"), Some("image/svg+xml"));
     assert!(
@@ -537,14 +521,7 @@ fn pages(dash: &Dashboard) -> String {
     for caption in ["training loss", "throughput", "learning rate"] {
         assert!(chart.body.contains(caption), "`{caption}` not in the chart");
     }
-    let none = request(
-        dash.addr,
-        "GET",
-        "/job/nope/chart.svg",
-        &here,
-        &[("Cookie", session)],
-        "",
-    );
+    let none = browse(dash, "/job/nope/chart.svg", session);
     assert_eq!(none.status, 404, "{}", none.body);
     assert!(
         !job.body.contains("http://") && !job.body.contains("https://"),
