@@ -155,7 +155,8 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Bench(command) => commands::bench::run(loaded, command),
         Command::Shards(command) => commands::shards::run(loaded, command),
         Command::Serve(args) => commands::serve::run(loaded, args),
-        Command::Start(args) => commands::cluster::start(loaded, args),
+        // The dashboard draws a job's charts as `imgrun plot` does.
+        Command::Start(args) => commands::cluster::start(loaded, args, commands::plot::svg_of),
         Command::Join(args) => commands::cluster::join(loaded, args),
         Command::Status(args) => commands::cluster::status(loaded, args),
         Command::Stop(args) => commands::cluster::stop(loaded, args),

@@ -107,7 +107,12 @@ pub struct StopArgs {
 /// The log level a daemon uses when none is given.
 pub const DAEMON_LOG: &str = "info";
 
-pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
+/// Starts the head; its dashboard draws a job's charts with `draw_chart`.
+pub fn start(
+    loaded: &Loaded,
+    args: StartArgs,
+    draw_chart: crate::dashboard::DrawChart,
+) -> anyhow::Result<ExitCode> {
     if !args.head {
         bail!(
             "`imgrun start` starts a head: add --head; to add this machine to a cluster, run \
@@ -143,7 +148,7 @@ pub fn start(loaded: &Loaded, args: StartArgs) -> anyhow::Result<ExitCode> {
         let dashboard = if args.no_dashboard {
             None
         } else {
-            Some(start_dashboard(&args, cluster, &state).await?)
+            Some(start_dashboard(&args, cluster, &state, draw_chart).await?)
         };
         let message = format!(
             "imgrun head started at {} (pid {}; {})\n\nTo add a machine to this cluster, run \
@@ -184,6 +189,7 @@ async fn start_dashboard(
     args: &StartArgs,
     cluster: &ClusterConfig,
     state: &runtime::StateDir,
+    draw_chart: crate::dashboard::DrawChart,
 ) -> anyhow::Result<crate::dashboard::Dashboard> {
     let client = runtime::ClusterClient::connect(state, None)
         .await
@@ -191,6 +197,7 @@ async fn start_dashboard(
     let options = crate::dashboard::DashboardOptions {
         port: args.dashboard_port.unwrap_or(cluster.dashboard_port),
         hosts: cluster.dashboard_hosts.clone(),
+        draw_chart,
     };
     let dashboard = crate::dashboard::start(options, client)
         .await

@@ -34,6 +34,7 @@ const SIZE: (u32, u32) = (1200, 750);
 /// Each job's file so far and its chart.
 pub(super) struct Charts {
     client: ClusterClient,
+    draw_chart: super::DrawChart,
     jobs: tokio::sync::Mutex<HashMap<String, JobChart>>,
 }
 
@@ -47,9 +48,10 @@ struct JobChart {
 }
 
 impl Charts {
-    pub(super) fn new(client: ClusterClient) -> Self {
+    pub(super) fn new(client: ClusterClient, draw_chart: super::DrawChart) -> Self {
         Charts {
             client,
+            draw_chart,
             jobs: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -93,7 +95,8 @@ impl Charts {
             let bytes = chart.bytes.clone();
             let job = name.to_owned();
             let started = Instant::now();
-            let svg = tokio::task::spawn_blocking(move || draw(&job, &bytes))
+            let draw_chart = self.draw_chart;
+            let svg = tokio::task::spawn_blocking(move || draw(draw_chart, &job, &bytes))
                 .await
                 .context("drawing the chart")?;
             chart.drawn_in = started.elapsed();
@@ -134,12 +137,12 @@ async fn fetch_new(actor: &runtime::ActorRef, bytes: &mut Vec<u8>) -> anyhow::Re
 }
 
 /// The SVG of `bytes`, or one that says why there is no chart.
-fn draw(job: &str, bytes: &[u8]) -> String {
+fn draw(draw_chart: super::DrawChart, job: &str, bytes: &[u8]) -> String {
     let why = if bytes.len() >= MAX_METRICS_BYTES {
         format!("metrics.jsonl is over {MAX_METRICS_BYTES} bytes: draw it with `imgrun plot {job}`")
     } else {
         // A file cut mid-line is only a line short: the cut line is skipped.
-        match crate::commands::plot::svg_of(job, bytes, SIZE) {
+        match draw_chart(job, bytes, SIZE) {
             Ok(svg) => return svg,
             Err(error) => format!("no chart yet: {error:#}"),
         }

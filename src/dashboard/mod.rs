@@ -73,6 +73,11 @@ pub struct DashboardRecord {
     pub metrics_token: String,
 }
 
+/// Draws a job's charts: its name and `metrics.jsonl` bytes to an SVG document of a size.
+/// `main.rs` gives `imgrun plot`'s (`commands::plot::svg_of`), so that the dashboard
+/// names nothing of the commands and no command names the plot's drawing to start it.
+pub type DrawChart = fn(&str, &[u8], (u32, u32)) -> anyhow::Result<String>;
+
 /// What the dashboard is started with.
 #[derive(Debug, Clone)]
 pub struct DashboardOptions {
@@ -81,6 +86,8 @@ pub struct DashboardOptions {
     pub port: u16,
     /// Host names it answers to besides the loopback ones.
     pub hosts: Vec<String>,
+    /// How a job's charts are drawn.
+    pub draw_chart: DrawChart,
 }
 
 /// A running dashboard; it stops when this is dropped or [`Dashboard::stop`]ped.
@@ -132,7 +139,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
     let app = router(Arc::new(Shared {
         hosts: Hosts::new(addr.ip(), &options.hosts),
         sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
-        charts: charts::Charts::new(client.clone()),
+        charts: charts::Charts::new(client.clone(), options.draw_chart),
         streams: events::Streams::new(streams_stopping),
         snapshots: Snapshots::new(client),
     }));
