@@ -147,10 +147,7 @@ fn draw(draw_chart: super::DrawChart, job: &str, bytes: &[u8]) -> String {
             Err(error) => format!("no chart yet: {error:#}"),
         }
     };
-    let text = why
-        .replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;");
+    let text = super::pages::escape(&why);
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"60\" viewBox=\"0 0 {w} \
          60\"><text x=\"10\" y=\"35\" font-family=\"sans-serif\" font-size=\"16\">{text}</text>\

@@ -234,7 +234,7 @@ fn foot(snapshot: &ClusterSnapshot) -> String {
 }
 
 /// `text` safe inside an element or a quoted attribute.
-fn escape(text: &str) -> String {
+pub(super) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
