@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actors::job::{COORDINATOR_CALL_TIMEOUT, MetricsRequest, call_coordinator, coordinators};
+use actors::job::{COORDINATOR_CALL_TIMEOUT, MetricsRequest, call_coordinator, coordinator};
 use anyhow::Context as _;
 use runtime::ClusterClient;
 
@@ -65,11 +65,9 @@ impl Charts {
         {
             return Ok(Some(Arc::clone(svg)));
         }
-        let status = self.client.status().await.context("asking the head")?;
-        let Some((_, actor)) = coordinators(&self.client, &status)
+        let Some(actor) = coordinator(&self.client, name)
             .await
-            .into_iter()
-            .find(|(job, _)| job == name)
+            .context("asking the head")?
         else {
             jobs.remove(name);
             return Ok(None);

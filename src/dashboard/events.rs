@@ -76,14 +76,14 @@ impl Streams {
         Fut: Future<Output = Option<u64>> + Send,
     {
         let permit = Arc::clone(&self.open).try_acquire_owned().ok()?;
-        let (send, receive) = mpsc::channel::<Bytes>(4);
+        let (send, receive) = mpsc::channel::<std::io::Result<Bytes>>(4);
         let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             let mut seen = look().await;
             let mut said = Instant::now();
             // Tells the browser to try again after 2 s if the stream breaks.
             if send
-                .send(Bytes::from_static(b"retry: 2000\n\n"))
+                .send(Ok(Bytes::from_static(b"retry: 2000\n\n")))
                 .await
                 .is_err()
             {
@@ -106,7 +106,7 @@ impl Streams {
                 };
                 if let Some(message) = message {
                     said = Instant::now();
-                    if send.send(message).await.is_err() {
+                    if send.send(Ok(message)).await.is_err() {
                         return;
                     }
                 }
@@ -115,22 +115,24 @@ impl Streams {
                 }
             }
         });
-        Some(Body::new(EventBody {
+        Some(Body::new(ChannelBody {
             receive,
             _permit: permit,
         }))
     }
 }
 
-/// The body of one stream: what its task sends, until the page goes away.
-struct EventBody {
-    receive: mpsc::Receiver<Bytes>,
-    _permit: OwnedSemaphorePermit,
+/// The body of a streamed answer: what its task sends, until the client goes away (the
+/// task then sees its channel closed) or the task ends; an error cuts the answer short.
+/// It holds its share of the server (`_permit`) while it lasts.
+pub(super) struct ChannelBody {
+    pub(super) receive: mpsc::Receiver<std::io::Result<Bytes>>,
+    pub(super) _permit: OwnedSemaphorePermit,
 }
 
-impl HttpBody for EventBody {
+impl HttpBody for ChannelBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -138,6 +140,6 @@ impl HttpBody for EventBody {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         self.receive
             .poll_recv(cx)
-            .map(|bytes| bytes.map(|bytes| Ok(http_body::Frame::data(bytes))))
+            .map(|piece| piece.map(|piece| piece.map(http_body::Frame::data)))
     }
 }

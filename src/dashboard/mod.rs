@@ -8,7 +8,8 @@
 //! [`SNAPSHOT_MAX_AGE`] however many pages and scrapers ask.
 //!
 //! Routes: `/` the overview (a login shell without a session), `job/NAME` one job,
-//! `job/NAME/chart.svg` its charts (`charts.rs`), `events` the change events the pages
+//! `job/NAME/chart.svg` its charts (`charts.rs`), `job/NAME/log` and `job/NAME/log.txt`
+//! its log (`logs.rs`), `events` the change events the pages
 //! follow (`events.rs`),
 //! `api/state` the snapshot as JSON, `metrics` (`metrics.rs`), `login` (the page's script
 //! trades the token of the URL it was opened with for a session cookie), `app.js` and
@@ -20,6 +21,7 @@
 
 mod charts;
 mod events;
+mod logs;
 mod metrics;
 mod pages;
 mod policy;
@@ -33,7 +35,7 @@ use actors::job::ClusterSnapshot;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -141,6 +143,8 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
         sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
         charts: charts::Charts::new(client.clone(), options.draw_chart),
         streams: events::Streams::new(streams_stopping),
+        downloads: logs::Downloads::new(),
+        client: client.clone(),
         snapshots: Snapshots::new(client),
     }));
     let timeouts = Timeouts {
@@ -170,6 +174,8 @@ struct Shared {
     snapshots: Snapshots,
     charts: charts::Charts,
     streams: events::Streams,
+    downloads: logs::Downloads,
+    client: ClusterClient,
 }
 
 fn router(shared: Arc<Shared>) -> Router {
@@ -177,6 +183,8 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/", get(index))
         .route("/job/{name}", get(job_page))
         .route("/job/{name}/chart.svg", get(chart))
+        .route("/job/{name}/log", get(log_page))
+        .route("/job/{name}/log.txt", get(log_download))
         .route("/api/state", get(state))
         .route("/events", get(events))
         .route("/metrics", get(prometheus))
@@ -329,6 +337,51 @@ async fn chart(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> R
         )
             .into_response(),
         Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
+        Err(error) => unavailable(&error),
+    }
+}
+
+/// `job/NAME/log`: the job's last lines, or the lines that hold `?q=`.
+async fn log_page(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    Query(query): Query<logs::LogQuery>,
+) -> Response {
+    match logs::view(&shared.client, &name, &query).await {
+        Ok(Some(view)) => html(pages::log(&name, &view)),
+        Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
+        Err(error) => unavailable(&error),
+    }
+}
+
+/// `job/NAME/log.txt`: the job's whole log, as a file to save.
+async fn log_download(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    match shared.downloads.start(&shared.client, &name).await {
+        Ok(Ok(body)) => {
+            let disposition = format!("attachment; filename=\"{}\"", logs::file_name(&name));
+            let Ok(disposition) = HeaderValue::from_str(&disposition) else {
+                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            };
+            (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/plain; charset=utf-8"),
+                    ),
+                    (header::CONTENT_DISPOSITION, disposition),
+                ],
+                body,
+            )
+                .into_response()
+        }
+        Ok(Err(logs::Refused::NoSuchJob)) => {
+            (StatusCode::NOT_FOUND, "no such job\n").into_response()
+        }
+        Ok(Err(logs::Refused::Busy)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("already {} downloads of logs\n", logs::MAX_DOWNLOADS),
+        )
+            .into_response(),
         Err(error) => unavailable(&error),
     }
 }

@@ -9,6 +9,8 @@ use std::fmt::Write;
 
 use actors::job::{ClusterSnapshot, JobSnapshot};
 
+use super::logs::LogView;
+
 /// The page shown without a session, `up` below the dashboard's root (`""` or
 /// `"../"`): its script trades the token of the URL's fragment for a session cookie and
 /// reloads, so any page's URL with `#token=...` opens it.
@@ -42,7 +44,8 @@ if (live && window.EventSource) {
     fetch(location.href, { credentials: "same-origin" })
       .then((r) => (r.ok ? r.text() : null))
       .then((html) => {
-        if (!html) return;
+        // Not while someone types into the page's search box.
+        if (!html || (document.activeElement && document.activeElement.tagName === "INPUT")) return;
         const next = new DOMParser().parseFromString(html, "text/html");
         const chart = document.querySelector("img.chart");
         const fresh = next.querySelector("img.chart");
@@ -63,7 +66,8 @@ pub(super) const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5
 table{border-collapse:collapse;margin:.5em 0 1.5em}\
 th,td{padding:.25em .8em;border-bottom:1px solid #ddd;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}\
-.bad{color:#b00}.muted{color:#777}img.chart{max-width:100%;height:auto}\n";
+.bad{color:#b00}.muted{color:#777}img.chart{max-width:100%;height:auto}\
+pre.log{font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}\n";
 
 /// The overview: nodes and jobs.
 pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
@@ -203,8 +207,9 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     }
     let _ = write!(
         html,
-        "<p><img class=chart src=\"{}/chart.svg\" alt=\"training loss, eval accuracy, \
-         throughput and learning rate\"></p>",
+        "<p><a href=\"{0}/log\">log</a> · <a href=\"{0}/log.txt\" download>download the \
+         log</a></p><p><img class=chart src=\"{0}/chart.svg\" alt=\"training loss, eval \
+         accuracy, throughput and learning rate\"></p>",
         encode_segment(name)
     );
     if let Some(problem) = &job.problem {
@@ -212,6 +217,67 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     }
     html.push_str(&foot(snapshot));
     Some(html)
+}
+
+/// The log page of the job `name` (at `job/NAME/log`): its last lines or a search's
+/// matches, a search box, and the download.
+pub(super) fn log(name: &str, view: &LogView) -> String {
+    let segment = encode_segment(name);
+    let mut html = head(&format!("imgrun: {} log", escape(name)), "../../");
+    let text = match view {
+        LogView::Search { text, .. } => text.as_str(),
+        LogView::Tail { .. } => "",
+    };
+    let _ = write!(
+        html,
+        "<p><a href=\"../../\">cluster</a> / <a href=\"../{segment}\">{name}</a></p>\
+         <h1>{name}: log</h1><form method=get action=\"log\"><input name=q value=\"{text}\" \
+         placeholder=\"text to find\" size=40> <button>find</button> <a href=\"log\">last \
+         lines</a> · <a href=\"log.txt\" download>download</a></form>",
+        name = escape(name),
+        text = escape(text),
+    );
+    match view {
+        LogView::Tail { lines, reply } => {
+            let shown = String::from_utf8_lossy(&reply.bytes);
+            let _ = write!(
+                html,
+                "<p class=muted>the last {} lines of {} (bytes {} to {} of {})</p>\
+                 <pre class=log>{}</pre>",
+                shown.lines().count().min(*lines as usize),
+                escape(actors::job::LOG_FILE),
+                reply.start,
+                reply.start + reply.bytes.len() as u64,
+                reply.length,
+                escape(&shown)
+            );
+        }
+        LogView::Search { text, reply } => {
+            let _ = write!(
+                html,
+                "<p class=muted>{} lines hold <code>{}</code>{}{}</p><pre class=log>",
+                reply.matches.len(),
+                escape(text),
+                if reply.more {
+                    " (the newest shown)"
+                } else {
+                    ""
+                },
+                if reply.searched_from > 0 {
+                    format!(" in the last {} bytes", reply.length - reply.searched_from)
+                } else {
+                    String::new()
+                }
+            );
+            for found in &reply.matches {
+                html.push_str(&escape(&found.line));
+                html.push('\n');
+            }
+            html.push_str("</pre>");
+        }
+    }
+    html.push_str("</body></html>\n");
+    html
 }
 
 /// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`):

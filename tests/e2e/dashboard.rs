@@ -243,6 +243,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     let dash = dashboard(&cluster.head);
     refusals(&dash);
     let session = pages(&dash);
+    log_pages(&dash, &session, &cluster.runs.join("watched"));
     let Some(python) = tools_python("tools/pytools.sh") else {
         return;
     };
@@ -344,7 +345,62 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     prometheus_scrapes(&dash, &ranks, cluster.root.path());
     let out = cluster.head.run(&["cancel", "watched"]);
     assert!(out.status.success(), "{}", describe(&out));
+    let log = std::fs::read_to_string(cluster.runs.join("watched/job.log")).expect("job.log");
+    let tail: Vec<&str> = log.lines().rev().take(4).collect();
+    assert!(
+        tail.iter().any(|line| line.contains(" job cancelled: ")),
+        "the log ends with how: {tail:?}"
+    );
     cluster.assert_settled();
+}
+
+/// The job's log: its page shows the lines of `run/job.log`, a search finds them and
+/// escapes what it shows, the download is the file; no job, no log.
+fn log_pages(dash: &Dashboard, session: &str, run: &std::path::Path) {
+    let disk = std::fs::read_to_string(run.join("job.log")).expect("the run's job.log");
+    let first = disk.lines().next().expect("a line in job.log");
+    let page = browse(dash, "/job/watched/log", session);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(first), "{first:?} not in {}", page.body);
+    let short = browse(dash, "/job/watched/log?lines=1", session);
+    assert!(short.body.contains("the last 1 lines"), "{}", short.body);
+    // A line of the plan, found by a word of it (its time stamp begins it).
+    let word = "run ";
+    let found = browse(dash, "/job/watched/log?q=run+", session);
+    assert_eq!(found.status, 200, "{}", found.body);
+    let wanted: Vec<&str> = disk.lines().filter(|line| line.contains(word)).collect();
+    assert!(!wanted.is_empty(), "no {word:?} in {disk}");
+    for line in &wanted {
+        assert!(
+            found.body.contains(line),
+            "{line:?} not found: {}",
+            found.body
+        );
+    }
+    let hostile = browse(dash, "/job/watched/log?q=%3Cscript%3E", session);
+    assert_eq!(hostile.status, 200, "{}", hostile.body);
+    assert!(hostile.body.contains("&lt;script&gt;"), "{}", hostile.body);
+    assert!(!hostile.body.contains("<script>"), "{}", hostile.body);
+    let download = browse(dash, "/job/watched/log.txt", session);
+    assert_eq!(download.status, 200, "{}", download.body);
+    assert_eq!(
+        download.header("content-disposition"),
+        Some("attachment; filename=\"watched.log\"")
+    );
+    let disk = std::fs::read_to_string(run.join("job.log")).expect("job.log");
+    assert!(
+        download.body.len() >= first.len() && disk.starts_with(&download.body),
+        "the download is the file as it was: {:?}",
+        download.body
+    );
+    for path in [
+        "/job/nope/log",
+        "/job/nope/log.txt",
+        "/job/..%2Fwatched/log",
+    ] {
+        let answer = browse(dash, path, session);
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body);
+    }
 }
 
 /// What the dashboard must refuse, asked of the real server.
@@ -395,6 +451,10 @@ fn refusals(dash: &Dashboard) {
         "/job/*",
         "/job/watched/../../x",
         "/logs/..%2Fx",
+        "/job/..%2F..%2Fx/log",
+        "/job/%2e%2e/log.txt",
+        "/job/watched/log/../../../x",
+        "/job/*/log.txt",
         "//etc/passwd",
     ] {
         let answer = get(dash, path, &dash.token);

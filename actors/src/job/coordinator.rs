@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::joblog::{self, Journal, LogReply, LogRequest, LogSearchReply, LogSearchRequest};
 use super::ranks::RankView;
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
@@ -178,34 +179,33 @@ pub struct MetricsReply {
 /// The most one [`MetricsRequest`] returns.
 const MAX_METRICS_PIECE: u64 = 4 << 20;
 
-impl CoordinatorMethod for FollowRequest {
-    const NAME: &'static str = "follow";
-    type Reply = FollowReply;
+/// Each method's request type, name and reply type, fixed once.
+macro_rules! coordinator_methods {
+    ($($request:ty => $name:literal, $reply:ty;)*) => {
+        $(impl CoordinatorMethod for $request {
+            const NAME: &'static str = $name;
+            type Reply = $reply;
+        })*
+        /// Every method's name, for the error that names them.
+        const METHODS: &[&str] = &[$($name),*];
+    };
 }
 
-impl CoordinatorMethod for CancelRequest {
-    const NAME: &'static str = "cancel";
-    type Reply = JobStatus;
-}
-
-impl CoordinatorMethod for StatusRequest {
-    const NAME: &'static str = "status";
-    type Reply = JobStatus;
-}
-
-impl CoordinatorMethod for RanksRequest {
-    const NAME: &'static str = "ranks";
-    type Reply = Vec<RankView>;
-}
-
-impl CoordinatorMethod for MetricsRequest {
-    const NAME: &'static str = "metrics";
-    type Reply = MetricsReply;
+coordinator_methods! {
+    FollowRequest => "follow", FollowReply;
+    CancelRequest => "cancel", JobStatus;
+    StatusRequest => "status", JobStatus;
+    RanksRequest => "ranks", Vec<RankView>;
+    MetricsRequest => "metrics", MetricsReply;
+    LogRequest => "log", LogReply;
+    LogSearchRequest => "log_search", LogSearchReply;
 }
 
 /// What the job's thread and the actor's methods share.
 struct Shared {
     log: Mutex<Log>,
+    /// The run folder's `job.log`: every line the job says, and how it ended.
+    journal: Mutex<Journal>,
     changed: Condvar,
     /// The job thread's async runtime, once it runs.
     runtime: Mutex<Option<tokio::runtime::Handle>>,
@@ -221,11 +221,20 @@ impl Shared {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn finish(&self, state: JobState, outcome: Option<String>, summary: Option<JobSummary>) {
         let mut log = self.lock();
         if log.status.state.is_final() {
             return;
         }
+        let ended = match &outcome {
+            Some(outcome) => format!("job {}: {outcome}", state.name()),
+            None => format!("job {}", state.name()),
+        };
+        self.journal().line(std::time::SystemTime::now(), &ended);
         log.status.state = state;
         log.status.outcome = outcome;
         if let Some(summary) = &summary {
@@ -269,14 +278,21 @@ impl JobOutput for Shared {
                 status.data_wait_s = Some(*data_wait_s);
                 status.allreduce_s = Some(*allreduce_s);
             }
-            JobEvent::Line { .. }
-            | JobEvent::EpochEnded { .. }
-            | JobEvent::Preloading { .. }
-            | JobEvent::Preloaded => {}
+            JobEvent::Line { text, .. } => {
+                self.journal().line(std::time::SystemTime::now(), text);
+            }
+            JobEvent::EpochEnded { .. } | JobEvent::Preloading { .. } | JobEvent::Preloaded => {}
         }
         log.events.push(event);
         drop(log);
         self.changed.notify_all();
+    }
+
+    fn run_folder(&self, dir: &std::path::Path) {
+        if let Err(error) = self.journal().open(dir) {
+            warn!(%error, dir = %dir.display(), "opening the job's log; it is not kept");
+        }
+        self.lock().status.run_dir = Some(dir.to_path_buf());
     }
 }
 
@@ -323,6 +339,7 @@ impl Coordinator {
                     summary: None,
                 },
             }),
+            journal: Mutex::new(Journal::new()),
             changed: Condvar::new(),
             runtime: Mutex::new(None),
         });
@@ -414,6 +431,23 @@ impl Coordinator {
         Ok(MetricsReply { bytes, length })
     }
 
+    /// The run folder, or why there is none yet.
+    fn run_dir(&self) -> Result<PathBuf, MethodError> {
+        self.status()
+            .run_dir
+            .ok_or_else(|| MethodError::new("the job has no run folder yet"))
+    }
+
+    fn log(&self, request: &LogRequest) -> Result<LogReply, MethodError> {
+        let run_dir = self.run_dir()?;
+        joblog::read_in(&run_dir, request).map_err(|error| log_error(&run_dir, &error))
+    }
+
+    fn log_search(&self, request: &LogSearchRequest) -> Result<LogSearchReply, MethodError> {
+        let run_dir = self.run_dir()?;
+        joblog::search_in(&run_dir, request).map_err(|error| log_error(&run_dir, &error))
+    }
+
     fn cancel(&self, by: &str) -> JobStatus {
         let mut log = self.shared.lock();
         if log.status.state == JobState::Running {
@@ -440,13 +474,13 @@ impl Actor for Coordinator {
             StatusRequest::NAME => encode(&self.status()),
             RanksRequest::NAME => encode(&self.ranks()?),
             MetricsRequest::NAME => encode(&self.metrics(&decode::<MetricsRequest>(payload)?)?),
+            LogRequest::NAME => encode(&self.log(&decode::<LogRequest>(payload)?)?),
+            LogSearchRequest::NAME => {
+                encode(&self.log_search(&decode::<LogSearchRequest>(payload)?)?)
+            }
             other => Err(MethodError::new(format!(
-                "a job's coordinator has no method '{other}' (it has {}, {}, {}, {} and {})",
-                FollowRequest::NAME,
-                CancelRequest::NAME,
-                StatusRequest::NAME,
-                RanksRequest::NAME,
-                MetricsRequest::NAME
+                "a job's coordinator has no method '{other}' (it has {})",
+                METHODS.join(", ")
             ))),
         }
     }
@@ -460,6 +494,15 @@ impl Actor for Coordinator {
             warn!("the job's thread panicked");
         }
     }
+}
+
+/// A failed read of `run_dir`'s log, naming it.
+fn log_error(run_dir: &std::path::Path, error: &std::io::Error) -> MethodError {
+    let path = run_dir.join(joblog::LOG_FILE);
+    if error.kind() == std::io::ErrorKind::NotFound {
+        return MethodError::new(format!("{}: the job has no log yet", path.display()));
+    }
+    MethodError::new(format!("{}: {error}", path.display()))
 }
 
 impl Drop for Coordinator {

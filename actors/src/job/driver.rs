@@ -50,6 +50,7 @@ pub async fn run(
         None => None,
     };
     let run_dir = open_run_dir(resume.as_ref(), &settings, stop)?;
+    output.run_folder(&run_dir);
     for line in plan_lines(&job, &planned, settings.elastic, &run_dir) {
         output.info(line);
     }

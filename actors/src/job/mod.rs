@@ -18,7 +18,8 @@
 //! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
 //!    `rules.rs` (the rules between its choices), and the pure decisions: `due.rs` (what
 //!    is due at each step) and `recovery.rs` (what follows each end of the step loop),
-//!    `tensorboard.rs` (records as TensorBoard event files);
+//!    `tensorboard.rs` (records as TensorBoard event files), `joblog.rs` (the job's
+//!    `job.log` and the reads of it);
 //! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`, and its records as
 //!    TensorBoard events);
 //! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
@@ -40,6 +41,7 @@ mod driver;
 mod due;
 mod elastic;
 mod error;
+mod joblog;
 mod loader_actors;
 mod metrics;
 mod output;
@@ -66,12 +68,16 @@ pub use coordinator::{
 };
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
+pub use joblog::{
+    LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
+    MAX_LOG_PIECE, SEARCH_WINDOW,
+};
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
     COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, JobSnapshot, call_coordinator,
-    coordinators, snapshot,
+    coordinator, coordinators, snapshot,
 };
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};
 pub use watch::head_lost;

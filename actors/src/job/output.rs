@@ -51,6 +51,10 @@ pub enum JobEvent {
 pub trait JobOutput: Send + Sync {
     fn event(&self, event: JobEvent);
 
+    /// The job's run folder is `dir` (made, or found again by a resume): called once,
+    /// before the job says its plan. An output that keeps a log there opens it now.
+    fn run_folder(&self, _dir: &std::path::Path) {}
+
     /// Says `text` as information.
     fn info(&self, text: String) {
         self.event(JobEvent::Line {

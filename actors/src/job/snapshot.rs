@@ -109,6 +109,23 @@ pub async fn coordinators(
     found
 }
 
+/// The coordinator of the job `name`, found by name in the head's table; `None` when the
+/// cluster holds no such job.
+pub async fn coordinator(
+    client: &ClusterClient,
+    name: &str,
+) -> Result<Option<ActorRef>, DaemonError> {
+    let status = client.status().await?;
+    let found = status.actors.iter().find(|actor| {
+        actor.kind == COORDINATOR_KIND && actor.label.as_ref().is_some_and(|l| l.job == name)
+    });
+    match found {
+        // An actor that ended between the status and here is no longer a job.
+        Some(actor) => Ok(client.actor(actor.id).await.ok()),
+        None => Ok(None),
+    }
+}
+
 /// The cluster and every job in it, now.
 pub async fn snapshot(client: &ClusterClient) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;

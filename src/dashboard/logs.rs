@@ -1,0 +1,193 @@
+//! A job's log on the dashboard: `job/NAME/log` shows its last lines (`?lines=`, at most
+//! [`MAX_LINES`], default [`DEFAULT_LINES`]) or the lines that hold a text (`?q=`),
+//! and follows the job as its page does; `job/NAME/log.txt` downloads all of it, a piece
+//! at a time, at most [`MAX_DOWNLOADS`] at once.
+//!
+//! The log is the job's `job.log`, read by its coordinator, which is found by the job's
+//! name in the head's table: nothing of a request reaches a path, a shell or a process
+//! argument.
+
+use std::sync::Arc;
+
+use actors::job::{
+    COORDINATOR_CALL_TIMEOUT, LogFrom, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
+    MAX_LOG_PIECE, call_coordinator, coordinator,
+};
+use anyhow::Context as _;
+use axum::body::{Body, Bytes};
+use runtime::{ActorRef, ClusterClient};
+use serde::Deserialize;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::events::ChannelBody;
+
+/// The lines a log page shows unless it asks for another number.
+pub(super) const DEFAULT_LINES: u64 = 1000;
+
+/// The most lines a log page shows.
+pub(super) const MAX_LINES: u64 = 10_000;
+
+/// The most matches a search shows (the newest).
+const MAX_MATCHES: u64 = 1000;
+
+/// Downloads at once; more are refused until one ends.
+pub(super) const MAX_DOWNLOADS: usize = 4;
+
+/// A log page's query.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct LogQuery {
+    lines: Option<u64>,
+    #[serde(default)]
+    q: String,
+}
+
+/// What a log page shows.
+pub(super) enum LogView {
+    Tail { lines: u64, reply: LogReply },
+    Search { text: String, reply: LogSearchReply },
+}
+
+/// The view `query` asks of the job `name`'s log; `None` when there is no such job.
+pub(super) async fn view(
+    client: &ClusterClient,
+    name: &str,
+    query: &LogQuery,
+) -> anyhow::Result<Option<LogView>> {
+    let Some(actor) = coordinator(client, name).await.context("asking the head")? else {
+        return Ok(None);
+    };
+    let text = query.q.trim();
+    let view = if text.is_empty() {
+        let lines = query.lines.unwrap_or(DEFAULT_LINES).clamp(1, MAX_LINES);
+        let request = LogRequest {
+            from: LogFrom::Tail { lines },
+            max_bytes: MAX_LOG_PIECE,
+        };
+        let reply = call_coordinator(&actor, &request, COORDINATOR_CALL_TIMEOUT).await?;
+        LogView::Tail { lines, reply }
+    } else {
+        let request = LogSearchRequest {
+            text: text.to_owned(),
+            max_matches: MAX_MATCHES,
+        };
+        let reply = call_coordinator(&actor, &request, COORDINATOR_CALL_TIMEOUT).await?;
+        LogView::Search {
+            text: text.to_owned(),
+            reply,
+        }
+    };
+    Ok(Some(view))
+}
+
+/// The downloads' share of the server.
+pub(super) struct Downloads {
+    open: Arc<Semaphore>,
+}
+
+/// Why a download did not start.
+pub(super) enum Refused {
+    NoSuchJob,
+    Busy,
+}
+
+impl Downloads {
+    pub(super) fn new() -> Self {
+        Downloads {
+            open: Arc::new(Semaphore::new(MAX_DOWNLOADS)),
+        }
+    }
+
+    /// The job `name`'s log as it is now (later lines are left for a later download), a
+    /// piece at a time.
+    pub(super) async fn start(
+        &self,
+        client: &ClusterClient,
+        name: &str,
+    ) -> anyhow::Result<Result<Body, Refused>> {
+        let Ok(permit) = Arc::clone(&self.open).try_acquire_owned() else {
+            return Ok(Err(Refused::Busy));
+        };
+        let Some(actor) = coordinator(client, name).await.context("asking the head")? else {
+            return Ok(Err(Refused::NoSuchJob));
+        };
+        // The first piece now, so that a job without a log is an error, not an empty file.
+        let first = piece(&actor, 0).await?;
+        let (send, receive) = mpsc::channel(2);
+        tokio::spawn(send_rest(actor, first, send));
+        Ok(Ok(Body::new(ChannelBody {
+            receive,
+            _permit: permit,
+        })))
+    }
+}
+
+/// Sends `first` and the pieces after it, up to the log's length when `first` was read.
+async fn send_rest(actor: ActorRef, first: LogReply, send: mpsc::Sender<std::io::Result<Bytes>>) {
+    let end = first.length;
+    let mut offset = first.bytes.len() as u64;
+    let mut next = Ok(first);
+    loop {
+        let mut reply = match next {
+            Ok(reply) => reply,
+            Err(error) => {
+                let _ = send.send(Err(std::io::Error::other(error))).await;
+                return;
+            }
+        };
+        reply
+            .bytes
+            .truncate(usize::try_from(end.saturating_sub(reply.start)).unwrap_or(usize::MAX));
+        if reply.bytes.is_empty() || send.send(Ok(Bytes::from(reply.bytes))).await.is_err() {
+            return;
+        }
+        if offset >= end {
+            return;
+        }
+        next = piece(&actor, offset).await.map_err(|e| format!("{e:#}"));
+        if let Ok(reply) = &next {
+            offset += reply.bytes.len() as u64;
+        }
+    }
+}
+
+async fn piece(actor: &ActorRef, offset: u64) -> anyhow::Result<LogReply> {
+    let request = LogRequest {
+        from: LogFrom::Offset { offset },
+        max_bytes: MAX_LOG_PIECE,
+    };
+    Ok(call_coordinator(actor, &request, COORDINATOR_CALL_TIMEOUT).await?)
+}
+
+/// A download's file name for the job `name`: its letters, digits, `.`, `-` and `_`,
+/// every other character `_`.
+pub(super) fn file_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{}.log", safe.trim_start_matches('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_download_is_named_by_safe_characters_only() {
+        for (name, file) in [
+            ("run1", "run1.log"),
+            ("resnet-50_a.b", "resnet-50_a.b.log"),
+            ("a\"b\r\nc", "a_b__c.log"),
+            ("../x", "_x.log"),
+            ("é", "_.log"),
+        ] {
+            assert_eq!(file_name(name), file, "{name:?}");
+        }
+    }
+}
