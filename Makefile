@@ -36,6 +36,7 @@ bench: preflight
 	cargo bench --locked -p pipelines --bench read
 	cargo bench --locked -p pipelines --bench loader
 	cargo bench --locked -p runtime --bench cluster
+	eval "$$(bash tools/libtorch.sh)" && cargo bench --locked -p actors --bench joblog
 	eval "$$(bash tools/libtorch.sh)" && env -u LIBTORCH -u LIBTORCH_USE_PYTORCH cargo run --locked --release -p runtime --example allreduce_procs
 	eval "$$(bash tools/libtorch.sh)" && cargo build --locked --release --bin imgrun && PY=$${IMGRUN_CACHE:-$$HOME/.cache/imgrun}/torch-2.11.0/bin/python && { $$PY -c 'import webdataset, PIL' 2>/dev/null || $$PY -m pip install --quiet webdataset pillow; } && $$PY actors/benches/python/compare_train.py --epochs 3 --repeat 2
 

@@ -70,7 +70,7 @@ pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use joblog::{
     LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
-    MAX_LOG_PIECE, SEARCH_WINDOW,
+    MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, search as search_log,
 };
 pub use output::{JobEvent, JobOutput, Level};
 pub use ranks::RankView;
