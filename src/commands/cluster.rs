@@ -38,6 +38,10 @@ pub struct StartArgs {
     /// Serve no dashboard and no `/metrics`.
     #[arg(long, conflicts_with = "dashboard_port")]
     no_dashboard: bool,
+    /// Let a job be cancelled from its dashboard page (the only action there is; the
+    /// dashboard is read-only without it).
+    #[arg(long, conflicts_with = "no_dashboard")]
+    dashboard_actions: bool,
     #[command(flatten)]
     daemon: DaemonArgs,
 }
@@ -198,6 +202,7 @@ async fn start_dashboard(
         port: args.dashboard_port.unwrap_or(cluster.dashboard_port),
         hosts: cluster.dashboard_hosts.clone(),
         draw_chart,
+        actions: args.dashboard_actions,
     };
     let dashboard = crate::dashboard::start(options, client)
         .await

@@ -90,6 +90,9 @@ pub struct DashboardOptions {
     pub hosts: Vec<String>,
     /// How a job's charts are drawn.
     pub draw_chart: DrawChart,
+    /// Whether a job can be cancelled from its page (`--dashboard-actions`); nothing
+    /// else ever can be done from the dashboard.
+    pub actions: bool,
 }
 
 /// A running dashboard; it stops when this is dropped or [`Dashboard::stop`]ped.
@@ -140,6 +143,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
     let (stop_streams, streams_stopping) = tokio::sync::watch::channel(false);
     let app = router(Arc::new(Shared {
         hosts: Hosts::new(addr.ip(), &options.hosts),
+        actions: options.actions,
         sessions: Sessions::new(record.token.clone(), record.metrics_token.clone()),
         charts: charts::Charts::new(client.clone(), options.draw_chart),
         streams: events::Streams::new(streams_stopping),
@@ -170,6 +174,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
 /// What every request shares.
 struct Shared {
     hosts: Hosts,
+    actions: bool,
     sessions: Sessions,
     snapshots: Snapshots,
     charts: charts::Charts,
@@ -185,6 +190,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/job/{name}/chart.svg", get(chart))
         .route("/job/{name}/log", get(log_page))
         .route("/job/{name}/log.txt", get(log_download))
+        .route("/job/{name}/cancel", post(cancel))
         .route("/api/state", get(state))
         .route("/events", get(events))
         .route("/metrics", get(prometheus))
@@ -259,7 +265,7 @@ async fn guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) 
         origin: text(header::ORIGIN),
         credential,
     };
-    let mut response = match policy::check(&shared.hosts, &seen) {
+    let mut response = match policy::check(&shared.hosts, shared.actions, &seen) {
         Ok(()) => {
             let mut request = request;
             request.extensions_mut().insert(credential);
@@ -319,9 +325,18 @@ async fn index(
     }
 }
 
-async fn job_page(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+async fn job_page(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    // With actions on, the page carries its session's CSRF token for the cancel button.
+    let csrf = session_id(&headers)
+        .and_then(|id| shared.sessions.find(id))
+        .filter(|_| shared.actions)
+        .map(|session| session.csrf);
     match shared.snapshots.get().await {
-        Ok(snapshot) => match pages::job(&snapshot, &name) {
+        Ok(snapshot) => match pages::job(&snapshot, &name, csrf.as_deref()) {
             Some(page) => html(page),
             None => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
         },
@@ -383,6 +398,31 @@ async fn log_download(State(shared): State<Arc<Shared>>, Path(name): Path<String
         )
             .into_response(),
         Err(error) => unavailable(&error),
+    }
+}
+
+/// `job/NAME/cancel` (with `--dashboard-actions`, which the policy checked): asks the
+/// job to stop after its step in flight with a checkpoint, as `imgrun cancel` does; the
+/// finished job stays listed until `imgrun cancel` removes it.
+async fn cancel(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    let actor = match actors::job::coordinator(&shared.client, &name).await {
+        Ok(Some(actor)) => actor,
+        Ok(None) => return (StatusCode::NOT_FOUND, "no such job\n").into_response(),
+        Err(error) => return unavailable(&anyhow::Error::new(error).context("asking the head")),
+    };
+    let request = actors::job::CancelRequest::default();
+    match actors::job::call_coordinator(&actor, &request, actors::job::COORDINATOR_CALL_TIMEOUT)
+        .await
+    {
+        Ok(status) => {
+            tracing::info!(job = %name, "job cancelled from the dashboard");
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_vec(&status).unwrap_or_default(),
+            )
+                .into_response()
+        }
+        Err(error) => unavailable(&anyhow::Error::new(error)),
     }
 }
 

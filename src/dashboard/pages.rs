@@ -37,6 +37,18 @@ if (m) {
     else document.getElementById("say").textContent = "The token was refused: open the URL the head printed last.";
   });
 }
+// The cancel button (with --dashboard-actions): asked once, sent with the session's
+// CSRF token.
+document.addEventListener("click", (e) => {
+  const b = e.target.closest && e.target.closest("button[data-cancel]");
+  if (!b || !confirm("Cancel this job? It stops after its step in flight, with a checkpoint.")) return;
+  b.disabled = true;
+  fetch(new URL(b.dataset.cancel, location.href), {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "X-CSRF-Token": b.dataset.csrf },
+  }).then((r) => { b.textContent = r.ok ? "cancelling…" : "refused (" + r.status + ")"; });
+});
 const live = document.body.dataset.events;
 if (live && window.EventSource) {
   let chartAt = Date.now();
@@ -148,8 +160,10 @@ fn job_row(html: &mut String, job: &JobSnapshot, up: &str) {
     );
 }
 
-/// One job's page; `None` when the snapshot has no job of that name.
-pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
+/// One job's page; `None` when the snapshot has no job of that name. With `csrf` (the
+/// session's token, given when the head runs with `--dashboard-actions`), a running job
+/// has a button that cancels it.
+pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) -> Option<String> {
     let job = snapshot.jobs.iter().find(|job| job.name == name)?;
     let mut html = head(&format!("imgrun: {}", escape(name)), "../");
     let _ = write!(
@@ -165,6 +179,16 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str) -> Option<String> {
     html.push_str("</table>");
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
+    }
+    let running = job.job.as_ref().is_some_and(|s| !s.state.is_final());
+    if let Some(csrf) = csrf.filter(|_| running) {
+        let _ = write!(
+            html,
+            "<p><button data-cancel=\"{}/cancel\" data-csrf=\"{}\">cancel the job</button> \
+             <span class=muted>(it stops after its step in flight, with a checkpoint)</span></p>",
+            encode_segment(name),
+            escape(csrf)
+        );
     }
     if !job.ranks.is_empty() {
         html.push_str(

@@ -11,6 +11,8 @@
 //!   the session's CSRF token.
 //! - Pages and the API need a session (the cookie the login sets, or the dashboard's
 //!   token as a bearer token); `/metrics` takes the read-only metrics token as well.
+//! - The one action, cancelling a job (`POST job/NAME/cancel`), is refused unless the
+//!   head was started with `--dashboard-actions`.
 
 use axum::http::Method;
 
@@ -21,6 +23,8 @@ pub(super) enum Class {
     Public,
     /// `/metrics`: a session or the metrics token.
     Metrics,
+    /// `job/NAME/cancel`: a session, with actions on.
+    Action,
     /// Everything else: a session.
     Session,
 }
@@ -30,6 +34,7 @@ pub(super) fn class(path: &str) -> Class {
     match path {
         "/" | "/app.js" | "/style.css" | "/login" => Class::Public,
         "/metrics" => Class::Metrics,
+        _ if path.starts_with("/job/") && path.ends_with("/cancel") => Class::Action,
         _ => Class::Session,
     }
 }
@@ -68,6 +73,10 @@ pub(super) enum Refusal {
     Csrf,
     #[error("open the URL `imgrun start --head` printed: it carries the token")]
     Unauthenticated,
+    #[error(
+        "this dashboard is read-only: start the head with --dashboard-actions to cancel jobs from it"
+    )]
+    ActionsOff,
 }
 
 /// The names (lower case, without port) the dashboard answers to.
@@ -105,8 +114,9 @@ fn host_name(host: &str) -> &str {
     }
 }
 
-/// Whether `request` may be answered.
-pub(super) fn check(hosts: &Hosts, request: &Seen<'_>) -> Result<(), Refusal> {
+/// Whether `request` may be answered; `actions`: whether the head was started with
+/// `--dashboard-actions`.
+pub(super) fn check(hosts: &Hosts, actions: bool, request: &Seen<'_>) -> Result<(), Refusal> {
     let host = request.host.ok_or(Refusal::Host)?;
     if !hosts.allows(host) {
         return Err(Refusal::Host);
@@ -127,10 +137,12 @@ pub(super) fn check(hosts: &Hosts, request: &Seen<'_>) -> Result<(), Refusal> {
         (Class::Public, _) if reads || request.path == "/login" => Ok(()),
         (Class::Metrics, Credential::Metrics) if reads => Ok(()),
         (_, Credential::Session { csrf_ok }) => {
-            if reads || csrf_ok {
-                Ok(())
-            } else {
+            if !reads && !csrf_ok {
                 Err(Refusal::Csrf)
+            } else if class == Class::Action && !actions {
+                Err(Refusal::ActionsOff)
+            } else {
+                Ok(())
             }
         }
         _ => Err(Refusal::Unauthenticated),
@@ -194,7 +206,7 @@ mod tests {
             (&post, "/api/cancel", here, from_here, Session { csrf_ok: true }, Ok(())),
             (&post, "/metrics", here, from_here, Metrics, Err(Refusal::Unauthenticated)),
         ];
-        for (method, path, host, origin, credential, expected) in table {
+        let decide = |actions: bool, (method, path, host, origin, credential, expected): Row| {
             let seen = Seen {
                 method,
                 path,
@@ -202,7 +214,31 @@ mod tests {
                 origin,
                 credential,
             };
-            assert_eq!(check(&hosts, &seen), expected, "{seen:?}");
+            assert_eq!(
+                check(&hosts, actions, &seen),
+                expected,
+                "actions {actions}: {seen:?}"
+            );
+        };
+        for row in table {
+            // Actions change nothing of these.
+            decide(false, row);
+            decide(true, row);
+        }
+        // Cancelling a job: only with actions on, and as any other change.
+        let cancel = "/job/a/cancel";
+        let csrf = Session { csrf_ok: true };
+        #[rustfmt::skip]
+        let actions: [(bool, Row); 6] = [
+            (false, (&post, cancel, here, from_here, csrf, Err(Refusal::ActionsOff))),
+            (true, (&post, cancel, here, from_here, csrf, Ok(()))),
+            (true, (&post, cancel, here, from_here, session, Err(Refusal::Csrf))),
+            (true, (&post, cancel, here, Some("http://evil.example"), csrf, Err(Refusal::CrossOrigin))),
+            (true, (&post, cancel, here, from_here, Nobody, Err(Refusal::Unauthenticated))),
+            (true, (&post, cancel, here, from_here, Metrics, Err(Refusal::Unauthenticated))),
+        ];
+        for (on, row) in actions {
+            decide(on, row);
         }
     }
 

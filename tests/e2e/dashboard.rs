@@ -226,7 +226,7 @@ fn node_ids(status: &Value) -> BTreeSet<u64> {
 /// and every request the dashboard must refuse is refused.
 #[test]
 fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
-    let cluster = TrainCluster::start();
+    let cluster = TrainCluster::start_head_with(&["--dashboard-actions"]);
     let mut args = cluster.data.args(&cluster.runs, "watched", 200);
     args.push("--detach".to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -343,6 +343,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     assert_eq!(scraped, nodes, "/metrics");
 
     prometheus_scrapes(&dash, &ranks, cluster.root.path());
+    cancel_from_the_page(&dash, &session, &cluster);
     let out = cluster.head.run(&["cancel", "watched"]);
     assert!(out.status.success(), "{}", describe(&out));
     let log = std::fs::read_to_string(cluster.runs.join("watched/job.log")).expect("job.log");
@@ -352,6 +353,62 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         "the log ends with how: {tail:?}"
     );
     cluster.assert_settled();
+}
+
+/// `--dashboard-actions`: the job's page has a cancel button carrying its session's CSRF
+/// token; a cancel without it is refused, one with it stops the job with a checkpoint.
+fn cancel_from_the_page(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
+    let page = browse(dash, "/job/watched", session);
+    assert!(
+        page.body.contains("data-cancel=\"watched/cancel\""),
+        "{}",
+        page.body
+    );
+    let csrf = page
+        .body
+        .split("data-csrf=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page's CSRF token");
+    let here = dash.addr.to_string();
+    let origin = format!("http://{here}");
+    let post =
+        |path: &str, headers: &[(&str, &str)]| request(dash.addr, "POST", path, &here, headers, "");
+    let watched = "/job/watched/cancel";
+    let without = post(watched, &[("Cookie", session), ("Origin", &origin)]);
+    assert_eq!(without.status, 403, "{}", without.body);
+    let cross = post(
+        watched,
+        &[
+            ("Cookie", session),
+            ("Origin", "http://evil.example"),
+            ("X-CSRF-Token", csrf),
+        ],
+    );
+    assert_eq!(cross.status, 403, "{}", cross.body);
+    let none = post(
+        "/job/nope/cancel",
+        &[
+            ("Cookie", session),
+            ("Origin", &origin),
+            ("X-CSRF-Token", csrf),
+        ],
+    );
+    assert_eq!(none.status, 404, "{}", none.body);
+    let asked = post(
+        watched,
+        &[
+            ("Cookie", session),
+            ("Origin", &origin),
+            ("X-CSRF-Token", csrf),
+        ],
+    );
+    assert_eq!(asked.status, 200, "{}", asked.body);
+    wait_for(JOB_LIMIT, "the job cancelled from its page", || {
+        let listed: Value = serde_json::from_str(&cluster.head.run_ok(&["jobs", "--json"])).ok()?;
+        (job_states(&listed) == BTreeSet::from([("watched".into(), "cancelled".into())]))
+            .then_some(())
+    });
 }
 
 /// The job's log: its page shows the lines of `run/job.log`, a search finds them and

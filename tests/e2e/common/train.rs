@@ -57,6 +57,15 @@ impl TrainCluster {
     /// A head, a node whose daemon (and so its trainers) has `node_env` in its
     /// environment, and `more` nodes.
     pub fn start_with_env(more: usize, node_env: &[(&str, &str)]) -> TrainCluster {
+        Self::start_full(more, node_env, &[])
+    }
+
+    /// A head started with `head_args` too, and a node.
+    pub fn start_head_with(head_args: &[&str]) -> TrainCluster {
+        Self::start_full(0, &[], head_args)
+    }
+
+    fn start_full(more: usize, node_env: &[(&str, &str)], head_args: &[&str]) -> TrainCluster {
         let root = tempfile::tempdir().expect("temp dir");
         let head = Machine::new(root.path(), "head");
         let mut node = Machine::new(root.path(), "node");
@@ -67,7 +76,9 @@ impl TrainCluster {
         let more: Vec<Machine> = (0..more)
             .map(|i| Machine::new(root.path(), &format!("node{}", i + 2)))
             .collect();
-        let join = head.start_head(&["--bind", "127.0.0.1", "--num-gpus", "0"]);
+        let mut args = vec!["--bind", "127.0.0.1", "--num-gpus", "0"];
+        args.extend_from_slice(head_args);
+        let join = head.start_head(&args);
         for machine in std::iter::once(&node).chain(&more) {
             let out = machine.join(&join, &["--bind", "127.0.0.1", "--num-gpus", "0"]);
             assert!(out.status.success(), "join failed:\n{}", describe(&out));
