@@ -77,6 +77,9 @@ enum Command {
     Export(commands::export::ExportArgs),
     /// Draws a training run's metrics (loss, accuracy, throughput, learning rate) to a PNG.
     Plot(commands::plot::PlotArgs),
+    /// Writes one self-contained HTML page of a job (status, charts, the end of its log)
+    /// that opens without a server.
+    Report(commands::report::ReportArgs),
     /// Hosts the actors of one process group for the node daemon that started it; its
     /// stdin is the daemon's socket (internal: only daemons run it).
     #[command(hide = true)]
@@ -165,6 +168,7 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Logs(args) => commands::jobs::logs(loaded, args),
         Command::Cancel(args) => commands::jobs::cancel(loaded, args),
         Command::Plot(args) => commands::plot::run(loaded, args),
+        Command::Report(args) => commands::report::run(loaded, args),
         Command::Export(args) => commands::export::run(loaded, args),
         // Returned above, before the configuration is read; the same if it were not.
         Command::Worker => Ok(runtime::worker_main(commands::cluster::actor_registry())),

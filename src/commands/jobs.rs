@@ -346,7 +346,11 @@ pub(crate) async fn find(client: &ClusterClient, name: &str) -> anyhow::Result<A
 }
 
 /// Runs `work` with a client of the running cluster.
-fn in_cluster<T, F, Fut>(loaded: &Loaded, address: Option<&str>, work: F) -> anyhow::Result<T>
+pub(crate) fn in_cluster<T, F, Fut>(
+    loaded: &Loaded,
+    address: Option<&str>,
+    work: F,
+) -> anyhow::Result<T>
 where
     F: FnOnce(ClusterClient) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,

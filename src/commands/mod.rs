@@ -5,7 +5,8 @@
 //!    `terminal` (a job's events on this terminal): leaves.
 //! 2. `jobs` (above `cluster`, `coordinator`, `terminal`).
 //! 3. `plot/` (above `jobs`).
-//! 4. `train/` (above `jobs`, `plot/`, `terminal`).
+//! 4. `train/` (above `jobs`, `plot/`, `terminal`), `report` (above `coordinator`,
+//!    `jobs`, `plot/`).
 //! 5. `demo`, `plan` (above `train/`).
 
 pub mod bench;
@@ -17,6 +18,7 @@ pub mod export;
 pub mod jobs;
 pub mod plan;
 pub mod plot;
+pub mod report;
 pub mod serve;
 pub mod shards;
 mod terminal;

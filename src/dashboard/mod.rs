@@ -115,6 +115,18 @@ impl Dashboard {
     }
 }
 
+/// A job as one self-contained HTML page (`imgrun report`), drawn as the dashboard draws
+/// its job page: its status, its charts (`svg`, or why there are none) and the last
+/// lines of its log.
+pub fn report(
+    job: &actors::job::JobSnapshot,
+    svg: Result<&str, &str>,
+    log: &str,
+    made: std::time::SystemTime,
+) -> String {
+    pages::report(job, svg, log, made)
+}
+
 /// Binds on loopback and serves the dashboard of `client`'s cluster.
 pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::Result<Dashboard> {
     let loopback = Ipv4Addr::LOCALHOST;

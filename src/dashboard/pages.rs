@@ -79,6 +79,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}\
 th,td{padding:.25em .8em;border-bottom:1px solid #ddd;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}\
 .bad{color:#b00}.muted{color:#777}img.chart{max-width:100%;height:auto}\
+div.chart svg{max-width:100%;height:auto}\
 pre.log{font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}\n";
 
 /// The overview: nodes and jobs.
@@ -119,20 +120,24 @@ pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
          <th>step</th><th>loss</th><th>images/s</th><th>checkpoint</th></tr>",
     );
     for job in &snapshot.jobs {
-        job_row(&mut html, job, "");
+        job_row(&mut html, job, Some(""));
     }
     html.push_str("</table>");
     html.push_str(&foot(snapshot));
     html
 }
 
-/// One job's row; `up` is the way back to the dashboard's root from the page.
-fn job_row(html: &mut String, job: &JobSnapshot, up: &str) {
-    let link = format!(
-        "<a href=\"{up}job/{}\">{}</a>",
-        encode_segment(&job.name),
-        escape(&job.name)
-    );
+/// One job's row, its name a link to its page when `up` (the way back to the
+/// dashboard's root from the page) is given.
+fn job_row(html: &mut String, job: &JobSnapshot, up: Option<&str>) {
+    let link = match up {
+        Some(up) => format!(
+            "<a href=\"{up}job/{}\">{}</a>",
+            encode_segment(&job.name),
+            escape(&job.name)
+        ),
+        None => escape(&job.name),
+    };
     let Some(status) = &job.job else {
         let _ = write!(
             html,
@@ -175,7 +180,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
         "<table><tr><th>job</th><th>state</th><th>epoch</th><th>step</th><th>loss</th>\
          <th>images/s</th><th>checkpoint</th></tr>",
     );
-    job_row(&mut html, job, "../");
+    job_row(&mut html, job, Some("../"));
     html.push_str("</table>");
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
@@ -301,6 +306,65 @@ pub(super) fn log(name: &str, view: &LogView) -> String {
         }
     }
     html.push_str("</body></html>\n");
+    html
+}
+
+/// A job as one self-contained page (`imgrun report`): its status, its charts (`svg`,
+/// or why there are none) and the last lines of its log, with the style inside and no
+/// script, link or request: it opens from a file, without a server.
+pub(crate) fn report(
+    job: &JobSnapshot,
+    svg: Result<&str, &str>,
+    log: &str,
+    made: std::time::SystemTime,
+) -> String {
+    let name = escape(&job.name);
+    let mut html = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>imgrun: {name}</title><style>{STYLE}</style></head><body><h1>{name}</h1>\
+         <table><tr><th>job</th><th>state</th><th>epoch</th><th>step</th><th>loss</th>\
+         <th>images/s</th><th>checkpoint</th></tr>"
+    );
+    job_row(&mut html, job, None);
+    html.push_str("</table>");
+    if let Some(status) = &job.job {
+        if let Some(outcome) = &status.outcome {
+            let _ = write!(html, "<p>{}</p>", escape(outcome));
+        }
+        if let Some(dir) = &status.run_dir {
+            let _ = write!(
+                html,
+                "<p class=muted>run folder {}</p>",
+                escape(&dir.display().to_string())
+            );
+        }
+    }
+    match svg {
+        // The drawing's own XML declaration has no place inside HTML.
+        Ok(svg) => {
+            let svg = match svg.strip_prefix("<?xml") {
+                Some(rest) => rest.split_once("?>").map_or(rest, |(_, svg)| svg),
+                None => svg,
+            };
+            let _ = write!(html, "<div class=chart>{svg}</div>");
+        }
+        Err(why) => {
+            let _ = write!(html, "<p class=bad>no charts: {}</p>", escape(why));
+        }
+    }
+    let _ = write!(
+        html,
+        "<h2>Log</h2><p class=muted>the last {} lines of {}</p><pre class=log>{}</pre>",
+        log.lines().count(),
+        actors::job::LOG_FILE,
+        escape(log)
+    );
+    let _ = writeln!(
+        html,
+        "<p class=muted>made by imgrun {} on {}</p></body></html>",
+        env!("CARGO_PKG_VERSION"),
+        httpdate::fmt_http_date(made)
+    );
     html
 }
 

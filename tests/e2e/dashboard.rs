@@ -344,6 +344,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
 
     prometheus_scrapes(&dash, &ranks, cluster.root.path());
     cancel_from_the_page(&dash, &session, &cluster);
+    reports(&cluster);
     let out = cluster.head.run(&["cancel", "watched"]);
     assert!(out.status.success(), "{}", describe(&out));
     let log = std::fs::read_to_string(cluster.runs.join("watched/job.log")).expect("job.log");
@@ -409,6 +410,44 @@ fn cancel_from_the_page(dash: &Dashboard, session: &str, cluster: &TrainCluster)
         (job_states(&listed) == BTreeSet::from([("watched".into(), "cancelled".into())]))
             .then_some(())
     });
+}
+
+/// `imgrun report`, of the job in the cluster and of its run folder: one page with its
+/// charts and the end of its log, that asks for nothing outside itself.
+fn reports(cluster: &TrainCluster) {
+    let run = cluster.runs.join("watched");
+    let from_job = cluster.root.path().join("job.html");
+    let from_folder = cluster.root.path().join("folder.html");
+    for (what, page) in [
+        ("watched".to_owned(), &from_job),
+        (run.display().to_string(), &from_folder),
+    ] {
+        let said = cluster
+            .head
+            .run_ok(&["report", &what, "-o", &page.display().to_string()]);
+        assert!(said.contains("opens without a server"), "{said}");
+        let html = std::fs::read_to_string(page).expect("the report");
+        for part in [
+            "<h1>watched</h1>",
+            "<svg",
+            "training loss",
+            " job cancelled: ",
+        ] {
+            assert!(html.contains(part), "{what}: no {part:?} in the report");
+        }
+        for outside in ["src=", "href=", "<script", "<link", "url("] {
+            assert!(!html.contains(outside), "{what}: {outside:?} in the report");
+        }
+    }
+    let job = std::fs::read_to_string(&from_job).expect("report");
+    assert!(job.contains("cancelled"), "the job's state: {job}");
+    let out = cluster.head.run(&["report", "nope", "-o", "x.html"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("nope is neither a run folder here nor a job"),
+        "{said}"
+    );
 }
 
 /// The job's log: its page shows the lines of `run/job.log`, a search finds them and
