@@ -20,6 +20,7 @@ pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0
 type Labels = Vec<(&'static str, String)>;
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 type Counters = Family<Labels, Counter<u64>>;
+type SecondsCounters = Family<Labels, Counter<f64, AtomicU64>>;
 
 /// The metrics of one scrape.
 struct Metrics {
@@ -35,6 +36,12 @@ impl Metrics {
 
     fn counter(&mut self, name: &str, help: &str) -> Counters {
         let family = Counters::default();
+        self.registry.register(name, help, family.clone());
+        family
+    }
+
+    fn seconds_counter(&mut self, name: &str, help: &str) -> SecondsCounters {
+        let family = SecondsCounters::default();
         self.registry.register(name, help, family.clone());
         family
     }
@@ -157,6 +164,82 @@ struct RankMetrics {
     phase_seconds: Gauges,
     data_wait: Gauges,
     heartbeat: Gauges,
+    totals: TotalMetrics,
+}
+
+/// The per-rank families of the job's running totals (labels `imgrun_job` and `rank`:
+/// a finished job's ranks have no node any more).
+struct TotalMetrics {
+    data_wait: SecondsCounters,
+    allreduce: SecondsCounters,
+    late: Counters,
+    last_step: Gauges,
+    p50: Gauges,
+    p95: Gauges,
+    straggler: Gauges,
+}
+
+impl TotalMetrics {
+    fn new(metrics: &mut Metrics) -> Self {
+        TotalMetrics {
+            data_wait: metrics.seconds_counter(
+                "imgrun_data_wait_seconds",
+                "Seconds the rank waited for data, over every step of the job",
+            ),
+            allreduce: metrics.seconds_counter(
+                "imgrun_allreduce_seconds",
+                "Seconds the rank waited for the gradient average, over every step of the job",
+            ),
+            late: metrics.counter(
+                "imgrun_rank_late_steps",
+                "Steps the rank was the late rank of (the one the others waited for)",
+            ),
+            last_step: metrics.gauge(
+                "imgrun_last_step_timestamp_seconds",
+                "When the rank's newest step ended, in seconds since the Unix epoch (alert on \
+                 time() minus this)",
+            ),
+            p50: metrics.gauge(
+                "imgrun_rank_step_p50_seconds",
+                "The median of the rank's step time over its last 100 steps",
+            ),
+            p95: metrics.gauge(
+                "imgrun_rank_step_p95_seconds",
+                "The 95th percentile of the rank's step time over its last 100 steps",
+            ),
+            straggler: metrics.gauge(
+                "imgrun_rank_straggler",
+                "1 when the rank was the late one in at least half of its last 100 steps",
+            ),
+        }
+    }
+
+    fn add(&self, job: &JobSnapshot) {
+        let Some(status) = &job.job else {
+            return;
+        };
+        for totals in &status.rank_totals {
+            let labels = vec![
+                ("imgrun_job", job.name.clone()),
+                ("rank", totals.rank.to_string()),
+            ];
+            self.data_wait
+                .get_or_create(&labels)
+                .inc_by(totals.data_wait_s);
+            self.allreduce
+                .get_or_create(&labels)
+                .inc_by(totals.allreduce_s);
+            self.late.get_or_create(&labels).inc_by(totals.late_steps);
+            self.last_step
+                .get_or_create(&labels)
+                .set(totals.last_step_unix_ms as f64 / 1000.0);
+            self.p50.get_or_create(&labels).set(totals.step_p50_s);
+            self.p95.get_or_create(&labels).set(totals.step_p95_s);
+            self.straggler
+                .get_or_create(&labels)
+                .set(f64::from(u8::from(totals.straggler)));
+        }
+    }
 }
 
 impl RankMetrics {
@@ -182,10 +265,12 @@ impl RankMetrics {
                 "imgrun_rank_heartbeat_age_seconds",
                 "Seconds since the head last heard the rank's node",
             ),
+            totals: TotalMetrics::new(metrics),
         }
     }
 
     fn add(&mut self, job: &JobSnapshot) {
+        self.totals.add(job);
         for view in &job.ranks {
             let labels = vec![
                 ("imgrun_job", job.name.clone()),
@@ -214,7 +299,7 @@ impl RankMetrics {
 mod tests {
     use std::collections::BTreeMap;
 
-    use actors::job::{JobSnapshot, JobState, JobStatus, RankView};
+    use actors::job::{JobSnapshot, JobState, JobStatus, RankTotals, RankView};
     use actors::train::phase::{Phase, RankPhase};
     use runtime::{ClusterStatus, NodeId, NodeState, NodeStatus};
 
@@ -279,6 +364,17 @@ mod tests {
             step_s: Some(0.125),
             data_wait_s: None,
             allreduce_s: Some(0.0625),
+            rank_totals: vec![RankTotals {
+                rank: 1,
+                steps: 40,
+                data_wait_s: 2.5,
+                allreduce_s: 0.75,
+                last_step_unix_ms: 1_795_891_300_500,
+                step_p50_s: 0.125,
+                step_p95_s: 0.25,
+                late_steps: 30,
+                straggler: true,
+            }],
             checkpoint: None,
             outcome: None,
             stopped_by: None,
@@ -318,6 +414,13 @@ mod tests {
             r#"imgrun_epoch_data_wait_seconds{imgrun_job="r50",rank="0",node="1"} 0.25"#,
             r#"imgrun_rank_heartbeat_age_seconds{imgrun_job="r50",rank="1",node="2"} 0.5"#,
             "# TYPE imgrun_step counter",
+            r#"imgrun_data_wait_seconds_total{imgrun_job="r50",rank="1"} 2.5"#,
+            r#"imgrun_allreduce_seconds_total{imgrun_job="r50",rank="1"} 0.75"#,
+            r#"imgrun_rank_late_steps_total{imgrun_job="r50",rank="1"} 30"#,
+            r#"imgrun_last_step_timestamp_seconds{imgrun_job="r50",rank="1"} 1795891300.5"#,
+            r#"imgrun_rank_step_p50_seconds{imgrun_job="r50",rank="1"} 0.125"#,
+            r#"imgrun_rank_step_p95_seconds{imgrun_job="r50",rank="1"} 0.25"#,
+            r#"imgrun_rank_straggler{imgrun_job="r50",rank="1"} 1.0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

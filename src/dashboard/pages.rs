@@ -198,9 +198,27 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
     if !job.ranks.is_empty() {
         html.push_str(
             "<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>phase</th><th>for</th>\
-             <th>epoch</th><th>step</th><th>data wait</th><th>heartbeat</th></tr>",
+             <th>epoch</th><th>step</th><th>data wait</th><th>step p50 / p95</th>\
+             <th>data wait, allreduce (all steps)</th><th>heartbeat</th></tr>",
         );
+        let totals = job.job.as_ref().map_or(&[][..], |s| &s.rank_totals[..]);
         for view in &job.ranks {
+            let tallied = totals.iter().find(|t| t.rank == view.rank);
+            let (quantiles, spent) = tallied.map_or(("-".into(), "-".into()), |t| {
+                (
+                    format!(
+                        "{:.3} / {:.3} s{}",
+                        t.step_p50_s,
+                        t.step_p95_s,
+                        if t.straggler {
+                            " <b class=bad>straggler</b>"
+                        } else {
+                            ""
+                        }
+                    ),
+                    format!("{:.1} s, {:.1} s", t.data_wait_s, t.allreduce_s),
+                )
+            });
             let heartbeat = view
                 .heartbeat_ms_ago
                 .map_or("-".into(), |ms| format!("{:.1} s ago", ms as f64 / 1000.0));
@@ -210,7 +228,8 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
                         html,
                         "<tr><td class=n>{}</td><td class=n>{}</td><td>{}</td>\
                          <td class=n>{:.1} s</td><td class=n>{}</td><td class=n>{}</td>\
-                         <td class=n>{:.1} s</td><td class=n>{heartbeat}</td></tr>",
+                         <td class=n>{:.1} s</td><td class=n>{quantiles}</td>\
+                         <td class=n>{spent}</td><td class=n>{heartbeat}</td></tr>",
                         view.rank,
                         view.node,
                         escape(&phase.describe()),
@@ -224,7 +243,8 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
                     let _ = write!(
                         html,
                         "<tr><td class=n>{}</td><td class=n>{}</td><td class=bad colspan=5>{}\
-                         </td><td class=n>{heartbeat}</td></tr>",
+                         </td><td class=n>{quantiles}</td><td class=n>{spent}</td>\
+                         <td class=n>{heartbeat}</td></tr>",
                         view.rank,
                         view.node,
                         escape(view.problem.as_deref().unwrap_or("unknown"))

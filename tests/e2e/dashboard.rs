@@ -332,6 +332,30 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         "every rank has taken steps"
     );
 
+    // Every rank's running totals, in the state and in /metrics.
+    let rank_numbers: BTreeSet<u64> = ranks.iter().map(|(_, rank, _)| *rank).collect();
+    let tallied: BTreeSet<u64> = state["jobs"][0]["job"]["rank_totals"]
+        .as_array()
+        .expect("rank_totals")
+        .iter()
+        .map(|t| t["rank"].as_u64().expect("rank"))
+        .collect();
+    assert_eq!(tallied, rank_numbers, "api/state's rank_totals");
+    for name in [
+        "imgrun_data_wait_seconds_total",
+        "imgrun_allreduce_seconds_total",
+        "imgrun_last_step_timestamp_seconds",
+        "imgrun_rank_step_p95_seconds",
+    ] {
+        let scraped: BTreeSet<u64> = samples
+            .iter()
+            .filter(|(n, labels, value)| {
+                n == name && labels["imgrun_job"] == "watched" && *value > 0.0
+            })
+            .map(|(_, labels, _)| label(labels, "rank"))
+            .collect();
+        assert_eq!(scraped, rank_numbers, "{name} in /metrics");
+    }
     let nodes = node_ids(&state);
     assert_eq!(nodes.len(), 2);
     assert_eq!(node_ids(&status), nodes, "status --json");

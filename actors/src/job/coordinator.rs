@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::joblog::{self, Journal, LogReply, LogRequest, LogSearchReply, LogSearchRequest};
+use super::rank_totals::RankTotals;
 use super::ranks::RankView;
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
@@ -102,6 +103,9 @@ pub struct JobStatus {
     pub data_wait_s: Option<f64>,
     #[serde(default)]
     pub allreduce_s: Option<f64>,
+    /// Every rank's running totals, step time quantiles and straggler flag.
+    #[serde(default)]
+    pub rank_totals: Vec<RankTotals>,
     /// The newest checkpoint.
     pub checkpoint: Option<Saved>,
     /// How it ended: why it failed or how it stopped (where its checkpoint is).
@@ -332,6 +336,7 @@ impl Coordinator {
                     step_s: None,
                     data_wait_s: None,
                     allreduce_s: None,
+                    rank_totals: Vec::new(),
                     checkpoint: None,
                     outcome: None,
                     stopped_by: None,
@@ -365,6 +370,7 @@ impl Coordinator {
     fn status(&self) -> JobStatus {
         let mut status = self.shared.lock().status.clone();
         status.checkpoint = self.control.progress().checkpoint.clone();
+        status.rank_totals = self.control.rank_totals();
         status
     }
 

@@ -16,7 +16,8 @@
 //! The files' layers, bottom up (a file names only files of the layers below it; CI's
 //! `tools/check-circles.py` fails on a circle among them):
 //! 1. leaves: `error.rs` (why a job ended, and its `Progress`), `output.rs` (its events),
-//!    `rules.rs` (the rules between its choices), and the pure decisions: `due.rs` (what
+//!    `rules.rs` (the rules between its choices), `rank_totals.rs` (what the step loop
+//!    counts per rank), and the pure decisions: `due.rs` (what
 //!    is due at each step) and `recovery.rs` (what follows each end of the step loop),
 //!    `tensorboard.rs` (records as TensorBoard event files), `joblog.rs` (the job's
 //!    `job.log` and the reads of it);
@@ -45,6 +46,7 @@ mod joblog;
 mod loader_actors;
 mod metrics;
 mod output;
+mod rank_totals;
 mod ranks;
 mod recovery;
 mod rules;
@@ -73,6 +75,7 @@ pub use joblog::{
     MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, search as search_log,
 };
 pub use output::{JobEvent, JobOutput, Level};
+pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{

@@ -302,6 +302,13 @@ impl RunningJob<'_> {
     }
 }
 
+/// Milliseconds since the Unix epoch, now.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
 /// One step's figures for metrics.jsonl, from every rank's record of it: a step lasts
 /// as long as its slowest rank; the data wait, the compute and the allreduce are the
 /// ranks' means.
@@ -688,7 +695,17 @@ impl RunningJob<'_> {
             let figures = step_figures(step.samples, &ranks_records);
             step_end_s += figures.step_s;
             let timings: Vec<StepTiming> = ranks_records.iter().map(|r| r.timing).collect();
-            if let Some(found) = late_rank(&timings, train.straggler_secs) {
+            let late = late_rank(&timings, train.straggler_secs);
+            let by_rank: Vec<(u32, StepTiming)> = self
+                .ranks
+                .iter()
+                .map(|r| r.rank)
+                .zip(timings.iter().copied())
+                .collect();
+            self.stop
+                .tally()
+                .step(&by_rank, late.map(|l| self.ranks[l.rank].rank), unix_ms());
+            if let Some(found) = late {
                 let who = &self.ranks[found.rank];
                 if tally.note_late(&found) {
                     self.output.warn(format!(

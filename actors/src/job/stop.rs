@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::JobSummary;
 use super::calls::RankHandle;
 use super::error::{Interrupted, JobError, Progress};
+use super::rank_totals::{RankTally, RankTotals};
 use super::ranks::{RankView, rank_views};
 
 /// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
@@ -23,6 +24,8 @@ pub struct StopControl {
     progress: Arc<Mutex<Progress>>,
     /// The job's ranks, once spawned, and the cluster they run on, for the hang doctor.
     ranks: Arc<Mutex<(Vec<RankHandle>, Option<runtime::ClusterClient>)>>,
+    /// What the step loop counts per rank.
+    tally: Arc<Mutex<RankTally>>,
 }
 
 impl std::fmt::Debug for StopControl {
@@ -53,6 +56,7 @@ impl StopControl {
             requested,
             progress: Arc::new(Mutex::new(Progress::default())),
             ranks: Arc::default(),
+            tally: Arc::default(),
         };
         (StopRequest(tx), control)
     }
@@ -60,6 +64,16 @@ impl StopControl {
     /// Where the job stands now.
     pub fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The per-rank tally the step loop keeps.
+    pub(crate) fn tally(&self) -> std::sync::MutexGuard<'_, RankTally> {
+        self.tally.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every rank's totals so far.
+    pub fn rank_totals(&self) -> Vec<RankTotals> {
+        self.tally().totals()
     }
 
     pub(crate) fn set_ranks(&self, ranks: &[RankHandle], client: &runtime::ClusterClient) {
