@@ -94,8 +94,30 @@ pub struct StatusArgs {
     #[arg(long)]
     address: Option<String>,
     /// Print JSON for scripts.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     json: bool,
+    /// Redraw the cluster, its jobs and their ranks every `--every` seconds, until
+    /// Ctrl-C (or `--times` redraws).
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between redraws with `--watch`.
+    #[arg(long, default_value_t = 2.0, requires = "watch", value_parser = watch_every)]
+    every: f64,
+    /// Stop after this many redraws with `--watch`.
+    #[arg(long, requires = "watch")]
+    times: Option<u64>,
+}
+
+/// `--every`: at least a tenth of a second, at most an hour.
+fn watch_every(text: &str) -> Result<f64, String> {
+    let every: f64 = text
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {text}"))?;
+    if (0.1..=3600.0).contains(&every) {
+        Ok(every)
+    } else {
+        Err(format!("{every} s: between 0.1 and 3600"))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -288,6 +310,9 @@ pub fn status(loaded: &Loaded, args: StatusArgs) -> anyhow::Result<ExitCode> {
         &state,
         args.address.as_deref(),
     ))?;
+    if args.watch {
+        return tokio.block_on(watch(&client, &args));
+    }
     if args.json {
         // The cluster and its jobs: the snapshot the dashboard and `/metrics` read too.
         let snapshot = tokio
@@ -308,6 +333,52 @@ pub fn status(loaded: &Loaded, args: StatusArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `status --watch`: the cluster, its jobs and their ranks, drawn again every `--every`
+/// seconds (over the last drawing on a terminal; one after another otherwise).
+async fn watch(client: &runtime::ClusterClient, args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stdout().is_terminal();
+    let mut drawn = 0;
+    loop {
+        let snapshot = actors::job::snapshot(client)
+            .await
+            .context("asking for the cluster's status")?;
+        let mut page = format!("{}", snapshot.cluster);
+        let statuses: Vec<_> = snapshot.jobs.iter().filter_map(|j| j.job.clone()).collect();
+        if !statuses.is_empty() {
+            page.push('\n');
+            page.push_str(&crate::commands::tables::jobs_table(&statuses));
+        }
+        for job in &snapshot.jobs {
+            if let Some(problem) = &job.problem {
+                page.push_str(&format!("job {}: {problem}\n", job.name));
+            }
+            if !job.ranks.is_empty() {
+                page.push_str(&format!("\n{}:", job.name));
+                page.push_str(&crate::commands::tables::ranks_table(&job.ranks));
+            }
+        }
+        let taken = std::time::UNIX_EPOCH + Duration::from_millis(snapshot.taken_at_unix_ms);
+        page.push_str(&format!(
+            "\nas of {} (every {} s; Ctrl-C ends)\n",
+            httpdate::fmt_http_date(taken),
+            args.every
+        ));
+        if terminal {
+            // Home, the page, then clear what is left of an older, longer one.
+            let clear = if drawn == 0 { "\x1b[2J" } else { "" };
+            print!("{clear}\x1b[H{}\x1b[J", page.replace('\n', "\x1b[K\n"));
+        } else {
+            println!("{page}");
+        }
+        drawn += 1;
+        if args.times.is_some_and(|times| drawn >= times) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_secs_f64(args.every)).await;
+    }
 }
 
 pub fn stop(loaded: &Loaded, args: StopArgs) -> anyhow::Result<ExitCode> {

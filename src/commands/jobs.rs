@@ -11,13 +11,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use actors::job::{
-    CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest, RankView,
-    RanksRequest, STOP_GRACE, StatusRequest,
+    CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest, RanksRequest,
+    STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorRef, ClusterClient};
 
 use crate::commands::coordinator::call;
+use crate::commands::tables::{jobs_table, ranks_table};
 use crate::commands::terminal::Terminal;
 use crate::config::Loaded;
 
@@ -72,8 +73,8 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
             let both = serde_json::json!({ "job": status, "ranks": ranks });
             println!("{}", serde_json::to_string_pretty(&both)?);
         } else {
-            print_jobs(std::slice::from_ref(&status));
-            print_ranks(&ranks);
+            print!("{}", jobs_table(std::slice::from_ref(&status)));
+            print!("{}", ranks_table(&ranks));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -102,66 +103,8 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
         .into_iter()
         .filter_map(|job| job.job)
         .collect();
-    print_jobs(&statuses);
+    print!("{}", jobs_table(&statuses));
     Ok(ExitCode::SUCCESS)
-}
-
-fn print_ranks(ranks: &[RankView]) {
-    if ranks.is_empty() {
-        return;
-    }
-    println!(
-        "\n{:>5} {:>5} {:<28} {:>9} {:>6} {:>8} {:>10} {:>10}",
-        "RANK", "NODE", "PHASE", "FOR", "EPOCH", "STEP", "DATA WAIT", "HEARTBEAT"
-    );
-    for view in ranks {
-        let heartbeat = view.heartbeat_ms_ago.map_or("-".to_string(), |ms| {
-            format!("{:.1}s ago", ms as f64 / 1000.0)
-        });
-        match (&view.phase, &view.problem) {
-            (Some(phase), _) => println!(
-                "{:>5} {:>5} {:<28} {:>8.1}s {:>6} {:>8} {:>9.1}s {:>10}",
-                view.rank,
-                view.node,
-                phase.describe(),
-                phase.seconds,
-                phase.epoch.map_or("-".to_string(), |e| e.to_string()),
-                phase.step,
-                phase.data_wait_s,
-                heartbeat
-            ),
-            (None, problem) => println!(
-                "{:>5} {:>5} {}",
-                view.rank,
-                view.node,
-                problem.as_deref().unwrap_or("unknown")
-            ),
-        }
-    }
-}
-
-fn print_jobs(statuses: &[JobStatus]) {
-    println!(
-        "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  RUN FOLDER (on the head's machine)",
-        "JOB", "STATE", "EPOCH", "STEP", "LOSS", "IMG/S"
-    );
-    for status in statuses {
-        println!(
-            "{:<24} {:<10} {:>6} {:>13} {:>8} {:>8}  {}",
-            status.name,
-            status.state.name(),
-            status.epoch.map_or("-".to_string(), |e| e.to_string()),
-            format!("{}/{}", status.position, status.steps),
-            status.loss.map_or("-".to_string(), |l| format!("{l:.3}")),
-            status
-                .images_per_s
-                .map_or("-".to_string(), |r| format!("{r:.0}")),
-            status
-                .run_dir
-                .as_ref()
-                .map_or("-".to_string(), |d| d.display().to_string())
-        );
-    }
 }
 
 pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {

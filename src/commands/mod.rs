@@ -1,13 +1,14 @@
 //! One module per `imgrun` command.
 //!
 //! Modules, bottom up: a module uses only those on the lines before its own.
-//! 1. `bench`, `cluster`, `coordinator`, `doctor`, `export`, `serve`, `shards`,
-//!    `terminal` (a job's events on this terminal): leaves.
-//! 2. `jobs` (above `cluster`, `coordinator`, `terminal`).
-//! 3. `plot/` (above `jobs`).
-//! 4. `train/` (above `jobs`, `plot/`, `terminal`), `report` (above `coordinator`,
+//! 1. `bench`, `coordinator`, `doctor`, `export`, `serve`, `shards`, `tables` (the jobs
+//!    and ranks tables), `terminal` (a job's events on this terminal): leaves.
+//! 2. `cluster` (above `tables`).
+//! 3. `jobs` (above `cluster`, `coordinator`, `tables`, `terminal`).
+//! 4. `plot/` (above `jobs`).
+//! 5. `train/` (above `jobs`, `plot/`, `terminal`), `report` (above `coordinator`,
 //!    `jobs`, `plot/`).
-//! 5. `demo`, `plan` (above `train/`).
+//! 6. `demo`, `plan` (above `train/`).
 
 pub mod bench;
 pub mod cluster;
@@ -21,6 +22,7 @@ pub mod plot;
 pub mod report;
 pub mod serve;
 pub mod shards;
+mod tables;
 mod terminal;
 pub mod train;
 

@@ -244,6 +244,20 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     refusals(&dash);
     let session = pages(&dash);
     log_pages(&dash, &session, &cluster.runs.join("watched"));
+    // The terminal's view of the same: drawn twice, each with the job and its two ranks.
+    let watched = cluster
+        .head
+        .run_ok(&["status", "--watch", "--every", "0.2", "--times", "2"]);
+    assert_eq!(
+        watched.matches("(every 0.2 s; Ctrl-C ends)").count(),
+        2,
+        "{watched}"
+    );
+    assert_eq!(watched.matches("\nwatched:").count(), 2, "{watched}");
+    assert!(
+        watched.contains("RANK") && watched.contains("running"),
+        "{watched}"
+    );
     let Some(python) = tools_python("tools/pytools.sh") else {
         return;
     };
