@@ -103,6 +103,10 @@ fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
         "imgrun_checkpoint_step",
         "The global step of the job's newest checkpoint",
     );
+    let checkpoint_s = metrics.gauge(
+        "imgrun_checkpoint_seconds",
+        "How long writing the job's newest checkpoint took",
+    );
     let lr = metrics.gauge("imgrun_learning_rate", "The newest step's learning rate");
     let step_s = metrics.gauge(
         "imgrun_step_seconds",
@@ -152,6 +156,9 @@ fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
             checkpoint
                 .get_or_create(&labels)
                 .set(saved.global_step as f64);
+            if let Some(seconds) = saved.seconds {
+                checkpoint_s.get_or_create(&labels).set(seconds);
+            }
         }
         ranks.add(job);
     }
@@ -299,7 +306,7 @@ impl RankMetrics {
 mod tests {
     use std::collections::BTreeMap;
 
-    use actors::job::{JobSnapshot, JobState, JobStatus, RankTotals, RankView};
+    use actors::job::{JobSnapshot, JobState, JobStatus, RankTotals, RankView, Saved};
     use actors::train::phase::{Phase, RankPhase};
     use runtime::{ClusterStatus, NodeId, NodeState, NodeStatus};
 
@@ -375,7 +382,13 @@ mod tests {
                 late_steps: 30,
                 straggler: true,
             }],
-            checkpoint: None,
+            checkpoint: Some(Saved {
+                dir: "runs/r50/checkpoints/step-00000040".into(),
+                epoch: 2,
+                global_step: 40,
+                step_in_epoch: 0,
+                seconds: Some(1.5),
+            }),
             outcome: None,
             stopped_by: None,
             late: None,
@@ -414,6 +427,8 @@ mod tests {
             r#"imgrun_epoch_data_wait_seconds{imgrun_job="r50",rank="0",node="1"} 0.25"#,
             r#"imgrun_rank_heartbeat_age_seconds{imgrun_job="r50",rank="1",node="2"} 0.5"#,
             "# TYPE imgrun_step counter",
+            r#"imgrun_checkpoint_step{imgrun_job="r50"} 40.0"#,
+            r#"imgrun_checkpoint_seconds{imgrun_job="r50"} 1.5"#,
             r#"imgrun_data_wait_seconds_total{imgrun_job="r50",rank="1"} 2.5"#,
             r#"imgrun_allreduce_seconds_total{imgrun_job="r50",rank="1"} 0.75"#,
             r#"imgrun_rank_late_steps_total{imgrun_job="r50",rank="1"} 30"#,

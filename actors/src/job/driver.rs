@@ -159,6 +159,7 @@ fn open_run_dir(
         epoch: r.state.epoch,
         global_step: r.state.global_step,
         step_in_epoch: r.state.step_in_epoch,
+        seconds: None,
     });
     Ok(run_dir)
 }

@@ -233,6 +233,10 @@ pub struct Saved {
     pub epoch: u64,
     pub global_step: u64,
     pub step_in_epoch: u64,
+    /// How long writing it took, from the request to rank 0's answer (none for the
+    /// checkpoint a job resumed from).
+    #[serde(default)]
+    pub seconds: Option<f64>,
 }
 
 /// Where a job stands, shared with the code that handles signals: what it needs to say

@@ -149,6 +149,7 @@ impl RunningJob<'_> {
                 "checkpoint {name}: no rank is left to write it"
             )));
         };
+        let started = std::time::Instant::now();
         let saved = if self.job.optim.sync == SyncChoice::Decentralized {
             // Every rank sends its replica to rank 0, which writes them all.
             call_all(self.ranks, |_| request.clone(), timeout)
@@ -178,6 +179,7 @@ impl RunningJob<'_> {
             epoch,
             global_step,
             step_in_epoch,
+            seconds: Some(started.elapsed().as_secs_f64()),
         });
         Ok(())
     }

@@ -408,6 +408,7 @@ mod tests {
                 epoch: 1,
                 global_step: 12,
                 step_in_epoch: 2,
+                seconds: Some(1.5),
             }),
         };
         let args = ["imgrun".to_string(), "train".to_string()];
