@@ -382,6 +382,7 @@ mod tests {
                 late_steps: 30,
                 straggler: true,
             }],
+            warnings: Vec::new(),
             checkpoint: Some(Saved {
                 dir: "runs/r50/checkpoints/step-00000040".into(),
                 epoch: 2,

@@ -185,6 +185,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
     if let Some(outcome) = job.job.as_ref().and_then(|s| s.outcome.as_deref()) {
         let _ = write!(html, "<p>{}</p>", escape(outcome));
     }
+    warnings(&mut html, job);
     let running = job.job.as_ref().is_some_and(|s| !s.state.is_final());
     if let Some(csrf) = csrf.filter(|_| running) {
         let _ = write!(
@@ -359,6 +360,7 @@ pub(crate) fn report(
             );
         }
     }
+    warnings(&mut html, job);
     match svg {
         // The drawing's own XML declaration has no place inside HTML.
         Ok(svg) => {
@@ -386,6 +388,24 @@ pub(crate) fn report(
         httpdate::fmt_http_date(made)
     );
     html
+}
+
+/// The job's newest warnings, newest first, when it gave any.
+fn warnings(html: &mut String, job: &JobSnapshot) {
+    let Some(status) = job.job.as_ref().filter(|s| !s.warnings.is_empty()) else {
+        return;
+    };
+    html.push_str("<h2>Warnings</h2><table>");
+    for warning in status.warnings.iter().rev() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(warning.at_unix_ms);
+        let _ = write!(
+            html,
+            "<tr><td class=muted>{}</td><td>{}</td></tr>",
+            httpdate::fmt_http_date(at),
+            escape(&warning.text)
+        );
+    }
+    html.push_str("</table>");
 }
 
 /// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`):

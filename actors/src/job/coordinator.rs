@@ -25,9 +25,19 @@ use super::rank_totals::RankTotals;
 use super::ranks::RankView;
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
-    JobError, JobEvent, JobOutput, JobRequest, JobSummary, Saved, StopControl, StopRequest,
+    JobError, JobEvent, JobOutput, JobRequest, JobSummary, Level, Saved, StopControl, StopRequest,
     Trainers,
 };
+
+/// The most warnings a [`JobStatus`] carries.
+pub const MAX_WARNINGS: usize = 20;
+
+/// A warning the job gave, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Warning {
+    pub at_unix_ms: u64,
+    pub text: String,
+}
 
 /// The coordinator's actor kind.
 pub const COORDINATOR_KIND: &str = "job";
@@ -106,6 +116,10 @@ pub struct JobStatus {
     /// Every rank's running totals, step time quantiles and straggler flag.
     #[serde(default)]
     pub rank_totals: Vec<RankTotals>,
+    /// The job's newest warnings (a lost or late rank, a regroup, a failed save, ...),
+    /// at most [`MAX_WARNINGS`], oldest first; all of them are in its `job.log`.
+    #[serde(default)]
+    pub warnings: Vec<Warning>,
     /// The newest checkpoint.
     pub checkpoint: Option<Saved>,
     /// How it ended: why it failed or how it stopped (where its checkpoint is).
@@ -282,8 +296,15 @@ impl JobOutput for Shared {
                 status.data_wait_s = Some(*data_wait_s);
                 status.allreduce_s = Some(*allreduce_s);
             }
-            JobEvent::Line { text, .. } => {
-                self.journal().line(std::time::SystemTime::now(), text);
+            JobEvent::Line { level, text } => {
+                let now = std::time::SystemTime::now();
+                self.journal().line(now, text);
+                if *level == Level::Warning {
+                    let at_unix_ms = now
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |since| since.as_millis() as u64);
+                    keep_warning(&mut status.warnings, at_unix_ms, text);
+                }
             }
             JobEvent::EpochEnded { .. } | JobEvent::Preloading { .. } | JobEvent::Preloaded => {}
         }
@@ -337,6 +358,7 @@ impl Coordinator {
                     data_wait_s: None,
                     allreduce_s: None,
                     rank_totals: Vec::new(),
+                    warnings: Vec::new(),
                     checkpoint: None,
                     outcome: None,
                     stopped_by: None,
@@ -502,6 +524,17 @@ impl Actor for Coordinator {
     }
 }
 
+/// Adds a warning to the newest ones, dropping the oldest past [`MAX_WARNINGS`].
+fn keep_warning(warnings: &mut Vec<Warning>, at_unix_ms: u64, text: &str) {
+    if warnings.len() >= MAX_WARNINGS {
+        warnings.drain(..=warnings.len() - MAX_WARNINGS);
+    }
+    warnings.push(Warning {
+        at_unix_ms,
+        text: text.to_owned(),
+    });
+}
+
 /// A failed read of `run_dir`'s log, naming it.
 fn log_error(run_dir: &std::path::Path, error: &std::io::Error) -> MethodError {
     let path = run_dir.join(joblog::LOG_FILE);
@@ -592,4 +625,20 @@ fn run_job(
             },
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_keeps_the_newest_warnings() {
+        let mut warnings = Vec::new();
+        for i in 0..(MAX_WARNINGS as u64 + 5) {
+            keep_warning(&mut warnings, i, &format!("warning: {i}"));
+        }
+        let kept: Vec<u64> = warnings.iter().map(|w| w.at_unix_ms).collect();
+        assert_eq!(kept, (5..MAX_WARNINGS as u64 + 5).collect::<Vec<_>>());
+        assert_eq!(warnings[0].text, "warning: 5");
+    }
 }

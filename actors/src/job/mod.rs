@@ -65,8 +65,8 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobState, JobStatus, MetricsReply, MetricsRequest, RanksRequest, StatusRequest,
-    register,
+    FollowRequest, JobState, JobStatus, MAX_WARNINGS, MetricsReply, MetricsRequest, RanksRequest,
+    StatusRequest, Warning, register,
 };
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
