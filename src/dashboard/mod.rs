@@ -1,4 +1,5 @@
-//! The head's dashboard: a read-only web view of the cluster and its jobs, and Prometheus
+//! The head's dashboard: a web view of the cluster and its jobs (read-only unless
+//! `--dashboard-actions`, which lets a job be cancelled), and Prometheus
 //! `/metrics`, served by `imgrun start --head` on loopback (`cluster.dashboard_port`,
 //! `--no-dashboard`) through the HTTP stack `imgrun serve` uses (its slots, its share per
 //! client, its header and send timeouts).
