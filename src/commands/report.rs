@@ -103,7 +103,7 @@ fn from_folder(dir: &Path) -> anyhow::Result<Material> {
             name,
             job: None,
             ranks: Vec::new(),
-            problem: None,
+            problem: Some("drawn from its run folder".to_owned()),
         },
         metrics,
         log,

@@ -374,13 +374,22 @@ pub(crate) fn report(
             let _ = write!(html, "<p class=bad>no charts: {}</p>", escape(why));
         }
     }
-    let _ = write!(
-        html,
-        "<h2>Log</h2><p class=muted>the last {} lines of {}</p><pre class=log>{}</pre>",
-        log.lines().count(),
-        actors::job::LOG_FILE,
-        escape(log)
-    );
+    if log.is_empty() {
+        let _ = write!(
+            html,
+            "<h2>Log</h2><p class=muted>no {}: only a job run by the cluster's coordinator \
+             (submitted to a running cluster, or detached) keeps one</p>",
+            actors::job::LOG_FILE
+        );
+    } else {
+        let _ = write!(
+            html,
+            "<h2>Log</h2><p class=muted>the last {} lines of {}</p><pre class=log>{}</pre>",
+            log.lines().count(),
+            actors::job::LOG_FILE,
+            escape(log)
+        );
+    }
     let _ = writeln!(
         html,
         "<p class=muted>made by imgrun {} on {}</p></body></html>",
