@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use actors::job::{
-    JobSnapshot, LOG_FILE, LogFrom, LogRequest, MAX_LOG_PIECE, StatusRequest, read_log,
+    JobSnapshot, LOG_FILE, LogFrom, LogRequest, MAX_LOG_PIECE, StatusRequest, read_log_in,
 };
 use anyhow::Context;
 
@@ -80,19 +80,12 @@ fn from_folder(dir: &Path) -> anyhow::Result<Material> {
     let metrics_path = dir.join("metrics.jsonl");
     let metrics = std::fs::read(&metrics_path)
         .with_context(|| format!("reading {} (is this a run folder?)", metrics_path.display()))?;
-    let log_path = dir.join(LOG_FILE);
-    let log = match std::fs::File::open(&log_path) {
-        Ok(mut file) => {
-            let length = file
-                .metadata()
-                .with_context(|| format!("reading {}", log_path.display()))?
-                .len();
-            let reply = read_log(&mut file, length, &tail())
-                .with_context(|| format!("reading {}", log_path.display()))?;
-            String::from_utf8_lossy(&reply.bytes).into_owned()
-        }
+    let log = match read_log_in(dir, &tail()) {
+        Ok(reply) => String::from_utf8_lossy(&reply.bytes).into_owned(),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(error) => return Err(error).with_context(|| format!("opening {}", log_path.display())),
+        Err(error) => {
+            return Err(error).with_context(|| format!("reading {}", dir.join(LOG_FILE).display()));
+        }
     };
     let name = std::fs::canonicalize(dir)
         .ok()

@@ -300,10 +300,7 @@ impl JobOutput for Shared {
                 let now = std::time::SystemTime::now();
                 self.journal().line(now, text);
                 if *level == Level::Warning {
-                    let at_unix_ms = now
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |since| since.as_millis() as u64);
-                    keep_warning(&mut status.warnings, at_unix_ms, text);
+                    keep_warning(&mut status.warnings, super::unix_ms(now), text);
                 }
             }
             JobEvent::EpochEnded { .. } | JobEvent::Preloading { .. } | JobEvent::Preloaded => {}

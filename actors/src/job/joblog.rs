@@ -292,7 +292,7 @@ fn shown(line: &[u8]) -> String {
 }
 
 /// Opens `run_dir`'s log and answers `request` from it.
-pub(super) fn read_in(run_dir: &Path, request: &LogRequest) -> io::Result<LogReply> {
+pub fn read_in(run_dir: &Path, request: &LogRequest) -> io::Result<LogReply> {
     let (mut file, length) = open_log(run_dir)?;
     read(&mut file, length, request)
 }

@@ -72,7 +72,7 @@ pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use joblog::{
     LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
-    MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, search as search_log,
+    MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, read_in as read_log_in, search as search_log,
 };
 pub use output::{JobEvent, JobOutput, Level};
 pub use rank_totals::{RankTally, RankTotals};
@@ -172,6 +172,12 @@ impl JobSettings {
             self.name.clone()
         }
     }
+}
+
+/// Milliseconds from the Unix epoch to `at` (0 before it).
+pub(crate) fn unix_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
 }
 
 /// `<prefix>-<unix time>`: the name of a run that was given none (`run-…`, `demo-…`).

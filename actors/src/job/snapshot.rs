@@ -7,7 +7,7 @@
 //! all coordinators at once. A coordinator that does not answer is a job with a
 //! `problem`, not a failed snapshot: one stuck job never hides the others.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use runtime::{ActorCallError, ActorRef, ClusterClient, ClusterStatus, DaemonError};
 use serde::Serialize;
@@ -129,9 +129,7 @@ pub async fn coordinator(
 /// The cluster and every job in it, now.
 pub async fn snapshot(client: &ClusterClient) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;
-    let taken_at_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64);
+    let taken_at_unix_ms = super::unix_ms(SystemTime::now());
     let mut tasks = tokio::task::JoinSet::new();
     for (index, (name, actor)) in coordinators(client, &cluster).await.into_iter().enumerate() {
         tasks.spawn(async move { (index, job_snapshot(name, &actor).await) });

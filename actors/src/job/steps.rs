@@ -304,13 +304,6 @@ impl RunningJob<'_> {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
-}
-
 /// One step's figures for metrics.jsonl, from every rank's record of it: a step lasts
 /// as long as its slowest rank; the data wait, the compute and the allreduce are the
 /// ranks' means.
@@ -704,9 +697,11 @@ impl RunningJob<'_> {
                 .map(|r| r.rank)
                 .zip(timings.iter().copied())
                 .collect();
-            self.stop
-                .tally()
-                .step(&by_rank, late.map(|l| self.ranks[l.rank].rank), unix_ms());
+            self.stop.tally().step(
+                &by_rank,
+                late.map(|l| self.ranks[l.rank].rank),
+                super::unix_ms(std::time::SystemTime::now()),
+            );
             if let Some(found) = late {
                 let who = &self.ranks[found.rank];
                 if tally.note_late(&found) {
