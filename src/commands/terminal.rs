@@ -74,6 +74,8 @@ impl JobOutput for Terminal {
                 bar.set_position(done);
                 bar.set_message(format!("preload {:.0} MB", bytes as f64 / 1e6));
             }
+            // Its lines say the same for people.
+            JobEvent::Moment { .. } => {}
         }
     }
 }

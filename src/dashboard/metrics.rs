@@ -383,6 +383,7 @@ mod tests {
                 straggler: true,
             }],
             warnings: Vec::new(),
+            timeline: Vec::new(),
             checkpoint: Some(Saved {
                 dir: "runs/r50/checkpoints/step-00000040".into(),
                 epoch: 2,

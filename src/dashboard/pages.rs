@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use actors::job::{ClusterSnapshot, JobSnapshot};
+use actors::job::{ClusterSnapshot, JobSnapshot, Moment};
 
 use super::logs::LogView;
 
@@ -186,6 +186,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
         let _ = write!(html, "<p>{}</p>", escape(outcome));
     }
     warnings(&mut html, job);
+    timeline(&mut html, job);
     let running = job.job.as_ref().is_some_and(|s| !s.state.is_final());
     if let Some(csrf) = csrf.filter(|_| running) {
         let _ = write!(
@@ -361,6 +362,7 @@ pub(crate) fn report(
         }
     }
     warnings(&mut html, job);
+    timeline(&mut html, job);
     match svg {
         // The drawing's own XML declaration has no place inside HTML.
         Ok(svg) => {
@@ -417,6 +419,63 @@ fn warnings(html: &mut String, job: &JobSnapshot) {
     html.push_str("</table>");
 }
 
+/// The turns of the job's life, newest first, when it has any.
+fn timeline(html: &mut String, job: &JobSnapshot) {
+    let Some(status) = job.job.as_ref().filter(|s| !s.timeline.is_empty()) else {
+        return;
+    };
+    html.push_str("<h2>Timeline</h2><table>");
+    for entry in status.timeline.iter().rev() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(entry.at_unix_ms);
+        let (kind, text) = moment_words(&entry.moment);
+        let _ = write!(
+            html,
+            "<tr><td class=muted>{}</td><td>{kind}</td><td>{}</td></tr>",
+            httpdate::fmt_http_date(at),
+            escape(&text)
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// A turn of a job's life in words: its kind and what happened.
+fn moment_words(moment: &Moment) -> (&'static str, String) {
+    match moment {
+        Moment::Started { world } => ("started", format!("{world} ranks connected")),
+        Moment::Lost { ranks, cause } => ("lost", format!("rank(s) {ranks:?}: {cause}")),
+        Moment::Regrouped {
+            from_world,
+            world,
+            epoch,
+            step,
+            recovery_s,
+        } => (
+            "regrouped",
+            format!(
+                "{from_world} -> {world} ranks at epoch {epoch}, global step {step}, in {recovery_s:.1} s"
+            ),
+        ),
+        Moment::Checkpoint {
+            epoch,
+            global_step,
+            seconds,
+        } => (
+            "checkpoint",
+            format!("epoch {epoch}, global step {global_step}, saved in {seconds:.1} s"),
+        ),
+        Moment::CheckpointFailed { global_step, cause } => (
+            "checkpoint failed",
+            format!("global step {global_step}: {cause}"),
+        ),
+        Moment::Ended { state, outcome } => (
+            state.name(),
+            outcome
+                .clone()
+                .unwrap_or_else(|| format!("job {}", state.name())),
+        ),
+    }
+}
+
 /// The page's head, with `up` the way back to the dashboard's root (`""` or `"../"`):
 /// its style, and its script, which follows the server's change events.
 fn head(title: &str, up: &str) -> String {
@@ -470,5 +529,64 @@ mod tests {
         );
         assert_eq!(encode_segment("run1"), "run1");
         assert_eq!(encode_segment("../x y/é"), "%2E%2E%2Fx%20y%2F%C3%A9");
+    }
+
+    #[test]
+    fn every_turn_of_a_job_reads_as_words() {
+        use actors::job::JobState;
+        let table = [
+            (Moment::Started { world: 4 }, "started", "4 ranks connected"),
+            (
+                Moment::Lost {
+                    ranks: vec![2],
+                    cause: "rank 2: node 1 left".to_string(),
+                },
+                "lost",
+                "rank(s) [2]: rank 2: node 1 left",
+            ),
+            (
+                Moment::Regrouped {
+                    from_world: 4,
+                    world: 3,
+                    epoch: 1,
+                    step: 40,
+                    recovery_s: 2.25,
+                },
+                "regrouped",
+                "4 -> 3 ranks at epoch 1, global step 40, in 2.2 s",
+            ),
+            (
+                Moment::Checkpoint {
+                    epoch: 2,
+                    global_step: 80,
+                    seconds: 0.5,
+                },
+                "checkpoint",
+                "epoch 2, global step 80, saved in 0.5 s",
+            ),
+            (
+                Moment::CheckpointFailed {
+                    global_step: 81,
+                    cause: "disk full".to_string(),
+                },
+                "checkpoint failed",
+                "global step 81: disk full",
+            ),
+            (
+                Moment::Ended {
+                    state: JobState::Succeeded,
+                    outcome: None,
+                },
+                "succeeded",
+                "job succeeded",
+            ),
+        ];
+        for (moment, kind, text) in table {
+            assert_eq!(
+                moment_words(&moment),
+                (kind, text.to_string()),
+                "{moment:?}"
+            );
+        }
     }
 }

@@ -355,6 +355,13 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         .map(|t| t["rank"].as_u64().expect("rank"))
         .collect();
     assert_eq!(tallied, rank_numbers, "api/state's rank_totals");
+    // The job's timeline begins with its ring of two ranks.
+    let timeline = &state["jobs"][0]["job"]["timeline"][0];
+    assert_eq!(
+        (timeline["kind"].as_str(), timeline["world"].as_u64()),
+        (Some("started"), Some(2)),
+        "api/state's timeline: {timeline}"
+    );
     for name in [
         "imgrun_data_wait_seconds_total",
         "imgrun_allreduce_seconds_total",
@@ -398,6 +405,11 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
 /// token; a cancel without it is refused, one with it stops the job with a checkpoint.
 fn cancel_from_the_page(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
     let page = browse(dash, "/job/watched", session);
+    assert!(
+        page.body.contains("<h2>Timeline</h2>") && page.body.contains("2 ranks connected"),
+        "the job's timeline: {}",
+        page.body
+    );
     assert!(
         page.body.contains("data-cancel=\"watched/cancel\""),
         "{}",
@@ -448,6 +460,25 @@ fn cancel_from_the_page(dash: &Dashboard, session: &str, cluster: &TrainCluster)
         (job_states(&listed) == BTreeSet::from([("watched".into(), "cancelled".into())]))
             .then_some(())
     });
+    // Its timeline ends with the checkpoint the cancel saved, then the end.
+    let listed: Value =
+        serde_json::from_str(&cluster.head.run_ok(&["jobs", "watched", "--json"])).expect("json");
+    let kinds: Vec<&str> = listed["job"]["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .map(|t| t["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"started"), "{listed}");
+    assert!(kinds.ends_with(&["checkpoint", "ended"]), "{listed}");
+    assert_eq!(
+        listed["job"]["timeline"]
+            .as_array()
+            .and_then(|t| t.last())
+            .map(|t| t["state"].clone()),
+        Some(Value::from("cancelled")),
+        "{listed}"
+    );
 }
 
 /// `imgrun report`, of the job in the cluster and of its run folder: one page with its

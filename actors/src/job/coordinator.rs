@@ -25,12 +25,23 @@ use super::rank_totals::RankTotals;
 use super::ranks::RankView;
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
-    JobError, JobEvent, JobOutput, JobRequest, JobSummary, Level, Saved, StopControl, StopRequest,
-    Trainers,
+    JobError, JobEvent, JobOutput, JobRequest, JobState, JobSummary, Level, Moment, Saved,
+    StopControl, StopRequest, Trainers,
 };
 
 /// The most warnings a [`JobStatus`] carries.
 pub const MAX_WARNINGS: usize = 20;
+
+/// The most turns of its life a [`JobStatus`] carries.
+pub const MAX_TIMELINE: usize = 100;
+
+/// A turn in the job's life, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEntry {
+    pub at_unix_ms: u64,
+    #[serde(flatten)]
+    pub moment: Moment,
+}
 
 /// A warning the job gave, and when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,37 +68,6 @@ pub fn register(registry: &mut ActorRegistry) {
 pub struct CoordinatorInit {
     pub name: String,
     pub request: JobRequest,
-}
-
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Running,
-    /// Asked to stop; ending its step in flight and saving a checkpoint.
-    Stopping,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl JobState {
-    pub fn name(self) -> &'static str {
-        match self {
-            JobState::Running => "running",
-            JobState::Stopping => "stopping",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
 }
 
 /// A job as `imgrun jobs` shows it.
@@ -120,6 +100,10 @@ pub struct JobStatus {
     /// at most [`MAX_WARNINGS`], oldest first; all of them are in its `job.log`.
     #[serde(default)]
     pub warnings: Vec<Warning>,
+    /// The job's newest turns (ranks lost, regroups, checkpoints, its end), at most
+    /// [`MAX_TIMELINE`], oldest first.
+    #[serde(default)]
+    pub timeline: Vec<TimelineEntry>,
     /// The newest checkpoint.
     pub checkpoint: Option<Saved>,
     /// How it ended: why it failed or how it stopped (where its checkpoint is).
@@ -252,7 +236,16 @@ impl Shared {
             Some(outcome) => format!("job {}: {outcome}", state.name()),
             None => format!("job {}", state.name()),
         };
-        self.journal().line(std::time::SystemTime::now(), &ended);
+        let now = std::time::SystemTime::now();
+        self.journal().line(now, &ended);
+        let entry = TimelineEntry {
+            at_unix_ms: super::unix_ms(now),
+            moment: Moment::Ended {
+                state,
+                outcome: outcome.clone(),
+            },
+        };
+        keep_newest(&mut log.status.timeline, MAX_TIMELINE, entry);
         log.status.state = state;
         log.status.outcome = outcome;
         if let Some(summary) = &summary {
@@ -300,8 +293,19 @@ impl JobOutput for Shared {
                 let now = std::time::SystemTime::now();
                 self.journal().line(now, text);
                 if *level == Level::Warning {
-                    keep_warning(&mut status.warnings, super::unix_ms(now), text);
+                    let warning = Warning {
+                        at_unix_ms: super::unix_ms(now),
+                        text: text.clone(),
+                    };
+                    keep_newest(&mut status.warnings, MAX_WARNINGS, warning);
                 }
+            }
+            JobEvent::Moment { moment } => {
+                let entry = TimelineEntry {
+                    at_unix_ms: super::unix_ms(std::time::SystemTime::now()),
+                    moment: moment.clone(),
+                };
+                keep_newest(&mut status.timeline, MAX_TIMELINE, entry);
             }
             JobEvent::EpochEnded { .. } | JobEvent::Preloading { .. } | JobEvent::Preloaded => {}
         }
@@ -356,6 +360,7 @@ impl Coordinator {
                     allreduce_s: None,
                     rank_totals: Vec::new(),
                     warnings: Vec::new(),
+                    timeline: Vec::new(),
                     checkpoint: None,
                     outcome: None,
                     stopped_by: None,
@@ -521,15 +526,12 @@ impl Actor for Coordinator {
     }
 }
 
-/// Adds a warning to the newest ones, dropping the oldest past [`MAX_WARNINGS`].
-fn keep_warning(warnings: &mut Vec<Warning>, at_unix_ms: u64, text: &str) {
-    if warnings.len() >= MAX_WARNINGS {
-        warnings.drain(..=warnings.len() - MAX_WARNINGS);
+/// Adds `item` to the newest of `list`, dropping the oldest past `max`.
+fn keep_newest<T>(list: &mut Vec<T>, max: usize, item: T) {
+    if list.len() >= max {
+        list.drain(..=list.len() - max);
     }
-    warnings.push(Warning {
-        at_unix_ms,
-        text: text.to_owned(),
-    });
+    list.push(item);
 }
 
 /// A failed read of `run_dir`'s log, naming it.
@@ -632,10 +634,44 @@ mod tests {
     fn a_status_keeps_the_newest_warnings() {
         let mut warnings = Vec::new();
         for i in 0..(MAX_WARNINGS as u64 + 5) {
-            keep_warning(&mut warnings, i, &format!("warning: {i}"));
+            let warning = Warning {
+                at_unix_ms: i,
+                text: format!("warning: {i}"),
+            };
+            keep_newest(&mut warnings, MAX_WARNINGS, warning);
         }
         let kept: Vec<u64> = warnings.iter().map(|w| w.at_unix_ms).collect();
         assert_eq!(kept, (5..MAX_WARNINGS as u64 + 5).collect::<Vec<_>>());
         assert_eq!(warnings[0].text, "warning: 5");
+    }
+
+    #[test]
+    fn a_timeline_entry_reads_as_flat_json() {
+        let entry = TimelineEntry {
+            at_unix_ms: 7,
+            moment: Moment::Lost {
+                ranks: vec![1, 3],
+                cause: "node 2 left".to_string(),
+            },
+        };
+        let json = serde_json::to_value(&entry).expect("encodes");
+        assert_eq!(
+            json,
+            serde_json::json!({"at_unix_ms": 7, "kind": "lost", "ranks": [1, 3], "cause": "node 2 left"})
+        );
+        let back: TimelineEntry = serde_json::from_value(json).expect("decodes");
+        assert_eq!(back, entry);
+        let ended = TimelineEntry {
+            at_unix_ms: 8,
+            moment: Moment::Ended {
+                state: JobState::Failed,
+                outcome: Some("rank 0 lost".to_string()),
+            },
+        };
+        let text = serde_json::to_string(&ended).expect("encodes");
+        assert!(
+            text.contains(r#""kind":"ended","state":"failed""#),
+            "{text}"
+        );
     }
 }

@@ -20,7 +20,9 @@ use super::steps::{Grow, LoopEnd, Position, RunningJob, train_loop};
 use super::stop::StopControl;
 use super::watch::{FailureWatcher, head_lost};
 use super::world::{RankPlace, Trainers, check_plan, plan_world};
-use super::{Elastic, HeadLost, JobError, JobOutput, JobRequest, JobSettings, JobSummary};
+use super::{
+    Elastic, HeadLost, JobError, JobEvent, JobOutput, JobRequest, JobSettings, JobSummary, Moment,
+};
 use crate::train::{
     AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, DigestReply, DigestRequest,
     JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord, Precision,
@@ -351,6 +353,11 @@ impl Driver<'_> {
             .ring
             .wire(&job, &ranks, &listens, resume.clone(), false, long);
         let connects = wired.await?;
+        output.event(JobEvent::Moment {
+            moment: Moment::Started {
+                world: world_size as u32,
+            },
+        });
         output.info(match job.optim.sync {
             SyncChoice::Allreduce => format!(
                 "ring: {world_size} ranks connected, {} gradient buckets; gradients averaged \
@@ -472,6 +479,17 @@ impl Driver<'_> {
             Ok(losses) => {
                 watcher.stop();
                 turn.found_s = turn.seen.elapsed().as_secs_f64();
+                self.output.event(JobEvent::Moment {
+                    moment: Moment::Lost {
+                        ranks: losses.lost_ranks(),
+                        cause: losses
+                            .lost
+                            .iter()
+                            .map(|(rank, why)| format!("rank {rank}: {why}"))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    },
+                });
                 let event = Event::Lost {
                     lost: losses.lost.len() as u32,
                     survivors: losses.survivors.len() as u32,
@@ -552,6 +570,8 @@ impl Driver<'_> {
         record.recovery_s = turn.seen.elapsed().as_secs_f64();
         let line = elastic::regroup_line(&record, turn.world.ranks.len(), turn.old_lr);
         self.output.warn(line);
+        self.output
+            .event(regroup_moment(&record, turn.world.ranks.len()));
         turn.metrics.write(&MetricsRecord::Regroup(record))?;
         turn.world = world;
         turn.start = turn.at.clone();
@@ -575,6 +595,9 @@ impl Driver<'_> {
         record.found_s = turn.found_s;
         record.recovery_s = turn.seen.elapsed().as_secs_f64();
         let old_world_size = turn.world.ranks.len();
+        if wired.is_ok() {
+            self.output.event(regroup_moment(record, old_world_size));
+        }
         self.output.warn(match &wired {
             Ok(_) => elastic::regroup_line(record, old_world_size, turn.old_lr),
             Err(error) => format!(
@@ -921,6 +944,19 @@ pub fn sync_lines(
         lines.push(format!("                ... {} more", steps.len() - SHOWN));
     }
     lines
+}
+
+/// The timeline's note of a regroup from `old_world_size` ranks.
+fn regroup_moment(record: &RegroupRecord, old_world_size: usize) -> JobEvent {
+    JobEvent::Moment {
+        moment: Moment::Regrouped {
+            from_world: old_world_size as u32,
+            world: record.world,
+            epoch: record.epoch,
+            step: record.step,
+            recovery_s: record.recovery_s,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -65,8 +65,8 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobState, JobStatus, MAX_WARNINGS, MetricsReply, MetricsRequest, RanksRequest,
-    StatusRequest, Warning, register,
+    FollowRequest, JobStatus, MAX_TIMELINE, MAX_WARNINGS, MetricsReply, MetricsRequest,
+    RanksRequest, StatusRequest, TimelineEntry, Warning, register,
 };
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
@@ -74,7 +74,7 @@ pub use joblog::{
     LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
     MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, read_in as read_log_in, search as search_log,
 };
-pub use output::{JobEvent, JobOutput, Level};
+pub use output::{JobEvent, JobOutput, JobState, Level, Moment};
 pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};

@@ -12,6 +12,37 @@ pub enum Level {
     Warning,
 }
 
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Running,
+    /// Asked to stop; ending its step in flight and saving a checkpoint.
+    Stopping,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Stopping => "stopping",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
 /// One thing a job says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -44,6 +75,41 @@ pub enum JobEvent {
     Preloading { done: u64, total: u64, bytes: u64 },
     /// The preload is over (its summary follows as a `Line`).
     Preloaded,
+    /// A turn in the job's life (its line, if it has one, is a `Line` of its own).
+    Moment { moment: Moment },
+}
+
+/// A turn in a job's life, typed: what the job page's timeline and `imgrun status
+/// --json` list, where the job's lines say the same for people.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Moment {
+    /// The ranks' ring formed for the first time (or again, on a resume).
+    Started { world: u32 },
+    /// Ranks were found lost, by their old numbers, with why.
+    Lost { ranks: Vec<u32>, cause: String },
+    /// The job goes on with `world` ranks, of `from_world`, from global step `step`: fewer
+    /// after a loss, more after new ranks joined.
+    Regrouped {
+        from_world: u32,
+        world: u32,
+        epoch: u64,
+        step: u64,
+        recovery_s: f64,
+    },
+    /// A checkpoint was saved, in `seconds`.
+    Checkpoint {
+        epoch: u64,
+        global_step: u64,
+        seconds: f64,
+    },
+    /// A checkpoint could not be saved.
+    CheckpointFailed { global_step: u64, cause: String },
+    /// The job ended: succeeded, failed or cancelled, and how.
+    Ended {
+        state: JobState,
+        outcome: Option<String>,
+    },
 }
 
 /// Where a job's events go. Called from the job's tasks; an implementation must not

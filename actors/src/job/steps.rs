@@ -17,7 +17,7 @@ use super::metrics::Metrics;
 use super::ranks::{hold_ups, rank_views};
 use super::stop::StopControl;
 use super::world::{RankPlace, room_to_grow};
-use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary};
+use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary, Moment};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
     JobSpec, Late, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
@@ -159,6 +159,12 @@ impl RunningJob<'_> {
             call_one(rank0, &request, timeout).await
         };
         let path = saved.map_err(|error| {
+            self.output.event(JobEvent::Moment {
+                moment: Moment::CheckpointFailed {
+                    global_step,
+                    cause: error.to_string(),
+                },
+            });
             let newest = match (&self.stop.progress().checkpoint, self.run_dir) {
                 (Some(saved), run) => format!(
                     "; the newest checkpoint, {}, is intact and `latest` points at it: \
@@ -174,12 +180,20 @@ impl RunningJob<'_> {
             ))
         })?;
         tracing::info!(path = %path.display(), "checkpoint saved");
+        let seconds = started.elapsed().as_secs_f64();
+        self.output.event(JobEvent::Moment {
+            moment: Moment::Checkpoint {
+                epoch,
+                global_step,
+                seconds,
+            },
+        });
         self.stop.progress().checkpoint = Some(Saved {
             dir: path,
             epoch,
             global_step,
             step_in_epoch,
-            seconds: Some(started.elapsed().as_secs_f64()),
+            seconds: Some(seconds),
         });
         Ok(())
     }
