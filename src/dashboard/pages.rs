@@ -379,8 +379,8 @@ pub(crate) fn report(
     if log.is_empty() {
         let _ = write!(
             html,
-            "<h2>Log</h2><p class=muted>no {}: only a job run by the cluster's coordinator \
-             (submitted to a running cluster, or detached) keeps one</p>",
+            "<h2>Log</h2><p class=muted>no {} in the run folder (a run of an imgrun \
+             older than its log, or one whose log was removed)</p>",
             actors::job::LOG_FILE
         );
     } else {

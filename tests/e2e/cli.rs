@@ -591,7 +591,28 @@ fn the_demo_runs_its_own_job_whatever_cluster_toml_is_in_the_folder() {
         assert!(!stdout.contains("resnet50"), "{name}: {}", describe(&out));
         let sets_aside = stdout.contains("[data], [model], [train]");
         assert_eq!(sets_aside, name == "a user's", "{name}: {}", describe(&out));
+        // The job, run here without a cluster, keeps its log as a coordinator does.
+        let log = job_log_under(dir.path()).expect("a job.log in the demo's run folder");
+        let first = log.lines().next().unwrap_or_default();
+        assert!(first.contains("Z "), "{name}: a stamped line: {first}");
+        let last = log.lines().last().unwrap_or_default();
+        assert!(last.contains(" job succeeded: done: "), "{name}: {log}");
     }
+}
+
+/// The text of the first `job.log` found under `dir`.
+fn job_log_under(dir: &std::path::Path) -> Option<String> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(log) = job_log_under(&path) {
+                return Some(log);
+            }
+        } else if path.file_name().is_some_and(|n| n == "job.log") {
+            return std::fs::read_to_string(path).ok();
+        }
+    }
+    None
 }
 
 /// Decentralized training lands in AllReduce's accuracy band on the demo's data within

@@ -232,12 +232,8 @@ impl Shared {
         if log.status.state.is_final() {
             return;
         }
-        let ended = match &outcome {
-            Some(outcome) => format!("job {}: {outcome}", state.name()),
-            None => format!("job {}", state.name()),
-        };
         let now = std::time::SystemTime::now();
-        self.journal().line(now, &ended);
+        self.journal().ended(now, state, outcome.as_deref());
         let entry = TimelineEntry {
             at_unix_ms: super::unix_ms(now),
             moment: Moment::Ended {
@@ -526,6 +522,27 @@ impl Actor for Coordinator {
     }
 }
 
+/// How a job that ended with `outcome` ended: its state and what its log says of it.
+pub fn job_end(outcome: &Result<JobSummary, JobError>) -> (JobState, String) {
+    match outcome {
+        Ok(summary) => (
+            JobState::Succeeded,
+            format!(
+                "done: validation top-1 {}; {:.0} images/s; run folder {}",
+                summary
+                    .top1
+                    .map_or("-".to_string(), |t| format!("{:.2}%", t * 100.0)),
+                summary.images_per_s,
+                summary.run_dir.display()
+            ),
+        ),
+        Err(error) => match error.interrupted() {
+            Some(interrupted) => (JobState::Cancelled, interrupted.summary()),
+            None => (JobState::Failed, error.to_string()),
+        },
+    }
+}
+
 /// Adds `item` to the newest of `list`, dropping the oldest past `max`.
 fn keep_newest<T>(list: &mut Vec<T>, max: usize, item: T) {
     if list.len() >= max {
@@ -598,30 +615,17 @@ fn run_job(
         };
         let outcome = run_to_end_or_stop(job, &stop, killed, STOP_GRACE).await;
         trainers.kill_all().await;
+        let (state, line) = job_end(&outcome);
         match outcome {
-            Ok(summary) => {
-                let line = format!(
-                    "done: validation top-1 {}; {:.0} images/s; run folder {}",
-                    summary
-                        .top1
-                        .map_or("-".to_string(), |t| format!("{:.2}%", t * 100.0)),
-                    summary.images_per_s,
-                    summary.run_dir.display()
-                );
-                shared.finish(JobState::Succeeded, Some(line), Some(summary));
-            }
-            Err(error) => match error.interrupted() {
-                Some(interrupted) => {
-                    let summary = interrupted.summary();
-                    {
-                        let mut log = shared.lock();
-                        log.status.stopped_by = Some(interrupted.by.to_string());
-                        log.status.late = interrupted.late.clone();
-                    }
-                    shared.finish(JobState::Cancelled, Some(summary), None);
+            Ok(summary) => shared.finish(state, Some(line), Some(summary)),
+            Err(error) => {
+                if let Some(interrupted) = error.interrupted() {
+                    let mut log = shared.lock();
+                    log.status.stopped_by = Some(interrupted.by.to_string());
+                    log.status.late = interrupted.late.clone();
                 }
-                None => shared.finish(JobState::Failed, Some(error.to_string()), None),
-            },
+                shared.finish(state, Some(line), None);
+            }
         }
     });
 }

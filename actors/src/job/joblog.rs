@@ -18,6 +18,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::JobState;
+
 /// The log's file name in the run folder.
 pub const LOG_FILE: &str = "job.log";
 
@@ -87,7 +89,7 @@ pub struct LogMatch {
 
 /// The writer of a job's log. Lines said before [`Journal::open`] wait in memory; a
 /// failed write is reported once and ends the log (never the job).
-pub(super) struct Journal {
+pub struct Journal {
     target: Target,
 }
 
@@ -98,14 +100,14 @@ enum Target {
 }
 
 impl Journal {
-    pub(super) fn new() -> Self {
+    pub fn new() -> Self {
         Journal {
             target: Target::Waiting(Vec::new()),
         }
     }
 
     /// Appends `text` (each of its lines) stamped with `now`.
-    pub(super) fn line(&mut self, now: std::time::SystemTime, text: &str) {
+    pub fn line(&mut self, now: std::time::SystemTime, text: &str) {
         let stamped = stamp(now, text);
         match &mut self.target {
             Target::Waiting(waiting) => {
@@ -125,7 +127,7 @@ impl Journal {
 
     /// Writes to `dir/job.log` from now on (appending: a resumed run continues its log),
     /// beginning with the lines that waited.
-    pub(super) fn open(&mut self, dir: &Path) -> io::Result<()> {
+    pub fn open(&mut self, dir: &Path) -> io::Result<()> {
         let path = dir.join(LOG_FILE);
         let mut file = File::options().create(true).append(true).open(&path)?;
         if let Target::Waiting(waiting) = &self.target {
@@ -133,6 +135,34 @@ impl Journal {
         }
         self.target = Target::Open(file);
         Ok(())
+    }
+}
+
+impl Journal {
+    /// Appends how the job ended: `job <state>: <outcome>`.
+    pub fn ended(&mut self, now: std::time::SystemTime, state: JobState, outcome: Option<&str>) {
+        let ended = match outcome {
+            Some(outcome) => format!("job {}: {outcome}", state.name()),
+            None => format!("job {}", state.name()),
+        };
+        self.line(now, &ended);
+    }
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.target {
+            Target::Waiting(waiting) => format!("waiting ({} bytes)", waiting.len()),
+            Target::Open(_) => "open".to_string(),
+            Target::Broken => "broken".to_string(),
+        };
+        f.debug_struct("Journal").field("state", &state).finish()
+    }
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Journal::new()
     }
 }
 

@@ -66,12 +66,12 @@ use crate::train::JobSpec;
 pub use coordinator::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
     FollowRequest, JobStatus, MAX_TIMELINE, MAX_WARNINGS, MetricsReply, MetricsRequest,
-    RanksRequest, StatusRequest, TimelineEntry, Warning, register,
+    RanksRequest, StatusRequest, TimelineEntry, Warning, job_end, register,
 };
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use joblog::{
-    LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
+    Journal, LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
     MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, read_in as read_log_in, search as search_log,
 };
 pub use output::{JobEvent, JobOutput, JobState, Level, Moment};

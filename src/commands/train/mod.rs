@@ -284,7 +284,7 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
             return submit::run_attached(&cluster.client, request, &mut signals).await;
         }
         let trainers = Trainers::default();
-        let output = crate::commands::terminal::Terminal::default();
+        let output = crate::commands::terminal::Terminal::keeping_log();
         let job = actors::job::run(&cluster.client, request, &output, &stop, &trainers);
         // The first signal asks the job to stop; a second ends it at once.
         let at_once = async {
@@ -302,9 +302,9 @@ pub fn train_job(config: &Config, options: &JobOptions) -> anyhow::Result<JobSum
                 format!("{again} again: stopped at once"),
             )))
         };
-        let outcome = run_to_end_or_stop(job, &stop, at_once, STOP_GRACE)
-            .await
-            .map_err(anyhow::Error::from);
+        let outcome = run_to_end_or_stop(job, &stop, at_once, STOP_GRACE).await;
+        output.ended(&outcome);
+        let outcome = outcome.map_err(anyhow::Error::from);
         trainers.kill_all().await;
         cluster.shutdown().await;
         outcome.map(|summary| (summary, None))
