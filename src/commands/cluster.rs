@@ -341,8 +341,10 @@ async fn watch(client: &runtime::ClusterClient, args: &StatusArgs) -> anyhow::Re
     use std::io::IsTerminal;
     let terminal = std::io::stdout().is_terminal();
     let mut drawn = 0;
+    // Finished jobs are asked of their coordinators once.
+    let finished = actors::job::FinishedJobs::default();
     loop {
-        let snapshot = actors::job::snapshot(client)
+        let snapshot = actors::job::snapshot_keeping(client, &finished)
             .await
             .context("asking for the cluster's status")?;
         let mut page = format!("{}", snapshot.cluster);

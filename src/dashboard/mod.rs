@@ -324,16 +324,24 @@ fn html(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
+/// Which page of the overview's jobs to show (`?page=N`, from 0).
+#[derive(Debug, Default, serde::Deserialize)]
+struct PageQuery {
+    page: Option<usize>,
+}
+
 /// `/`: the overview with a session, else the login shell.
 async fn index(
     State(shared): State<Arc<Shared>>,
     axum::Extension(credential): axum::Extension<Credential>,
+    Query(query): Query<PageQuery>,
 ) -> Response {
     if !matches!(credential, Credential::Session { .. }) {
         return html(pages::login(""));
     }
+    let page = query.page.unwrap_or(0);
     match shared.snapshots.get().await {
-        Ok(snapshot) => html(pages::overview(&snapshot)),
+        Ok(snapshot) => html(pages::overview(&snapshot, page)),
         Err(error) => unavailable(&error),
     }
 }
@@ -523,6 +531,8 @@ fn unavailable(error: &anyhow::Error) -> Response {
 struct Snapshots {
     client: ClusterClient,
     newest: tokio::sync::Mutex<Option<(Instant, Arc<ClusterSnapshot>)>>,
+    /// Finished jobs, asked of their coordinators once.
+    finished: actors::job::FinishedJobs,
 }
 
 impl Snapshots {
@@ -530,6 +540,7 @@ impl Snapshots {
         Snapshots {
             client,
             newest: tokio::sync::Mutex::new(None),
+            finished: actors::job::FinishedJobs::default(),
         }
     }
 
@@ -541,7 +552,7 @@ impl Snapshots {
             return Ok(Arc::clone(snapshot));
         }
         let snapshot = Arc::new(
-            actors::job::snapshot(&self.client)
+            actors::job::snapshot_keeping(&self.client, &self.finished)
                 .await
                 .context("asking the head")?,
         );

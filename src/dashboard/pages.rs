@@ -82,8 +82,8 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}\
 div.chart svg{max-width:100%;height:auto}\
 pre.log{font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}\n";
 
-/// The overview: nodes and jobs.
-pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
+/// The overview: nodes, and page `page` (from 0) of the jobs.
+pub(super) fn overview(snapshot: &ClusterSnapshot, page: usize) -> String {
     let mut html = head("imgrun", "");
     let totals = &snapshot.cluster.totals;
     let _ = write!(
@@ -119,12 +119,44 @@ pub(super) fn overview(snapshot: &ClusterSnapshot) -> String {
         "</table><h2>Jobs</h2><table><tr><th>job</th><th>state</th><th>epoch</th>\
          <th>step</th><th>loss</th><th>images/s</th><th>checkpoint</th></tr>",
     );
-    for job in &snapshot.jobs {
+    let (shown, pages) = jobs_page(&snapshot.jobs, page);
+    for job in shown {
         job_row(&mut html, job, Some(""));
     }
     html.push_str("</table>");
+    if pages > 1 {
+        let page = page.min(pages - 1);
+        let _ = write!(html, "<p>page {} of {pages}", page + 1);
+        if page > 0 {
+            let _ = write!(html, " <a href=\"?page={}\">newer</a>", page - 1);
+        }
+        if page + 1 < pages {
+            let _ = write!(html, " <a href=\"?page={}\">more</a>", page + 1);
+        }
+        html.push_str("</p>");
+    }
     html.push_str(&foot(snapshot));
     html
+}
+
+/// The jobs the overview lists on one page.
+pub(super) const JOBS_PER_PAGE: usize = 50;
+
+/// The jobs of overview page `page` (from 0; past the last, the last): running ones
+/// first, then the others, each in name order; and how many pages there are.
+fn jobs_page(jobs: &[JobSnapshot], page: usize) -> (Vec<&JobSnapshot>, usize) {
+    let ended = |job: &JobSnapshot| job.job.as_ref().is_some_and(|s| s.state.is_final());
+    let mut ordered: Vec<&JobSnapshot> = jobs.iter().collect();
+    // A stable sort keeps the snapshot's name order within each group.
+    ordered.sort_by_key(|job| ended(job));
+    let pages = jobs.len().div_ceil(JOBS_PER_PAGE).max(1);
+    let first = page.min(pages - 1) * JOBS_PER_PAGE;
+    let shown = ordered
+        .into_iter()
+        .skip(first)
+        .take(JOBS_PER_PAGE)
+        .collect();
+    (shown, pages)
 }
 
 /// One job's row, its name a link to its page when `up` (the way back to the
@@ -588,5 +620,44 @@ mod tests {
                 "{moment:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_overview_lists_running_jobs_first_a_page_at_a_time() {
+        let job = |name: String, state: &str| JobSnapshot {
+            job: Some(
+                serde_json::from_value(serde_json::json!({
+                    "name": name, "state": state, "position": 0, "steps": 0
+                }))
+                .expect("a status"),
+            ),
+            name,
+            ranks: Vec::new(),
+            problem: None,
+        };
+        // 120 finished jobs, and 3 running ones whose names sort among them.
+        let mut jobs: Vec<JobSnapshot> = (0..120)
+            .map(|i| job(format!("done-{i:03}"), "succeeded"))
+            .collect();
+        jobs.extend((0..3).map(|i| job(format!("a-run-{i}"), "running")));
+        jobs.push(job("z-run".to_string(), "stopping"));
+        jobs.sort_by(|a, b| a.name.cmp(&b.name));
+        let names = |page| -> (Vec<String>, usize) {
+            let (shown, pages) = jobs_page(&jobs, page);
+            (shown.iter().map(|j| j.name.clone()).collect(), pages)
+        };
+        let (first, pages) = names(0);
+        assert_eq!(pages, 3);
+        assert_eq!(first.len(), JOBS_PER_PAGE);
+        assert_eq!(
+            first[..5],
+            ["a-run-0", "a-run-1", "a-run-2", "z-run", "done-000"]
+        );
+        let (last, _) = names(2);
+        assert_eq!(last.len(), 124 - 2 * JOBS_PER_PAGE);
+        assert_eq!(last.last().map(String::as_str), Some("done-119"));
+        // Past the last page: the last.
+        assert_eq!(names(99).0, last);
+        assert_eq!(jobs_page(&[], 0).1, 1);
     }
 }

@@ -726,6 +726,14 @@ fn pages(dash: &Dashboard) -> String {
         "{}",
         overview.body
     );
+    // A page past the last of the job list is its last: here, the one job.
+    let paged = browse(dash, "/?page=7", session);
+    assert_eq!(paged.status, 200, "{}", paged.body);
+    assert!(
+        paged.body.contains("href=\"job/watched\""),
+        "{}",
+        paged.body
+    );
     let job = browse(dash, "/job/watched", session);
     assert_eq!(job.status, 200, "{}", job.body);
     assert!(job.body.contains("<h2>Ranks</h2>"), "{}", job.body);

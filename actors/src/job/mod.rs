@@ -79,8 +79,8 @@ pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
-    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, JobSnapshot, call_coordinator,
-    coordinator, coordinators, snapshot,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, FinishedJobs, JobSnapshot,
+    call_coordinator, coordinator, coordinators, snapshot, snapshot_keeping,
 };
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};
 pub use watch::head_lost;

@@ -7,9 +7,11 @@
 //! all coordinators at once. A coordinator that does not answer is a job with a
 //! `problem`, not a failed snapshot: one stuck job never hides the others.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::PoisonError;
 use std::time::{Duration, SystemTime};
 
-use runtime::{ActorCallError, ActorRef, ClusterClient, ClusterStatus, DaemonError};
+use runtime::{ActorCallError, ActorId, ActorRef, ClusterClient, ClusterStatus, DaemonError};
 use serde::Serialize;
 
 use super::coordinator::{
@@ -126,20 +128,84 @@ pub async fn coordinator(
     }
 }
 
+/// Finished jobs as earlier snapshots found them: a finished job's status never changes,
+/// so [`snapshot_keeping`] asks its coordinator once, and a head that holds thousands of
+/// finished jobs costs a snapshot only its running ones.
+#[derive(Debug, Default)]
+pub struct FinishedJobs {
+    by_actor: std::sync::Mutex<HashMap<ActorId, JobSnapshot>>,
+}
+
+impl FinishedJobs {
+    /// Those of `present`'s jobs it holds; it forgets every other (a job the head no
+    /// longer holds).
+    fn kept(&self, present: &HashSet<ActorId>) -> HashMap<ActorId, JobSnapshot> {
+        let mut held = self.by_actor.lock().unwrap_or_else(PoisonError::into_inner);
+        held.retain(|id, _| present.contains(id));
+        held.clone()
+    }
+
+    /// Keeps `job` when it has ended and its coordinator answered in full.
+    fn keep(&self, id: ActorId, job: &JobSnapshot) {
+        let ended = job.job.as_ref().is_some_and(|s| s.state.is_final());
+        if ended && job.problem.is_none() {
+            let mut held = self.by_actor.lock().unwrap_or_else(PoisonError::into_inner);
+            held.insert(id, job.clone());
+        }
+    }
+}
+
 /// The cluster and every job in it, now.
 pub async fn snapshot(client: &ClusterClient) -> Result<ClusterSnapshot, DaemonError> {
+    snapshot_keeping(client, &FinishedJobs::default()).await
+}
+
+/// The cluster and every job in it, now, asking only the coordinators of jobs that
+/// `finished` does not hold (and keeping there those that have ended since).
+pub async fn snapshot_keeping(
+    client: &ClusterClient,
+    finished: &FinishedJobs,
+) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;
     let taken_at_unix_ms = super::unix_ms(SystemTime::now());
+    let mut listed: Vec<(String, ActorId)> = cluster
+        .actors
+        .iter()
+        .filter(|actor| actor.kind == COORDINATOR_KIND)
+        .map(|actor| {
+            let name = actor
+                .label
+                .as_ref()
+                .map_or_else(|| format!("actor {}", actor.id), |label| label.job.clone());
+            (name, actor.id)
+        })
+        .collect();
+    listed.sort();
+    let present: HashSet<ActorId> = listed.iter().map(|(_, id)| *id).collect();
+    let mut kept = finished.kept(&present);
+    let mut jobs: Vec<Option<JobSnapshot>> = Vec::with_capacity(listed.len());
     let mut tasks = tokio::task::JoinSet::new();
-    for (index, (name, actor)) in coordinators(client, &cluster).await.into_iter().enumerate() {
-        tasks.spawn(async move { (index, job_snapshot(name, &actor).await) });
+    for (index, (name, id)) in listed.into_iter().enumerate() {
+        if let Some(job) = kept.remove(&id) {
+            jobs.push(Some(job));
+            continue;
+        }
+        jobs.push(None);
+        let client = client.clone();
+        tasks.spawn(async move {
+            // An actor that ended between the status and here is no longer a job.
+            let actor = client.actor(id).await.ok()?;
+            Some((index, id, job_snapshot(name, &actor).await))
+        });
     }
-    let mut jobs: Vec<(usize, JobSnapshot)> = tasks.join_all().await;
-    jobs.sort_by_key(|(index, _)| *index);
+    for (index, id, job) in tasks.join_all().await.into_iter().flatten() {
+        finished.keep(id, &job);
+        jobs[index] = Some(job);
+    }
     Ok(ClusterSnapshot {
         taken_at_unix_ms,
         cluster,
-        jobs: jobs.into_iter().map(|(_, job)| job).collect(),
+        jobs: jobs.into_iter().flatten().collect(),
     })
 }
 
