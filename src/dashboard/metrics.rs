@@ -6,7 +6,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use actors::job::{ClusterSnapshot, JobSnapshot};
+use actors::job::{ClusterSnapshot, JobSnapshot, LoaderTotals};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -184,7 +184,46 @@ struct TotalMetrics {
     p50: Gauges,
     p95: Gauges,
     straggler: Gauges,
+    /// The loader counters of [`LOADER_COUNTERS`], in its order.
+    loader: Vec<Counters>,
 }
+
+/// One loader counter: its name, help, and its count in a rank's totals.
+type LoaderCounter = (&'static str, &'static str, fn(&LoaderTotals) -> u64);
+
+/// Every rank's loader counters.
+const LOADER_COUNTERS: [LoaderCounter; 6] = [
+    (
+        "imgrun_loader_samples",
+        "Samples the rank's loader handed out in batches",
+        |t| t.samples,
+    ),
+    (
+        "imgrun_loader_batches",
+        "Batches with samples the rank's loader handed out",
+        |t| t.batches,
+    ),
+    (
+        "imgrun_loader_empty_batches",
+        "Empty batches the rank's loader handed out (the join policy, or data short of the plan)",
+        |t| t.empty_batches,
+    ),
+    (
+        "imgrun_loader_bad_samples",
+        "Samples the rank's loader skipped as bad (undecodable image, missing or bad label)",
+        |t| t.bad_samples,
+    ),
+    (
+        "imgrun_loader_skipped_in_shards",
+        "Samples the shard reader skipped (duplicate fields, oversized members)",
+        |t| t.skipped_in_shards,
+    ),
+    (
+        "imgrun_loader_skipped_shards",
+        "Shards (or the rest of shards) the rank's reader could not read and skipped",
+        |t| t.skipped_shards,
+    ),
+];
 
 impl TotalMetrics {
     fn new(metrics: &mut Metrics) -> Self {
@@ -218,6 +257,10 @@ impl TotalMetrics {
                 "imgrun_rank_straggler",
                 "1 when the rank was the late one in at least half of its last 100 steps",
             ),
+            loader: LOADER_COUNTERS
+                .iter()
+                .map(|(name, help, _)| metrics.counter(name, help))
+                .collect(),
         }
     }
 
@@ -245,6 +288,9 @@ impl TotalMetrics {
             self.straggler
                 .get_or_create(&labels)
                 .set(f64::from(u8::from(totals.straggler)));
+            for (family, (_, _, count)) in self.loader.iter().zip(LOADER_COUNTERS) {
+                family.get_or_create(&labels).inc_by(count(&totals.loader));
+            }
         }
     }
 }
@@ -381,6 +427,12 @@ mod tests {
                 step_p95_s: 0.25,
                 late_steps: 30,
                 straggler: true,
+                loader: actors::job::LoaderTotals {
+                    samples: 2560,
+                    batches: 40,
+                    bad_samples: 3,
+                    ..Default::default()
+                },
             }],
             warnings: Vec::new(),
             timeline: Vec::new(),
@@ -438,6 +490,10 @@ mod tests {
             r#"imgrun_rank_step_p50_seconds{imgrun_job="r50",rank="1"} 0.125"#,
             r#"imgrun_rank_step_p95_seconds{imgrun_job="r50",rank="1"} 0.25"#,
             r#"imgrun_rank_straggler{imgrun_job="r50",rank="1"} 1.0"#,
+            r#"imgrun_loader_samples_total{imgrun_job="r50",rank="1"} 2560"#,
+            r#"imgrun_loader_batches_total{imgrun_job="r50",rank="1"} 40"#,
+            r#"imgrun_loader_bad_samples_total{imgrun_job="r50",rank="1"} 3"#,
+            r#"imgrun_loader_skipped_shards_total{imgrun_job="r50",rank="1"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

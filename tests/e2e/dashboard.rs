@@ -367,6 +367,8 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         "imgrun_allreduce_seconds_total",
         "imgrun_last_step_timestamp_seconds",
         "imgrun_rank_step_p95_seconds",
+        "imgrun_loader_samples_total",
+        "imgrun_loader_batches_total",
     ] {
         let scraped: BTreeSet<u64> = samples
             .iter()

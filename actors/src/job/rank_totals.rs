@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use pipelines::EpochStats;
+
 use crate::train::StepTiming;
 
 /// The steps a rank's step time quantiles are taken over.
@@ -38,6 +40,51 @@ pub struct RankTotals {
     pub late_steps: u64,
     /// Late in at least half of its last [`WINDOW`] steps.
     pub straggler: bool,
+    /// What its loader served and skipped, over the job's epochs so far.
+    #[serde(default)]
+    pub loader: LoaderTotals,
+}
+
+/// What a rank's loader served and skipped: running totals over a job's epochs (since
+/// its coordinator started: a resumed job counts from its resume).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderTotals {
+    /// Samples handed out in batches.
+    pub samples: u64,
+    /// Batches with samples handed out.
+    pub batches: u64,
+    /// Empty batches handed out (the `join` policy, or data short of the plan).
+    pub empty_batches: u64,
+    /// Samples skipped as bad: undecodable image, missing or bad label.
+    pub bad_samples: u64,
+    /// Samples the shard reader skipped (duplicate fields, oversized members).
+    pub skipped_in_shards: u64,
+    /// Shards (or the rest of shards) the reader could not read and skipped.
+    pub skipped_shards: u64,
+}
+
+impl LoaderTotals {
+    fn of(stats: &EpochStats) -> Self {
+        LoaderTotals {
+            samples: stats.samples,
+            batches: stats.batches,
+            empty_batches: stats.empty_batches,
+            bad_samples: stats.bad_samples,
+            skipped_in_shards: stats.skipped_in_shards,
+            skipped_shards: stats.skipped_shards,
+        }
+    }
+
+    fn plus(&self, other: &LoaderTotals) -> LoaderTotals {
+        LoaderTotals {
+            samples: self.samples + other.samples,
+            batches: self.batches + other.batches,
+            empty_batches: self.empty_batches + other.empty_batches,
+            bad_samples: self.bad_samples + other.bad_samples,
+            skipped_in_shards: self.skipped_in_shards + other.skipped_in_shards,
+            skipped_shards: self.skipped_shards + other.skipped_shards,
+        }
+    }
 }
 
 /// The running tally.
@@ -51,6 +98,9 @@ struct Tally {
     totals: RankTotals,
     /// The last [`WINDOW`] steps: their time and whether the rank was late.
     window: VecDeque<(f64, bool)>,
+    /// Its loader's totals over the epochs it finished, and in the epoch it is in.
+    loader_done: LoaderTotals,
+    loader_epoch: LoaderTotals,
 }
 
 impl RankTally {
@@ -74,6 +124,20 @@ impl RankTally {
         }
     }
 
+    /// Rank `rank`'s loader has served `epoch_so_far` in its epoch, which is over when
+    /// `epoch_done`.
+    pub fn loaded(&mut self, rank: u32, epoch_so_far: &EpochStats, epoch_done: bool) {
+        let tally = self.ranks.entry(rank).or_default();
+        tally.totals.rank = rank;
+        let now = LoaderTotals::of(epoch_so_far);
+        if epoch_done {
+            tally.loader_done = tally.loader_done.plus(&now);
+            tally.loader_epoch = LoaderTotals::default();
+        } else {
+            tally.loader_epoch = now;
+        }
+    }
+
     /// Every rank's totals, by rank.
     pub fn totals(&self) -> Vec<RankTotals> {
         self.ranks
@@ -87,6 +151,7 @@ impl RankTally {
                     step_p95_s: quantile(&seconds, 0.95),
                     straggler: !seconds.is_empty()
                         && late as f64 >= STRAGGLER_SHARE * seconds.len() as f64,
+                    loader: tally.loader_done.plus(&tally.loader_epoch),
                     ..tally.totals.clone()
                 }
             })
@@ -176,5 +241,28 @@ mod tests {
         ] {
             assert_eq!(quantile(&values, q), expected, "{values:?} {q}");
         }
+    }
+
+    #[test]
+    fn loader_totals_add_finished_epochs_to_the_one_in_flight() {
+        let stats = |samples: u64, bad: u64| EpochStats {
+            samples,
+            batches: samples / 4,
+            bad_samples: bad,
+            ..EpochStats::default()
+        };
+        let mut tally = RankTally::default();
+        tally.loaded(0, &stats(8, 1), false);
+        tally.loaded(0, &stats(16, 2), false);
+        assert_eq!(tally.totals()[0].loader.samples, 16, "the epoch so far");
+        tally.loaded(0, &stats(40, 3), true);
+        tally.loaded(0, &stats(4, 0), false);
+        let loader = &tally.totals()[0].loader;
+        assert_eq!(
+            (loader.samples, loader.batches, loader.bad_samples),
+            (44, 11, 3)
+        );
+        tally.loaded(0, &stats(40, 1), true);
+        assert_eq!(tally.totals()[0].loader.samples, 80);
     }
 }

@@ -698,6 +698,11 @@ impl RunningJob<'_> {
         // Each step's own figures: when it ended, from the ranks' step timings.
         let mut step_end_s = called_at_s;
         let mut last_figures = None;
+        for (rank, reply) in self.ranks.iter().zip(replies) {
+            self.stop
+                .tally()
+                .loaded(rank.rank, &reply.loader, reply.epoch_done);
+        }
         for (i, step) in replies[0].steps.iter().enumerate() {
             let ranks_records: Vec<&StepRecord> =
                 replies.iter().filter_map(|r| r.steps.get(i)).collect();

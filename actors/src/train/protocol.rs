@@ -171,6 +171,10 @@ pub struct TrainReply {
     /// Bad samples and shards skipped so far this epoch, with what was wrong.
     pub skipped: u64,
     pub problems: Vec<String>,
+    /// What this rank's loader served and skipped so far this epoch (its `problems`
+    /// are in `problems`).
+    #[serde(default)]
+    pub loader: pipelines::EpochStats,
     /// When the epoch is done: what this rank received in it (since the resume, for a
     /// resumed epoch).
     #[serde(default)]

@@ -644,6 +644,7 @@ impl Trainer {
             cursor: None,
             skipped: 0,
             problems: Vec::new(),
+            loader: pipelines::EpochStats::default(),
             received: None,
         };
         for _ in 0..request.max_steps {
@@ -697,14 +698,15 @@ impl Trainer {
             .running
             .as_ref()
             .ok_or_else(|| MethodError::new("no epoch running"))?;
-        let stats = running.batches.stats();
+        let mut stats = running.batches.stats();
         reply.step_in_epoch = running.steps;
         reply.steps_in_epoch = running.planned;
         reply.epoch_done = running.steps >= running.planned;
         reply.global_step = self.global_step;
         reply.cursor = (!reply.epoch_done).then(|| running.batches.cursor().clone());
         reply.skipped = stats.skipped();
-        reply.problems = stats.problems;
+        reply.problems = std::mem::take(&mut stats.problems);
+        reply.loader = stats;
         reply.seconds = started.elapsed().as_secs_f64();
         if reply.epoch_done {
             reply.received = Some(EpochReceived {
