@@ -13,7 +13,7 @@ use std::io::{self, Read};
 use std::time::Duration;
 
 use crate::error::ShardError;
-use crate::stream::{ShardSource, ShardStream, SourceOptions};
+use crate::stream::{ShardSource, ShardStream, SourceKind, SourceOptions};
 
 /// The longest pause between two attempts, however many have failed.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
@@ -48,6 +48,10 @@ impl HttpSource {
 }
 
 impl ShardSource for HttpSource {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Http
+    }
+
     fn handles(&self, url: &str) -> bool {
         url.starts_with("http://") || url.starts_with("https://")
     }

@@ -72,7 +72,10 @@ pub use shard_name::shard_name;
 pub use source::{
     ShardList, ShardListError, Sources, local_folder, local_path, preloaded_copy, preloaded_path,
 };
-pub use stream::{CacheOptions, DEFAULT_READ_BUFFER, ShardSource, ShardStream, SourceOptions};
+pub use stream::{
+    CacheOptions, DEFAULT_READ_BUFFER, ShardSource, ShardStream, SourceCounts, SourceKind,
+    SourceOptions,
+};
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{
     CropBox, DecodeLimits, EvalTransform, IMAGENET_MEAN, IMAGENET_STD, ImageFormat, ImageHeader,

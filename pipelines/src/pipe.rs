@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{ShardError, escaped};
-use crate::stream::{ShardSource, ShardStream, SourceOptions};
+use crate::stream::{ShardSource, ShardStream, SourceKind, SourceOptions};
 
 /// How much of a failing command's standard error is kept.
 const STDERR_TAIL: usize = 2048;
@@ -41,6 +41,10 @@ impl PipeSource {
 }
 
 impl ShardSource for PipeSource {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Pipe
+    }
+
     fn handles(&self, url: &str) -> bool {
         url.starts_with("pipe:")
     }

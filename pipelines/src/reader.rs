@@ -68,6 +68,11 @@ pub struct SampleReader {
 }
 
 impl SampleReader {
+    /// The shards its sources opened so far, by kind of source.
+    pub fn source_counts(&self) -> crate::SourceCounts {
+        self.sources.counts()
+    }
+
     pub fn new(sources: Sources) -> Self {
         Self {
             sources: Arc::new(sources),

@@ -8,6 +8,7 @@ use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::brace::{BraceError, expand_spec};
 use crate::cache::{self, CacheStats, ShardCache};
@@ -16,7 +17,7 @@ use crate::http::HttpSource;
 use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
 use crate::shard_name::shard_name;
-use crate::stream::{ShardSource, ShardStream, SourceOptions, Stored};
+use crate::stream::{ShardSource, ShardStream, SourceCounts, SourceKind, SourceOptions, Stored};
 
 /// The buffer that finds a stream's compression from its first bytes. Small, because an
 /// uncompressed stream keeps it: once drained, reads at least this large pass it by.
@@ -84,6 +85,10 @@ pub struct Sources {
     sources: Vec<Box<dyn ShardSource>>,
     cache: Option<Arc<ShardCache>>,
     cache_stats: Arc<CacheStats>,
+    /// Shards opened and failed to open, by [`SourceKind`] (in [`SourceKind::ALL`]'s
+    /// order).
+    opened: [AtomicU64; SourceKind::ALL.len()],
+    failed: [AtomicU64; SourceKind::ALL.len()],
 }
 
 impl Default for Sources {
@@ -113,7 +118,43 @@ impl Sources {
             sources,
             cache,
             cache_stats,
+            opened: Default::default(),
+            failed: Default::default(),
         }
+    }
+
+    /// The shards opened here so far, by kind of source, and the cache's counters.
+    pub fn counts(&self) -> SourceCounts {
+        let by_kind = |counters: &[AtomicU64; SourceKind::ALL.len()]| {
+            SourceKind::ALL
+                .iter()
+                .zip(counters)
+                .map(|(kind, n)| (kind.name().to_string(), n.load(Ordering::Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect()
+        };
+        let cache = self.cache_stats.counts();
+        SourceCounts {
+            opened: by_kind(&self.opened),
+            failed: by_kind(&self.failed),
+            cache_hits: cache.hits,
+            cache_misses: cache.misses,
+        }
+    }
+
+    /// Counts an open through a source of `kind`, and hands its result on.
+    fn counted<T>(&self, kind: SourceKind, result: Result<T, ShardError>) -> Result<T, ShardError> {
+        let index = SourceKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or_default();
+        let counters = if result.is_ok() {
+            &self.opened
+        } else {
+            &self.failed
+        };
+        counters[index].fetch_add(1, Ordering::Relaxed);
+        result
     }
 
     pub fn options(&self) -> &SourceOptions {
@@ -142,7 +183,8 @@ impl Sources {
             let file = std::fs::File::open(&copy).map_err(|error| ShardError::Open {
                 url: format!("{url} (its preloaded copy {})", copy.display()),
                 error,
-            })?;
+            });
+            let file = self.counted(SourceKind::Preloaded, file)?;
             return decompress(url, Stored::File(file), self.options.read_buffer);
         }
         let source = self
@@ -154,14 +196,13 @@ impl Sources {
                 reason: "no source handles this URL".to_string(),
             })?;
         let raw = match &self.cache {
-            Some(cache) if cache::is_cacheable(url) => {
-                cache.open(url, || source.open_sized(url))?
-            }
+            Some(cache) if cache::is_cacheable(url) => cache.open(url, || source.open_sized(url)),
             _ => match source.open_file(url) {
-                Some(file) => Stored::File(file?),
-                None => Stored::Stream(source.open(url)?),
+                Some(file) => file.map(Stored::File),
+                None => source.open(url).map(Stored::Stream),
             },
         };
+        let raw = self.counted(source.kind(), raw)?;
         decompress(url, raw, self.options.read_buffer)
     }
 }
@@ -215,6 +256,10 @@ pub fn local_folder(url: &str) -> Option<&std::path::Path> {
 struct FileSource;
 
 impl ShardSource for FileSource {
+    fn kind(&self) -> SourceKind {
+        SourceKind::File
+    }
+
     fn handles(&self, url: &str) -> bool {
         !url.contains("://") || url.starts_with("file:")
     }
@@ -242,6 +287,10 @@ fn open_local(url: &str) -> Result<std::fs::File, ShardError> {
 struct StdinSource;
 
 impl ShardSource for StdinSource {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Stdin
+    }
+
     fn handles(&self, url: &str) -> bool {
         url == "-"
     }
@@ -631,5 +680,29 @@ mod tests {
     fn unknown_scheme_is_refused() {
         let err = Sources::default().open("s3://bucket/x.tar").err();
         assert!(matches!(err, Some(ShardError::BadUrl { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn opens_are_counted_by_kind_of_source() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let shard = dir.path().join("a.tar");
+        std::fs::write(&shard, [0u8; 1024]).expect("write");
+        let sources = Sources::default();
+        let shard = shard.display().to_string();
+        assert!(sources.open(&shard).is_ok());
+        assert!(sources.open(&format!("file:{shard}")).is_ok());
+        assert!(sources.open(&format!("{shard}.missing")).is_err());
+        assert!(sources.open("pipe:true").is_ok());
+        // A URL no source handles is no source's open.
+        assert!(sources.open("s3://bucket/x.tar").is_err());
+        let counts = sources.counts();
+        let named = |pairs: &[(&str, u64)]| -> std::collections::BTreeMap<String, u64> {
+            pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        assert_eq!(counts.opened, named(&[("file", 2), ("pipe", 1)]));
+        assert_eq!(counts.failed, named(&[("file", 1)]));
+        let mut twice = counts.clone();
+        twice.merge(&counts);
+        assert_eq!(twice.opened, named(&[("file", 4), ("pipe", 2)]));
     }
 }

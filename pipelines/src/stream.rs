@@ -55,10 +55,74 @@ impl Default for SourceOptions {
     }
 }
 
+/// The kinds of shard source, as the counters of [`SourceCounts`] name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SourceKind {
+    /// A local file (a path or a `file:` URL).
+    File,
+    /// `http://` or `https://`.
+    Http,
+    /// `pipe:` a command's standard output.
+    Pipe,
+    /// `-`: this process's standard input.
+    Stdin,
+    /// The node-local copy `data.preload` made.
+    Preloaded,
+}
+
+impl SourceKind {
+    pub const ALL: [SourceKind; 5] = [
+        SourceKind::File,
+        SourceKind::Http,
+        SourceKind::Pipe,
+        SourceKind::Stdin,
+        SourceKind::Preloaded,
+    ];
+
+    /// Its name in counters and labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::File => "file",
+            SourceKind::Http => "http",
+            SourceKind::Pipe => "pipe",
+            SourceKind::Stdin => "stdin",
+            SourceKind::Preloaded => "preloaded",
+        }
+    }
+}
+
+/// Shards opened through one [`Sources`](crate::Sources), by kind of source: how many
+/// opened and how many failed to open; and its cache's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceCounts {
+    /// By [`SourceKind::name`]; kinds never opened are absent.
+    pub opened: std::collections::BTreeMap<String, u64>,
+    pub failed: std::collections::BTreeMap<String, u64>,
+    /// Opens served from the shard cache's complete copy, and opens that found none.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+impl SourceCounts {
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &SourceCounts) {
+        for (kind, n) in &other.opened {
+            *self.opened.entry(kind.clone()).or_default() += n;
+        }
+        for (kind, n) in &other.failed {
+            *self.failed.entry(kind.clone()).or_default() += n;
+        }
+        self.cache_hits += other.cache_hits;
+        self.cache_misses += other.cache_misses;
+    }
+}
+
 /// One way of opening shards.
 pub trait ShardSource: Send + Sync + fmt::Debug {
     /// Whether this source opens `url`.
     fn handles(&self, url: &str) -> bool;
+    /// Which kind of source it is, for its counters.
+    fn kind(&self) -> SourceKind;
     /// Opens `url` for streaming. The bytes are returned as stored (maybe compressed).
     fn open(&self, url: &str) -> Result<ShardStream, ShardError>;
     /// Opens `url` as [`open`](Self::open) does, with the length the stream will have

@@ -186,6 +186,11 @@ struct TotalMetrics {
     straggler: Gauges,
     /// The loader counters of [`LOADER_COUNTERS`], in its order.
     loader: Vec<Counters>,
+    /// Shards opened and failed to open, by kind of source; shard cache hits and misses.
+    opened: Counters,
+    failed: Counters,
+    cache_hits: Counters,
+    cache_misses: Counters,
 }
 
 /// One loader counter: its name, help, and its count in a rank's totals.
@@ -261,6 +266,23 @@ impl TotalMetrics {
                 .iter()
                 .map(|(name, help, _)| metrics.counter(name, help))
                 .collect(),
+            opened: metrics.counter(
+                "imgrun_shards_opened",
+                "Shards the rank's process opened, by kind of source (file, http, pipe, stdin, \
+                 preloaded)",
+            ),
+            failed: metrics.counter(
+                "imgrun_shard_open_failures",
+                "Shards the rank's process failed to open, by kind of source",
+            ),
+            cache_hits: metrics.counter(
+                "imgrun_shard_cache_hits",
+                "Shard opens the rank's process served from the node's shard cache",
+            ),
+            cache_misses: metrics.counter(
+                "imgrun_shard_cache_misses",
+                "Shard opens of cacheable URLs that found no copy in the node's shard cache",
+            ),
         }
     }
 
@@ -291,6 +313,23 @@ impl TotalMetrics {
             for (family, (_, _, count)) in self.loader.iter().zip(LOADER_COUNTERS) {
                 family.get_or_create(&labels).inc_by(count(&totals.loader));
             }
+            let sources = &totals.sources;
+            for (family, by_kind) in [
+                (&self.opened, &sources.opened),
+                (&self.failed, &sources.failed),
+            ] {
+                for (kind, n) in by_kind {
+                    let mut labels = labels.clone();
+                    labels.push(("source", kind.clone()));
+                    family.get_or_create(&labels).inc_by(*n);
+                }
+            }
+            self.cache_hits
+                .get_or_create(&labels)
+                .inc_by(sources.cache_hits);
+            self.cache_misses
+                .get_or_create(&labels)
+                .inc_by(sources.cache_misses);
         }
     }
 }
@@ -433,6 +472,12 @@ mod tests {
                     bad_samples: 3,
                     ..Default::default()
                 },
+                sources: pipelines::SourceCounts {
+                    opened: [("file".to_string(), 12), ("pipe".to_string(), 3)].into(),
+                    failed: [("pipe".to_string(), 1)].into(),
+                    cache_hits: 0,
+                    cache_misses: 0,
+                },
             }],
             warnings: Vec::new(),
             timeline: Vec::new(),
@@ -494,6 +539,10 @@ mod tests {
             r#"imgrun_loader_batches_total{imgrun_job="r50",rank="1"} 40"#,
             r#"imgrun_loader_bad_samples_total{imgrun_job="r50",rank="1"} 3"#,
             r#"imgrun_loader_skipped_shards_total{imgrun_job="r50",rank="1"} 0"#,
+            r#"imgrun_shards_opened_total{imgrun_job="r50",rank="1",source="file"} 12"#,
+            r#"imgrun_shards_opened_total{imgrun_job="r50",rank="1",source="pipe"} 3"#,
+            r#"imgrun_shard_open_failures_total{imgrun_job="r50",rank="1",source="pipe"} 1"#,
+            r#"imgrun_shard_cache_hits_total{imgrun_job="r50",rank="1"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

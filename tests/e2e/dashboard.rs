@@ -369,6 +369,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         "imgrun_rank_step_p95_seconds",
         "imgrun_loader_samples_total",
         "imgrun_loader_batches_total",
+        "imgrun_shards_opened_total",
     ] {
         let scraped: BTreeSet<u64> = samples
             .iter()

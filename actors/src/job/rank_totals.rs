@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use pipelines::EpochStats;
+use pipelines::{EpochStats, SourceCounts};
 
 use crate::train::StepTiming;
 
@@ -43,6 +43,10 @@ pub struct RankTotals {
     /// What its loader served and skipped, over the job's epochs so far.
     #[serde(default)]
     pub loader: LoaderTotals,
+    /// The shards its process opened, by kind of source (its own loader's: with
+    /// `data.loaders = "remote"`, the loader actors' opens are not counted here).
+    #[serde(default)]
+    pub sources: SourceCounts,
 }
 
 /// What a rank's loader served and skipped: running totals over a job's epochs (since
@@ -122,6 +126,13 @@ impl RankTally {
             }
             tally.window.push_back((timing.seconds, was_late));
         }
+    }
+
+    /// Rank `rank`'s process has opened `counts` shards so far.
+    pub fn sourced(&mut self, rank: u32, counts: &SourceCounts) {
+        let tally = self.ranks.entry(rank).or_default();
+        tally.totals.rank = rank;
+        tally.totals.sources = counts.clone();
     }
 
     /// Rank `rank`'s loader has served `epoch_so_far` in its epoch, which is over when

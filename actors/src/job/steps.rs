@@ -699,9 +699,9 @@ impl RunningJob<'_> {
         let mut step_end_s = called_at_s;
         let mut last_figures = None;
         for (rank, reply) in self.ranks.iter().zip(replies) {
-            self.stop
-                .tally()
-                .loaded(rank.rank, &reply.loader, reply.epoch_done);
+            let mut tally = self.stop.tally();
+            tally.loaded(rank.rank, &reply.loader, reply.epoch_done);
+            tally.sourced(rank.rank, &reply.sources);
         }
         for (i, step) in replies[0].steps.iter().enumerate() {
             let ranks_records: Vec<&StepRecord> =

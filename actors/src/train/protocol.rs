@@ -175,6 +175,10 @@ pub struct TrainReply {
     /// are in `problems`).
     #[serde(default)]
     pub loader: pipelines::EpochStats,
+    /// The shards this rank's process opened so far (for training and validation), by
+    /// kind of source.
+    #[serde(default)]
+    pub sources: pipelines::SourceCounts,
     /// When the epoch is done: what this rank received in it (since the resume, for a
     /// resumed epoch).
     #[serde(default)]

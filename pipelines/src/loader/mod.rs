@@ -209,6 +209,11 @@ impl Loader {
         &self.config
     }
 
+    /// The shards it opened so far (over all its epochs), by kind of source.
+    pub fn source_counts(&self) -> crate::SourceCounts {
+        self.reader.source_counts()
+    }
+
     /// Starts `rank`'s epoch of `plan`: spawns its workers and returns the batches, in
     /// order. With `resume`, continues an epoch from the cursor a previous run reported
     /// (taken from the same plan), without repeating or skipping a sample.

@@ -645,6 +645,7 @@ impl Trainer {
             skipped: 0,
             problems: Vec::new(),
             loader: pipelines::EpochStats::default(),
+            sources: pipelines::SourceCounts::default(),
             received: None,
         };
         for _ in 0..request.max_steps {
@@ -707,6 +708,8 @@ impl Trainer {
         reply.skipped = stats.skipped();
         reply.problems = std::mem::take(&mut stats.problems);
         reply.loader = stats;
+        reply.sources = self.loader.source_counts();
+        reply.sources.merge(&self.val_loader.source_counts());
         reply.seconds = started.elapsed().as_secs_f64();
         if reply.epoch_done {
             reply.received = Some(EpochReceived {
