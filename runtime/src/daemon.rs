@@ -1,6 +1,7 @@
 //! What the head and node daemons and the cluster client share: their error type, the
 //! hook through which the actor layer answers actor requests, the addresses a daemon
-//! advertises, and conversions between discovered resources and their wire form.
+//! advertises, and conversions between discovered resources (and their GPUs' use) and
+//! their wire form.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -8,13 +9,14 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use crate::gpu::{GpuSample, GpuUse};
 use crate::membership::MembershipError;
 use crate::placement::{NodeCapacity, Resources, Strategy};
 use crate::resources::NodeResources;
 use crate::state::StateError;
 use crate::tls::TlsError;
 use crate::transport::{Peer, TransportError};
-use crate::wire::{GpuWire, Message, ResourcesWire};
+use crate::wire::{GpuSampleWire, GpuUseWire, GpuWire, MAX_BEAT_SAMPLES, Message, ResourcesWire};
 
 /// How long a joining node, or a client, waits for the head to answer at all.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -290,6 +292,52 @@ pub(crate) fn resources_wire(resources: &NodeResources) -> ResourcesWire {
     }
 }
 
+/// A GPU's use as the wire carries it (a heartbeat's sample, a status).
+pub(crate) fn gpu_use_wire(usage: GpuUse) -> GpuUseWire {
+    GpuUseWire {
+        utilization_percent: usage
+            .utilization_percent
+            .map(|percent| u8::try_from(percent.min(100)).unwrap_or(100)),
+        memory_used_bytes: usage.memory_used_bytes,
+    }
+}
+
+/// A GPU's use from the wire: a utilisation above 100, which no node sends, is unknown.
+pub(crate) fn gpu_use_of(wire: GpuUseWire) -> GpuUse {
+    GpuUse {
+        utilization_percent: wire
+            .utilization_percent
+            .filter(|percent| *percent <= 100)
+            .map(u32::from),
+        memory_used_bytes: wire.memory_used_bytes,
+    }
+}
+
+/// A node's newest samples as its heartbeat carries them: the first
+/// [`MAX_BEAT_SAMPLES`], all a UDP beat holds.
+pub(crate) fn samples_wire(samples: &[GpuSample]) -> Vec<GpuSampleWire> {
+    samples
+        .iter()
+        .take(MAX_BEAT_SAMPLES)
+        .map(|sample| GpuSampleWire {
+            index: sample.index,
+            usage: gpu_use_wire(sample.usage),
+        })
+        .collect()
+}
+
+/// The samples of a heartbeat: the first [`MAX_BEAT_SAMPLES`] (a UDP beat carries no
+/// more; a QUIC one is cut to as many).
+pub(crate) fn samples_of(wire: &[GpuSampleWire]) -> Vec<GpuSample> {
+    wire.iter()
+        .take(MAX_BEAT_SAMPLES)
+        .map(|sample| GpuSample {
+            index: sample.index,
+            usage: gpu_use_of(sample.usage),
+        })
+        .collect()
+}
+
 /// What the head's resource table holds for a node that offers `resources`.
 pub(crate) fn capacity_of(resources: &ResourcesWire) -> NodeCapacity {
     let quantities = Resources::new()
@@ -416,6 +464,68 @@ mod tests {
         for (error, want) in cases {
             assert_eq!(error.to_string(), want);
         }
+    }
+
+    #[test]
+    fn gpu_use_crosses_the_wire_within_range() {
+        let usage = |percent, used| GpuUse {
+            utilization_percent: percent,
+            memory_used_bytes: used,
+        };
+        // (domain, wire, back from the wire)
+        let cases = [
+            (usage(None, None), (None, None), usage(None, None)),
+            (
+                usage(Some(37), Some(12 << 30)),
+                (Some(37), Some(12 << 30)),
+                usage(Some(37), Some(12 << 30)),
+            ),
+            (
+                usage(Some(0), Some(0)),
+                (Some(0), Some(0)),
+                usage(Some(0), Some(0)),
+            ),
+            (
+                usage(Some(100), None),
+                (Some(100), None),
+                usage(Some(100), None),
+            ),
+            (
+                usage(Some(250), None),
+                (Some(100), None),
+                usage(Some(100), None),
+            ),
+        ];
+        for (domain, (percent, used), back) in cases {
+            let wire = gpu_use_wire(domain);
+            assert_eq!(
+                (wire.utilization_percent, wire.memory_used_bytes),
+                (percent, used),
+                "{domain:?}"
+            );
+            assert_eq!(gpu_use_of(wire), back, "{domain:?}");
+        }
+        let hostile = GpuUseWire {
+            utilization_percent: Some(101),
+            memory_used_bytes: Some(1),
+        };
+        assert_eq!(gpu_use_of(hostile), usage(None, Some(1)));
+        let many: Vec<GpuSampleWire> = (0..100)
+            .map(|index| GpuSampleWire {
+                index,
+                usage: hostile,
+            })
+            .collect();
+        let read = samples_of(&many);
+        assert_eq!(read.len(), MAX_BEAT_SAMPLES);
+        assert_eq!(samples_wire(&read)[3].index, 3);
+        let more: Vec<GpuSample> = (0..100)
+            .map(|index| GpuSample {
+                index,
+                usage: GpuUse::default(),
+            })
+            .collect();
+        assert_eq!(samples_wire(&more).len(), MAX_BEAT_SAMPLES);
     }
 
     #[test]

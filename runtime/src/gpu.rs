@@ -4,6 +4,10 @@
 //! Discovery never fails: a machine without NVIDIA drivers simply has no GPUs, and the
 //! reason is logged at debug level. The rules (`CUDA_VISIBLE_DEVICES`, `nvidia-smi`
 //! output, claimed GPUs) are pure functions; only `discover_gpus` touches the machine.
+//! `sampler.rs` measures what the GPUs NVML found are doing (utilisation, memory in use),
+//! for the heartbeats and the head's status.
+
+mod sampler;
 
 use std::fmt;
 use std::io::Read;
@@ -14,6 +18,8 @@ use std::time::Duration;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use tracing::{debug, info};
+
+pub(crate) use sampler::{GpuSample, GpuSampler, GpuUse};
 
 /// One GPU this node offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +93,15 @@ impl VisibleDevices {
 /// The most GPUs `--num-gpus` may claim; a larger number is taken as this one.
 pub const MAX_CLAIMED_GPUS: usize = 1024;
 
+/// How the UUID of a claimed GPU starts (`claimed-<i>`); a real GPU's starts with `GPU-`.
+const CLAIMED_UUID_PREFIX: &str = "claimed-";
+
+/// Whether `uuid` is a claimed GPU's ([`GpuSource::Claimed`]): the one thing that tells
+/// one apart in a node's description on the wire, where its index is only its position.
+pub(crate) fn is_claimed_uuid(uuid: &str) -> bool {
+    uuid.starts_with(CLAIMED_UUID_PREFIX)
+}
+
 /// The GPUs this node offers: those NVML (or else `nvidia-smi`) reports, kept and ordered
 /// by `visible` as CUDA would, then overridden by `num_gpus` (`--num-gpus`: `None`
 /// discovers; `Some(n)` offers exactly `n`, see [`select_gpus`]).
@@ -120,7 +135,7 @@ pub(crate) fn select_gpus(
                 index: u32::try_from(position).unwrap_or(u32::MAX),
                 name: "claimed GPU".to_string(),
                 memory_bytes: None,
-                uuid: format!("claimed-{position}"),
+                uuid: format!("{CLAIMED_UUID_PREFIX}{position}"),
                 source: GpuSource::Claimed,
             });
         }
@@ -513,6 +528,8 @@ mod tests {
         assert_eq!(gpus.len(), 2);
         assert!(gpus.iter().all(|g| !g.discovered()));
         assert_eq!(gpus[1].uuid, "claimed-1");
+        assert!(gpus.iter().all(|g| is_claimed_uuid(&g.uuid)));
+        assert!(!machine().iter().any(|g| is_claimed_uuid(&g.uuid)));
         assert_eq!(gpus[1].memory_bytes, None);
         assert_eq!(
             select_gpus(Vec::new(), None, Some(usize::MAX)).len(),

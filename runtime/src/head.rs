@@ -38,6 +38,7 @@ use crate::daemon::{
     ActorHandler, CONNECT_TIMEOUT, DaemonError, PUBLIC_PROBE, STOP_LINGER, advertised_address,
     resolve, resources_wire,
 };
+use crate::gpu::GpuSampler;
 use crate::hosting::ActorHosting;
 use crate::hosting::NodeActors;
 use crate::lifecycle::Lifecycle;
@@ -159,7 +160,8 @@ impl Head {
                 head: join_address.clone(),
             },
         )?;
-        let members = Members::new(config.membership, own, first_session());
+        let own_gpus = GpuSampler::start(&config.resources.gpus);
+        let members = Members::new(config.membership, own, first_session(), own_gpus);
         let record = HeadRecord {
             address: join_address.clone(),
             ca_hash: credentials.ca.ca_hash().to_string(),

@@ -7,7 +7,8 @@
 //! the credentials the head hands out in `node/` (mode 0600), binds its port with them, and
 //! spawns three tasks: the server ([`handle`]), the heartbeat loop ([`heartbeat`]), which
 //! reconnects and joins again on its own when the head restarts or forgets it, and the
-//! reports of ended actors to the head.
+//! reports of ended actors to the head. A thread of its own measures the GPUs NVML found
+//! (`gpu/sampler.rs`); each heartbeat carries the newest measurement.
 //!
 //! The server's port is on a thread of its own ([`Server::bind_on_thread`]), where every
 //! request is answered, and where the tasks that drive worker processes run (a start
@@ -39,6 +40,7 @@ use crate::daemon::{
     ActorHandler, DaemonError, HEAD_NAME, STOP_LINGER, advertised_address, is_control,
     message_name, refused, resolve, resources_wire,
 };
+use crate::gpu::GpuSampler;
 use crate::hosting::NodeActors;
 use crate::lifecycle::Lifecycle;
 use crate::membership::{NodeId, SessionId};
@@ -114,6 +116,8 @@ pub(crate) struct Shared {
     life: Lifecycle,
     /// The node's own actors, which it fences when its session ends.
     actors: Arc<NodeActors>,
+    /// What the node's GPUs are doing, which every heartbeat carries.
+    gpus: GpuSampler,
 }
 
 impl Node {
@@ -175,6 +179,7 @@ impl Node {
             connection: Mutex::new(None),
             life: Lifecycle::new(Some(actor_handler(actors.clone()))),
             actors: actors.clone(),
+            gpus: GpuSampler::start(&config.resources.gpus),
         });
         shared.write_record()?;
         let span = info_span!("node", address = %address);

@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use serde::{Serialize, Serializer};
 
 use crate::actor::{ActorId, ActorLabel};
+use crate::daemon::{gpu_use_of, gpu_use_wire};
+use crate::gpu::GpuUse;
 use crate::membership::{NodeId, NodeState};
 use crate::wire::{
     ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, NodeStatusWire, ReservationWire,
@@ -76,6 +78,13 @@ pub struct GpuStatus {
     pub name: String,
     pub memory_bytes: Option<u64>,
     pub uuid: String,
+    /// The share of NVML's last sample period (1/6 s to 1 s) in which the GPU was busy,
+    /// 0 to 100, from its node's newest heartbeat. `None` where NVML does not answer: a
+    /// node without NVML (GPUs found by `nvidia-smi`), a claimed GPU, a failed read, a
+    /// node whose session is over.
+    pub utilization_percent: Option<u32>,
+    /// Memory in use, from the same measurement; `None` where NVML does not answer.
+    pub memory_used_bytes: Option<u64>,
 }
 
 /// Resources held on a node, and by whom.
@@ -252,6 +261,16 @@ impl NodeStatus {
                     })
                     .collect(),
             },
+            gpu_use: self
+                .gpus
+                .iter()
+                .map(|gpu| {
+                    gpu_use_wire(GpuUse {
+                        utilization_percent: gpu.utilization_percent,
+                        memory_used_bytes: gpu.memory_used_bytes,
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -271,11 +290,22 @@ impl NodeStatus {
                 .resources
                 .gpus
                 .into_iter()
-                .map(|gpu| GpuStatus {
-                    index: gpu.index,
-                    name: gpu.name,
-                    memory_bytes: gpu.memory_bytes,
-                    uuid: gpu.uuid,
+                .enumerate()
+                .map(|(position, gpu)| {
+                    let usage = wire
+                        .gpu_use
+                        .get(position)
+                        .copied()
+                        .map(gpu_use_of)
+                        .unwrap_or_default();
+                    GpuStatus {
+                        index: gpu.index,
+                        name: gpu.name,
+                        memory_bytes: gpu.memory_bytes,
+                        uuid: gpu.uuid,
+                        utilization_percent: usage.utilization_percent,
+                        memory_used_bytes: usage.memory_used_bytes,
+                    }
                 })
                 .collect(),
             used: BTreeMap::new(),
@@ -335,12 +365,15 @@ pub(crate) mod tests {
     use super::*;
 
     /// A status with a live head, a live node holding one GPU for `actor:3`, a dead node.
+    /// No GPU has a measurement (see [`measured`]).
     pub(crate) fn sample() -> ClusterStatus {
         let gpu = |index| GpuStatus {
             index,
             name: "NVIDIA H100 80GB HBM3".into(),
             memory_bytes: Some(80 << 30),
             uuid: format!("GPU-{index}"),
+            utilization_percent: None,
+            memory_used_bytes: None,
         };
         let node = |id, state, gpus: Vec<GpuStatus>| NodeStatus {
             id: NodeId(id),
@@ -381,6 +414,16 @@ pub(crate) mod tests {
         ])
     }
 
+    /// [`sample`] with node 2's GPU 0 measured in full and its GPU 1 only in part.
+    pub(crate) fn measured() -> ClusterStatus {
+        let mut status = sample();
+        let gpus = &mut status.nodes[1].gpus;
+        gpus[0].utilization_percent = Some(37);
+        gpus[0].memory_used_bytes = Some(12_992_000_000);
+        gpus[1].memory_used_bytes = Some(512 << 20);
+        status
+    }
+
     #[test]
     fn totals_count_live_nodes_and_every_reservation() {
         let status = sample();
@@ -399,11 +442,19 @@ pub(crate) mod tests {
 
     #[test]
     fn the_wire_round_trips_and_refuses_unknown_states() {
-        let status = sample();
-        assert_eq!(
-            ClusterStatus::from_wire(status.to_wire()),
-            Ok(status.clone())
-        );
+        for status in [sample(), measured()] {
+            assert_eq!(
+                ClusterStatus::from_wire(status.to_wire()),
+                Ok(status.clone())
+            );
+        }
+        let status = measured();
+        let mut short = status.to_wire();
+        // A list of uses shorter than the GPUs: the others are unknown.
+        short.nodes[1].gpu_use.truncate(1);
+        let read = ClusterStatus::from_wire(short).expect("status");
+        assert_eq!(read.nodes[1].gpus[0], status.nodes[1].gpus[0]);
+        assert_eq!(read.nodes[1].gpus[1].memory_used_bytes, None);
         let mut wire = status.to_wire();
         wire.nodes[0].state = "zombie".into();
         let error = ClusterStatus::from_wire(wire).expect_err("unknown state");
@@ -416,6 +467,12 @@ pub(crate) mod tests {
         assert_eq!(json["nodes"][0]["id"], 1);
         assert_eq!(json["nodes"][1]["state"], "suspect");
         assert_eq!(json["nodes"][1]["gpus"][1]["name"], "NVIDIA H100 80GB HBM3");
+        let gpu = &json["nodes"][1]["gpus"][0];
+        assert!(gpu["utilization_percent"].is_null() && gpu["memory_used_bytes"].is_null());
+        let json = serde_json::to_value(measured()).expect("json");
+        let gpu = &json["nodes"][1]["gpus"][0];
+        assert_eq!(gpu["utilization_percent"], 37);
+        assert_eq!(gpu["memory_used_bytes"], 12_992_000_000u64);
         assert_eq!(json["totals"]["gpus"], 2);
         assert_eq!(json["reservations"][0]["owner"], "actor:3");
         let actor = &json["actors"][0];

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use runtime::wire::{
-    BeatGate, BeatKey, BeatKind, BeatPacket, Message, NodeDescription, ResourcesWire,
+    BeatGate, BeatKey, BeatKind, BeatPacket, GpuSampleWire, GpuUseWire, GpuWire, Message,
+    NodeDescription, ResourcesWire,
 };
 use runtime::{
     ActorHosting, CONNECT_TIMEOUT, CaHash, Client, ClientTls, ClusterCa, ClusterClient,
@@ -214,6 +215,7 @@ async fn bad_joins_fail_fast_with_clear_errors_and_leave_the_head_alone() {
         node_id: one.node_id().0,
         session: one.session().0,
         seq: 1,
+        gpus: Vec::new(),
     };
     for request in [
         join,
@@ -869,6 +871,121 @@ async fn the_join_command_is_what_nodes_type() {
     assert!(head.token().matches(token.as_str()));
     assert_eq!(words[6].parse::<CaHash>().ok(), Some(head.ca_hash()));
     assert_eq!(head.join_address(), head.local_addr().to_string());
+}
+
+#[tokio::test]
+async fn gpu_use_a_beat_carries_shows_in_every_clients_status() {
+    let cluster = start().await;
+    let port = cluster.head.beat_port();
+    assert_ne!(port, 0, "the head has a heartbeat port");
+    // A node of our own making with a GPU NVML found (index 3 on its machine) and one
+    // claimed with --num-gpus (index 1: its position).
+    let gpu = |index, name: &str, uuid: &str| GpuWire {
+        index,
+        name: name.into(),
+        memory_bytes: (index == 3).then_some(80 << 30),
+        uuid: uuid.into(),
+    };
+    let join = Message::JoinRequest {
+        token: cluster.head.token().as_str().to_owned(),
+        node: NodeDescription {
+            hostname: "sampled".into(),
+            address: "127.0.0.1:1".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            resources: ResourcesWire {
+                cpus: 1,
+                memory_bytes: None,
+                gpus: vec![
+                    gpu(3, "NVIDIA H100 80GB HBM3", "GPU-34a0491e-4652"),
+                    gpu(1, "claimed GPU", "claimed-1"),
+                ],
+            },
+        },
+    };
+    let connection = connect_to_join(&cluster.head).await;
+    let answer = within("join", connection.request(&join, LIMIT))
+        .await
+        .expect("join answer");
+    connection.close();
+    let Message::JoinAccepted {
+        node_id,
+        session,
+        beat_key,
+        ..
+    } = answer
+    else {
+        panic!("join answered {answer:?}");
+    };
+    let key = BeatKey::from_bytes(&beat_key).expect("a 32-byte key");
+    let node = NodeId(node_id);
+    let uses = |status: &ClusterStatus| -> Vec<(Option<u32>, Option<u64>)> {
+        let node = status.node(node).expect("the node in the status");
+        node.gpus
+            .iter()
+            .map(|gpu| (gpu.utilization_percent, gpu.memory_used_bytes))
+            .collect()
+    };
+    assert_eq!(
+        uses(&cluster.head.status()),
+        [(None, None), (None, None)],
+        "before any beat"
+    );
+
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("udp socket");
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect udp");
+    let sample = |index, percent, used| GpuSampleWire {
+        index,
+        usage: GpuUseWire {
+            utilization_percent: Some(percent),
+            memory_used_bytes: Some(used),
+        },
+    };
+    // The claimed GPU's index gets a sample too, which the head must not believe.
+    let samples = [sample(3, 37, 12_992_000_000), sample(1, 99, 1 << 30)];
+    let datagram = BeatPacket {
+        kind: BeatKind::Beat,
+        node_id,
+        session,
+        seq: 1,
+    }
+    .seal_with_samples(&samples, &key.hmac());
+    socket.send(&datagram).await.expect("send");
+    let mut buffer = [0u8; 128];
+    let len = within("the beat's ack", socket.recv(&mut buffer))
+        .await
+        .expect("receive");
+    let mut gate = BeatGate::new(node_id, session, &key);
+    assert_eq!(
+        gate.take(&buffer[..len], BeatKind::Ack).map(|ack| ack.seq),
+        Ok(1)
+    );
+
+    let want = [(Some(37), Some(12_992_000_000)), (None, None)];
+    assert_eq!(uses(&cluster.head.status()), want, "at the head");
+    let client = within(
+        "client",
+        ClusterClient::connect(&cluster.state("head"), None),
+    )
+    .await
+    .expect("client");
+    let seen = within("status", client.status()).await.expect("status");
+    assert_eq!(uses(&seen), want, "through the wire");
+    let text = seen.to_string();
+    assert!(text.contains("37%   12.1/80.0 GiB"), "{text}");
+    let json = serde_json::to_value(&seen).expect("json");
+    let nodes = json["nodes"].as_array().expect("nodes");
+    let ours = nodes
+        .iter()
+        .find(|found| found["id"] == node_id)
+        .expect("the node in the json");
+    let gpus = &ours["gpus"];
+    assert_eq!(gpus[0]["utilization_percent"], 37, "{json}");
+    assert!(gpus[1]["utilization_percent"].is_null(), "{json}");
 }
 
 /// A connection to `head` with no certificate: what a machine about to join has.

@@ -95,6 +95,7 @@ async fn heartbeat(connection: &Connection, seq: u64) -> Result<Message, Transpo
         node_id: 1,
         session: 1,
         seq,
+        gpus: Vec::new(),
     };
     connection.request(&beat, REQUEST).await
 }
@@ -510,6 +511,7 @@ async fn beat_by_datagram(connection: &Connection, seq: u64) -> Message {
         node_id: 1,
         session: 1,
         seq,
+        gpus: Vec::new(),
     };
     within("datagram answer", async {
         loop {
@@ -604,6 +606,7 @@ async fn datagrams_are_refused_where_a_side_takes_none_or_they_do_not_fit() {
         node_id: 1,
         session: 1,
         seq: 1,
+        gpus: Vec::new(),
     };
     // (case, server options, client options)
     let cases = [

@@ -347,6 +347,7 @@ impl FakeNode {
                 node_id: self.session.node_id,
                 session: self.session.session,
                 seq,
+                gpus: Vec::new(),
             };
             let deadline = started + self.session.heartbeat;
             let udp_link = self.session.beat.filter(|_| !quic_next);

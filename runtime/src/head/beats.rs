@@ -1,8 +1,9 @@
 //! The head's UDP heartbeat port: one thread that reads the nodes' beats (`wire::beat`),
 //! takes those tagged with a live session's key and newer than the last one taken, and
-//! answers each with a tagged acknowledgement. No QUIC, no task and no wake-up of the
-//! async runtime per beat: a beat costs two system calls and two HMACs, and the thread
-//! reads beats in batches (at most [`BATCH_PAUSE`] apart), not one wake-up per beat.
+//! answers each with a tagged acknowledgement; the GPU samples a beat carries go to the
+//! membership with it. No QUIC, no task and no wake-up of the async runtime per beat: a
+//! beat costs two system calls and two HMACs, and the thread reads beats in batches (at
+//! most [`BATCH_PAUSE`] apart), not one wake-up per beat.
 //!
 //! Anything else is refused unanswered (so the port cannot be used to reflect traffic),
 //! counted by reason ([`BeatCounts`]) and logged at debug level; a warning sums the
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::Shared;
-use crate::wire::{BEAT_LEN, BeatError};
+use crate::wire::{BEAT_LEN, BeatError, MAX_BEAT_LEN};
 
 /// How often the thread looks whether the head is gone, when no datagram comes.
 const POLL: Duration = Duration::from_millis(500);
@@ -34,7 +35,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub struct BeatCounts {
     /// Beats taken and acknowledged.
     pub accepted: u64,
-    /// Datagrams that are no heartbeat (wrong size, magic, version or kind).
+    /// Datagrams that are no heartbeat (wrong size, magic, version, kind or samples).
     pub garbage: u64,
     /// Beats whose tag did not verify with their session's key: forged.
     pub forged: u64,
@@ -68,9 +69,10 @@ impl BeatCounters {
 
     fn refused(&self, error: &BeatError) {
         let counter = match error {
-            BeatError::Garbage { .. } | BeatError::WrongKind { .. } | BeatError::NoRandom => {
-                &self.garbage
-            }
+            BeatError::Garbage { .. }
+            | BeatError::BadSamples { .. }
+            | BeatError::WrongKind { .. }
+            | BeatError::NoRandom => &self.garbage,
             BeatError::BadTag => &self.forged,
             BeatError::Replayed { .. } => &self.replayed,
             BeatError::UnknownNode { .. }
@@ -97,8 +99,8 @@ pub(super) fn spawn(socket: UdpSocket, shared: Weak<Shared>) -> std::io::Result<
 }
 
 fn serve(socket: &UdpSocket, shared: &Weak<Shared>) {
-    // One byte more than a beat, so that a longer datagram reads as too long.
-    let mut buffer = [0u8; BEAT_LEN + 1];
+    // One byte more than the longest beat, so that a longer datagram reads as too long.
+    let mut buffer = [0u8; MAX_BEAT_LEN + 1];
     let mut refused_since_warning = 0u64;
     let mut last_warning: Option<Instant> = None;
     // Blocking while nothing comes; once a datagram came, a batch: what arrived, read

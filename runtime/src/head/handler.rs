@@ -35,7 +35,7 @@ use crate::daemon::{CLIENT_NAME, HEAD_NAME, NODE_PREFIX, is_control, message_nam
 use crate::gpu::MAX_CLAIMED_GPUS;
 use crate::membership::{NodeId, SessionId};
 use crate::transport::{Handler, Peer, PeerIdentity};
-use crate::wire::{Message, NodeDescription};
+use crate::wire::{GpuSampleWire, Message, NodeDescription};
 
 /// How long the head waits for each node to confirm a stop.
 const NODE_STOP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -90,12 +90,13 @@ impl Handler for Requests {
             node_id,
             session,
             seq,
+            gpus,
         } = message
         else {
             debug!(peer = %peer.address, message = message_name(&message), "dropped a datagram that is not a heartbeat");
             return None;
         };
-        Some(match heartbeat(&self.0, peer, node_id, session) {
+        Some(match heartbeat(&self.0, peer, node_id, session, &gpus) {
             Ok(()) => Message::HeartbeatAck { seq },
             Err(reason) => Message::HeartbeatRefused {
                 seq,
@@ -139,7 +140,8 @@ pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) ->
             node_id,
             session,
             seq,
-        } => match heartbeat(&shared, &peer, node_id, session) {
+            gpus,
+        } => match heartbeat(&shared, &peer, node_id, session, &gpus) {
             Ok(()) => Message::HeartbeatAck { seq },
             Err(reason) => refused(reason),
         },
@@ -185,9 +187,15 @@ pub(super) async fn handle(shared: Arc<Shared>, peer: Peer, request: Message) ->
     }
 }
 
-/// Whether the head keeps the session a heartbeat names, on a stream or in a datagram;
-/// if not, why.
-fn heartbeat(shared: &Shared, peer: &Peer, node_id: u64, session: u64) -> Result<(), String> {
+/// Whether the head keeps the session a heartbeat names, on a stream or in a datagram
+/// (and then the GPU samples it carries); if not, why.
+fn heartbeat(
+    shared: &Shared,
+    peer: &Peer,
+    node_id: u64,
+    session: u64,
+    gpus: &[GpuSampleWire],
+) -> Result<(), String> {
     if shared.is_stopping() {
         return Err("the head is stopping".to_owned());
     }
@@ -197,7 +205,7 @@ fn heartbeat(shared: &Shared, peer: &Peer, node_id: u64, session: u64) -> Result
     };
     shared
         .members
-        .heartbeat(key, NodeId(node_id), SessionId(session))
+        .heartbeat(key, NodeId(node_id), SessionId(session), gpus)
         .map_err(|reason| {
             debug!(peer = %peer.address, node = node_id, %reason, "heartbeat refused");
             format!("unknown session: join again ({reason})")

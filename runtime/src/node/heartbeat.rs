@@ -4,6 +4,10 @@
 //! exponential backoff. A lost connection alone does not rejoin: the session may still be
 //! on, and a rejoin would end it and release what the node holds.
 //!
+//! Every beat carries the node's newest GPU samples (`gpu/sampler.rs`, 13 bytes a GPU; none
+//! without NVML), taken from the sampling thread's last measurement without waiting for
+//! NVML.
+//!
 //! Heartbeats go as plain UDP datagrams to the head's heartbeat port, tagged with the
 //! session's key (`wire::beat`; the key came with the join, over mutual TLS), and the
 //! head answers each one it takes with a tagged acknowledgement of its `seq`; an answer
@@ -35,7 +39,7 @@ use tracing::{debug, info, warn};
 
 use super::join::accepted;
 use super::{BeatLink, Session, Shared};
-use crate::daemon::message_name;
+use crate::daemon::{message_name, samples_wire};
 use crate::transport::{Connection, TransportError};
 use crate::wire::{BEAT_LEN, BeatGate, BeatKind, BeatPacket, Message};
 
@@ -320,7 +324,7 @@ impl Beats {
             session: session.session.0,
             seq,
         }
-        .seal(udp.gate.key());
+        .seal_with_samples(&samples_wire(&shared.gpus.latest()), udp.gate.key());
         if let Err(error) = udp.socket.send(&datagram).await {
             debug!(%to, %error, "heartbeat datagram not sent");
             return Beat::Missed;
@@ -382,6 +386,7 @@ async fn beat(shared: &Shared, seq: u64, first_seq: u64, deadline: Instant) -> B
         node_id: session.node_id.0,
         session: session.session.0,
         seq,
+        gpus: samples_wire(&shared.gpus.latest()),
     };
     match connection.send_datagram(&heartbeat) {
         Ok(()) => answer(&connection, seq, first_seq, deadline).await,

@@ -1,5 +1,6 @@
-//! `imgrun status` as text: a table of nodes, the reservations by owner, the live actors
-//! with their job and rank, and the totals.
+//! `imgrun status` as text: a table of nodes, the use of each GPU NVML measured (only when
+//! some GPU has a measurement), the reservations by owner, the live actors with their job
+//! and rank, and the totals.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -52,6 +53,27 @@ impl fmt::Display for ClusterStatus {
             })
             .collect();
         table(f, &HEADER.map(str::to_owned), &rows)?;
+        let measured: Vec<[String; 5]> = self
+            .nodes
+            .iter()
+            .flat_map(|node| {
+                node.gpus.iter().filter_map(move |gpu| {
+                    let (busy, memory) = gpu_use(gpu)?;
+                    Some([
+                        node.id.to_string(),
+                        gpu.index.to_string(),
+                        gpu.name.clone(),
+                        busy,
+                        memory,
+                    ])
+                })
+            })
+            .collect();
+        if !measured.is_empty() {
+            writeln!(f, "\ngpus:")?;
+            let header = ["NODE", "GPU", "MODEL", "UTIL", "MEMORY"];
+            table(f, &header.map(str::to_owned), &measured)?;
+        }
         if !self.reservations.is_empty() {
             writeln!(f, "\nreservations:")?;
             for reservation in &self.reservations {
@@ -160,6 +182,43 @@ fn gpus(gpus: &[GpuStatus]) -> String {
     parts.join(", ")
 }
 
+/// A measured GPU's utilisation and memory in use (`37%`, `12.1/80.0 GiB`; `-` for
+/// what NVML did not say); `None` when it has no measurement at all.
+fn gpu_use(gpu: &GpuStatus) -> Option<(String, String)> {
+    if gpu.utilization_percent.is_none() && gpu.memory_used_bytes.is_none() {
+        return None;
+    }
+    let busy = gpu
+        .utilization_percent
+        .map_or_else(|| "-".to_owned(), |percent| format!("{percent}%"));
+    let memory = gpu
+        .memory_used_bytes
+        .map_or_else(|| "-".to_owned(), |used| memory_use(used, gpu.memory_bytes));
+    Some((busy, memory))
+}
+
+/// Memory in use out of the total, both in the unit of the larger and to a tenth:
+/// `12.1/80.0 GiB`, `0.5/80.0 GiB`; `12.1 GiB` when the total is unknown.
+fn memory_use(used: u64, total: Option<u64>) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let largest = total.map_or(used, |total| total.max(used));
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && largest >> (10 * (unit + 1)) > 0 {
+        unit += 1;
+    }
+    let scaled = |amount: u64| {
+        if unit == 0 {
+            amount.to_string()
+        } else {
+            format!("{:.1}", amount as f64 / (1u64 << (10 * unit)) as f64)
+        }
+    };
+    match total {
+        Some(total) => format!("{}/{} {}", scaled(used), scaled(total), UNITS[unit]),
+        None => format!("{} {}", scaled(used), UNITS[unit]),
+    }
+}
+
 /// `1 gpu, 2 tpu, 1.5 cpu, 4 GiB memory` (scarcest first), or `-`.
 fn amounts(amounts: &BTreeMap<String, u64>) -> String {
     let rank = |name: &str| match name {
@@ -229,7 +288,7 @@ fn plural(count: usize) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::sample;
+    use super::super::tests::{measured, sample};
     use super::*;
 
     #[test]
@@ -260,6 +319,27 @@ totals: 32 cpus, 128 GiB memory, 2 gpus; in use: 1 gpu, 2 cpu (1 reservation)
     }
 
     #[test]
+    fn measured_gpus_get_a_table_of_their_use() {
+        let text = measured().to_string();
+        let expected = "\
+NODE  ADDRESS        HOST    STATE    UPTIME  HEARTBEAT  CPUS  MEMORY  GPUS                               IN USE
+1     10.0.0.1:7070  gpu-01  alive    1h02m   120ms ago  16    64 GiB  -                                  -
+2     10.0.0.2:7070  gpu-02  suspect  1h02m   120ms ago  16    64 GiB  2x NVIDIA H100 80GB HBM3 (80 GiB)  1 gpu, 2 cpu
+3     10.0.0.3:7070  gpu-03  dead     1h02m   120ms ago  16    64 GiB  1x NVIDIA H100 80GB HBM3 (80 GiB)  -
+
+gpus:
+NODE  GPU  MODEL                  UTIL  MEMORY
+2     0    NVIDIA H100 80GB HBM3  37%   12.1/80.0 GiB
+2     1    NVIDIA H100 80GB HBM3  -     0.5/80.0 GiB
+
+reservations:
+";
+        assert!(text.contains(expected), "{text}");
+        // Without a measurement the text is as it was: no `gpus:` section.
+        assert!(!sample().to_string().contains("gpus:"));
+    }
+
+    #[test]
     fn quantities_read_well() {
         let cases = [
             (bytes(300), "300 B"),
@@ -275,6 +355,18 @@ totals: 32 cpus, 128 GiB memory, 2 gpus; in use: 1 gpu, 2 cpu (1 reservation)
             (duration(187_200_000), "2d04h"),
         ];
         for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+        let memory_cases = [
+            (memory_use(12_992_000_000, Some(80 << 30)), "12.1/80.0 GiB"),
+            (memory_use(512 << 20, Some(80 << 30)), "0.5/80.0 GiB"),
+            (memory_use(0, Some(16 << 30)), "0.0/16.0 GiB"),
+            (memory_use(12_992_000_000, None), "12.1 GiB"),
+            (memory_use(300, Some(1000)), "300/1000 B"),
+            (memory_use(2 << 40, Some(1 << 40)), "2.0/1.0 TiB"),
+            (memory_use(u64::MAX, None), "16384.0 PiB"),
+        ];
+        for (got, want) in memory_cases {
             assert_eq!(got, want);
         }
         let used = [("memory".to_owned(), 4 << 30), ("tpu".to_owned(), 2)].into();

@@ -191,6 +191,7 @@ mod tests {
     use crate::wire::messages::ArchivedMessage;
     use crate::wire::{ActorLabelWire, ActorStatusWire, ReservationWire, ResourcesWire};
     use crate::wire::{ClusterStatusWire, GpuWire, NodeDescription, NodeStatusWire};
+    use crate::wire::{GpuSampleWire, GpuUseWire};
 
     fn resources() -> ResourcesWire {
         ResourcesWire {
@@ -239,6 +240,19 @@ mod tests {
                 node_id: 7,
                 session: 3,
                 seq: 99,
+                gpus: vec![
+                    GpuSampleWire {
+                        index: 3,
+                        usage: GpuUseWire {
+                            utilization_percent: Some(37),
+                            memory_used_bytes: Some(12 << 30),
+                        },
+                    },
+                    GpuSampleWire {
+                        index: 0,
+                        usage: GpuUseWire::default(),
+                    },
+                ],
             },
             Message::HeartbeatAck { seq: 99 },
             Message::HeartbeatRefused {
@@ -261,6 +275,10 @@ mod tests {
                         uptime_ms: 12,
                         last_heartbeat_ms_ago: 3,
                         resources: resources(),
+                        gpu_use: vec![GpuUseWire {
+                            utilization_percent: Some(100),
+                            memory_used_bytes: None,
+                        }],
                     }],
                     reservations: vec![ReservationWire {
                         node_id: 7,

@@ -10,7 +10,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 10;
+pub const WIRE_VERSION: u16 = 11;
 
 /// Where an actor's failure started (`origin` in the actor messages): in the actor, its
 /// own error or a panic.
@@ -81,6 +81,10 @@ pub enum Message {
         session: u64,
         /// Increases by one per heartbeat of this node.
         seq: u64,
+        /// The node's newest measurement of its GPUs (those NVML answers for; empty
+        /// without NVML), as a UDP beat carries it too (`wire::beat`). The head reads at
+        /// most [`MAX_BEAT_SAMPLES`](super::MAX_BEAT_SAMPLES) of them.
+        gpus: Vec<GpuSampleWire>,
     },
     /// The head received the heartbeat `seq` and keeps the node's session.
     HeartbeatAck {
@@ -325,6 +329,27 @@ pub struct GpuWire {
     pub uuid: String,
 }
 
+/// What one GPU is doing, as its node last measured it through NVML.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct GpuUseWire {
+    /// The share of NVML's last sample period in which the GPU was busy, 0 to 100;
+    /// unknown when NVML did not say.
+    pub utilization_percent: Option<u8>,
+    /// Memory in use, when NVML said.
+    pub memory_used_bytes: Option<u64>,
+}
+
+/// A node's measurement of one of its GPUs, in a heartbeat.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct GpuSampleWire {
+    /// The GPU's physical index on its node, as in its [`GpuWire::index`].
+    pub index: u32,
+    /// What it was doing.
+    pub usage: GpuUseWire,
+}
+
 /// The state of the cluster as the head sees it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 #[rkyv(derive(Debug))]
@@ -383,6 +408,9 @@ pub struct NodeStatusWire {
     pub last_heartbeat_ms_ago: u64,
     /// What the node offers.
     pub resources: ResourcesWire,
+    /// What each GPU of `resources.gpus` is doing, in the same order, from the node's
+    /// newest heartbeat; a GPU past the end of this list is unknown.
+    pub gpu_use: Vec<GpuUseWire>,
 }
 
 /// Resources reserved on a node, and by whom.

@@ -9,13 +9,16 @@ mod beat;
 mod frame;
 mod messages;
 
-pub use beat::{BEAT_KEY_LEN, BEAT_LEN, BeatError, BeatGate, BeatKey, BeatKind, BeatPacket};
+pub use beat::{
+    BEAT_KEY_LEN, BEAT_LEN, BeatError, BeatGate, BeatKey, BeatKind, BeatPacket, MAX_BEAT_LEN,
+    MAX_BEAT_SAMPLES, SAMPLE_LEN,
+};
 pub use frame::{
     DEFAULT_MAX_FRAME, HEADER_LEN, WireError, decode, decode_with_limit, encode, read_frame,
     write_frame,
 };
 pub use messages::{
-    ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, Message,
-    NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE, ORIGIN_HERE, ORIGIN_NODE_LOST,
-    ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire, WIRE_VERSION,
+    ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuSampleWire, GpuUseWire,
+    GpuWire, Message, NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE, ORIGIN_HERE,
+    ORIGIN_NODE_LOST, ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire, WIRE_VERSION,
 };
