@@ -84,6 +84,37 @@ fn nodes(metrics: &mut Metrics, snapshot: &ClusterSnapshot) {
             .get_or_create(&labels)
             .set(node.last_heartbeat_ms_ago as f64 / 1000.0);
     }
+    gpu_use(metrics, snapshot);
+}
+
+/// Every GPU's utilisation and memory, where NVML answers (none for a GPU it does not).
+fn gpu_use(metrics: &mut Metrics, snapshot: &ClusterSnapshot) {
+    let busy = metrics.gauge(
+        "imgrun_gpu_utilization_ratio",
+        "The share of NVML's last sample period in which the GPU was busy (0 to 1)",
+    );
+    let used = metrics.gauge(
+        "imgrun_gpu_memory_used_bytes",
+        "GPU memory in use, from NVML",
+    );
+    let total = metrics.gauge("imgrun_gpu_memory_bytes", "GPU memory in all");
+    for node in &snapshot.cluster.nodes {
+        for gpu in &node.gpus {
+            let labels = vec![
+                ("node", node.id.0.to_string()),
+                ("gpu", gpu.index.to_string()),
+            ];
+            if let Some(percent) = gpu.utilization_percent {
+                busy.get_or_create(&labels).set(f64::from(percent) / 100.0);
+            }
+            if let Some(bytes) = gpu.memory_used_bytes {
+                used.get_or_create(&labels).set(bytes as f64);
+            }
+            if let Some(bytes) = gpu.memory_bytes {
+                total.get_or_create(&labels).set(bytes as f64);
+            }
+        }
+    }
 }
 
 fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
@@ -438,11 +469,17 @@ mod tests {
     /// the per-phase families rather than given made-up values.
     #[test]
     fn a_snapshot_is_encoded_with_its_documented_names_and_labels() {
-        let cluster = ClusterStatus::new(
-            7,
-            vec![node(1, NodeState::Alive), node(2, NodeState::Dead)],
-            Vec::new(),
-        );
+        let mut measured = node(1, NodeState::Alive);
+        let gpu = |index: u32, percent: Option<u32>, used: Option<u64>| runtime::GpuStatus {
+            index,
+            name: "NVIDIA H100 80GB HBM3".to_owned(),
+            memory_bytes: Some(80 << 30),
+            uuid: format!("GPU-{index}"),
+            utilization_percent: percent,
+            memory_used_bytes: used,
+        };
+        measured.gpus = vec![gpu(0, Some(37), Some(12 << 30)), gpu(1, None, None)];
+        let cluster = ClusterStatus::new(7, vec![measured, node(2, NodeState::Dead)], Vec::new());
         let status = JobStatus {
             name: "r50".to_owned(),
             state: JobState::Running,
@@ -543,9 +580,17 @@ mod tests {
             r#"imgrun_shards_opened_total{imgrun_job="r50",rank="1",source="pipe"} 3"#,
             r#"imgrun_shard_open_failures_total{imgrun_job="r50",rank="1",source="pipe"} 1"#,
             r#"imgrun_shard_cache_hits_total{imgrun_job="r50",rank="1"} 0"#,
+            r#"imgrun_gpu_utilization_ratio{node="1",gpu="0"} 0.37"#,
+            r#"imgrun_gpu_memory_used_bytes{node="1",gpu="0"} 12884901888.0"#,
+            r#"imgrun_gpu_memory_bytes{node="1",gpu="1"} 85899345920.0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }
+        // A GPU NVML does not answer for has no utilisation, not a made-up 0.
+        assert!(
+            !text.contains(r#"imgrun_gpu_utilization_ratio{node="1",gpu="1"}"#),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(!text.contains("{job=") && !text.contains(",job="), "{text}");
         assert!(!text.contains("rank=\"1\",node=\"2\",phase"), "{text}");
