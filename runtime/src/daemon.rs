@@ -9,14 +9,15 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use crate::gpu::{GpuSample, GpuUse};
+use crate::gpu::GpuSample;
 use crate::membership::MembershipError;
 use crate::placement::{NodeCapacity, Resources, Strategy};
 use crate::resources::NodeResources;
 use crate::state::StateError;
+use crate::status::{gpu_use_of, gpu_use_wire};
 use crate::tls::TlsError;
 use crate::transport::{Peer, TransportError};
-use crate::wire::{GpuSampleWire, GpuUseWire, GpuWire, MAX_BEAT_SAMPLES, Message, ResourcesWire};
+use crate::wire::{GpuSampleWire, GpuWire, MAX_BEAT_SAMPLES, Message, ResourcesWire};
 
 /// How long a joining node, or a client, waits for the head to answer at all.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -292,27 +293,6 @@ pub(crate) fn resources_wire(resources: &NodeResources) -> ResourcesWire {
     }
 }
 
-/// A GPU's use as the wire carries it (a heartbeat's sample, a status).
-pub(crate) fn gpu_use_wire(usage: GpuUse) -> GpuUseWire {
-    GpuUseWire {
-        utilization_percent: usage
-            .utilization_percent
-            .map(|percent| u8::try_from(percent.min(100)).unwrap_or(100)),
-        memory_used_bytes: usage.memory_used_bytes,
-    }
-}
-
-/// A GPU's use from the wire: a utilisation above 100, which no node sends, is unknown.
-pub(crate) fn gpu_use_of(wire: GpuUseWire) -> GpuUse {
-    GpuUse {
-        utilization_percent: wire
-            .utilization_percent
-            .filter(|percent| *percent <= 100)
-            .map(u32::from),
-        memory_used_bytes: wire.memory_used_bytes,
-    }
-}
-
 /// A node's newest samples as its heartbeat carries them: the first
 /// [`MAX_BEAT_SAMPLES`], all a UDP beat holds.
 pub(crate) fn samples_wire(samples: &[GpuSample]) -> Vec<GpuSampleWire> {
@@ -399,6 +379,8 @@ pub(crate) fn message_name(message: &Message) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::GpuUse;
+    use crate::wire::GpuUseWire;
 
     #[test]
     fn advertised_addresses() {

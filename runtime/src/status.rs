@@ -12,12 +12,11 @@ use std::collections::BTreeMap;
 use serde::{Serialize, Serializer};
 
 use crate::actor::{ActorId, ActorLabel};
-use crate::daemon::{gpu_use_of, gpu_use_wire};
 use crate::gpu::GpuUse;
 use crate::membership::{NodeId, NodeState};
 use crate::wire::{
-    ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuWire, NodeStatusWire, ReservationWire,
-    ResourcesWire,
+    ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuUseWire, GpuWire, NodeStatusWire,
+    ReservationWire, ResourcesWire,
 };
 
 /// Every node the head knows (dead ones too), what is reserved, and the totals.
@@ -358,6 +357,27 @@ fn actor_id<S: Serializer>(id: &ActorId, serializer: S) -> Result<S::Ok, S::Erro
 
 fn display<S: Serializer>(value: &NodeState, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(value)
+}
+
+/// A GPU's use as the wire carries it (a heartbeat's sample, a status).
+pub(crate) fn gpu_use_wire(usage: GpuUse) -> GpuUseWire {
+    GpuUseWire {
+        utilization_percent: usage
+            .utilization_percent
+            .map(|percent| u8::try_from(percent.min(100)).unwrap_or(100)),
+        memory_used_bytes: usage.memory_used_bytes,
+    }
+}
+
+/// A GPU's use from the wire: a utilisation above 100, which no node sends, is unknown.
+pub(crate) fn gpu_use_of(wire: GpuUseWire) -> GpuUse {
+    GpuUse {
+        utilization_percent: wire
+            .utilization_percent
+            .filter(|percent| *percent <= 100)
+            .map(u32::from),
+        memory_used_bytes: wire.memory_used_bytes,
+    }
 }
 
 #[cfg(test)]

@@ -680,7 +680,7 @@ mod tests {
     fn wire(index: u32, percent: u8) -> GpuSampleWire {
         GpuSampleWire {
             index,
-            usage: crate::daemon::gpu_use_wire(used(u32::from(percent))),
+            usage: crate::status::gpu_use_wire(used(u32::from(percent))),
         }
     }
 
