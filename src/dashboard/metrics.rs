@@ -6,7 +6,8 @@
 
 use std::sync::atomic::AtomicU64;
 
-use actors::job::{ClusterSnapshot, JobSnapshot, LoaderTotals};
+use actors::job::{ClusterSnapshot, JobSnapshot};
+use pipelines::EpochStats;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -225,7 +226,7 @@ struct TotalMetrics {
 }
 
 /// One loader counter: its name, help, and its count in a rank's totals.
-type LoaderCounter = (&'static str, &'static str, fn(&LoaderTotals) -> u64);
+type LoaderCounter = (&'static str, &'static str, fn(&EpochStats) -> u64);
 
 /// Every rank's loader counters.
 const LOADER_COUNTERS: [LoaderCounter; 6] = [
@@ -503,7 +504,7 @@ mod tests {
                 step_p95_s: 0.25,
                 late_steps: 30,
                 straggler: true,
-                loader: actors::job::LoaderTotals {
+                loader: pipelines::EpochStats {
                     samples: 2560,
                     batches: 40,
                     bad_samples: 3,

@@ -75,7 +75,7 @@ pub use joblog::{
     MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, read_in as read_log_in, search as search_log,
 };
 pub use output::{JobEvent, JobOutput, JobState, Level, Moment};
-pub use rank_totals::{LoaderTotals, RankTally, RankTotals};
+pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::RankView;
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{

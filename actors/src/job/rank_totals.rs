@@ -40,55 +40,15 @@ pub struct RankTotals {
     pub late_steps: u64,
     /// Late in at least half of its last [`WINDOW`] steps.
     pub straggler: bool,
-    /// What its loader served and skipped, over the job's epochs so far.
+    /// What its loader served and skipped, over the job's epochs so far (since its
+    /// coordinator started: a resumed job counts from its resume); without `problems`,
+    /// which go to the job's lines.
     #[serde(default)]
-    pub loader: LoaderTotals,
+    pub loader: EpochStats,
     /// The shards its process opened, by kind of source (its own loader's: with
     /// `data.loaders = "remote"`, the loader actors' opens are not counted here).
     #[serde(default)]
     pub sources: SourceCounts,
-}
-
-/// What a rank's loader served and skipped: running totals over a job's epochs (since
-/// its coordinator started: a resumed job counts from its resume).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoaderTotals {
-    /// Samples handed out in batches.
-    pub samples: u64,
-    /// Batches with samples handed out.
-    pub batches: u64,
-    /// Empty batches handed out (the `join` policy, or data short of the plan).
-    pub empty_batches: u64,
-    /// Samples skipped as bad: undecodable image, missing or bad label.
-    pub bad_samples: u64,
-    /// Samples the shard reader skipped (duplicate fields, oversized members).
-    pub skipped_in_shards: u64,
-    /// Shards (or the rest of shards) the reader could not read and skipped.
-    pub skipped_shards: u64,
-}
-
-impl LoaderTotals {
-    fn of(stats: &EpochStats) -> Self {
-        LoaderTotals {
-            samples: stats.samples,
-            batches: stats.batches,
-            empty_batches: stats.empty_batches,
-            bad_samples: stats.bad_samples,
-            skipped_in_shards: stats.skipped_in_shards,
-            skipped_shards: stats.skipped_shards,
-        }
-    }
-
-    fn plus(&self, other: &LoaderTotals) -> LoaderTotals {
-        LoaderTotals {
-            samples: self.samples + other.samples,
-            batches: self.batches + other.batches,
-            empty_batches: self.empty_batches + other.empty_batches,
-            bad_samples: self.bad_samples + other.bad_samples,
-            skipped_in_shards: self.skipped_in_shards + other.skipped_in_shards,
-            skipped_shards: self.skipped_shards + other.skipped_shards,
-        }
-    }
 }
 
 /// The running tally.
@@ -103,8 +63,8 @@ struct Tally {
     /// The last [`WINDOW`] steps: their time and whether the rank was late.
     window: VecDeque<(f64, bool)>,
     /// Its loader's totals over the epochs it finished, and in the epoch it is in.
-    loader_done: LoaderTotals,
-    loader_epoch: LoaderTotals,
+    loader_done: EpochStats,
+    loader_epoch: EpochStats,
 }
 
 impl RankTally {
@@ -140,10 +100,13 @@ impl RankTally {
     pub fn loaded(&mut self, rank: u32, epoch_so_far: &EpochStats, epoch_done: bool) {
         let tally = self.ranks.entry(rank).or_default();
         tally.totals.rank = rank;
-        let now = LoaderTotals::of(epoch_so_far);
+        let now = EpochStats {
+            problems: Vec::new(),
+            ..epoch_so_far.clone()
+        };
         if epoch_done {
-            tally.loader_done = tally.loader_done.plus(&now);
-            tally.loader_epoch = LoaderTotals::default();
+            tally.loader_done.merge(&now);
+            tally.loader_epoch = EpochStats::default();
         } else {
             tally.loader_epoch = now;
         }
@@ -162,7 +125,11 @@ impl RankTally {
                     step_p95_s: quantile(&seconds, 0.95),
                     straggler: !seconds.is_empty()
                         && late as f64 >= STRAGGLER_SHARE * seconds.len() as f64,
-                    loader: tally.loader_done.plus(&tally.loader_epoch),
+                    loader: {
+                        let mut loader = tally.loader_done.clone();
+                        loader.merge(&tally.loader_epoch);
+                        loader
+                    },
                     ..tally.totals.clone()
                 }
             })
