@@ -421,24 +421,9 @@ async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
     assert_ne!(port, 0, "the head has a heartbeat port");
     // A node of our own making, as `fake_nodes.rs` in the cluster bench: a join with the
     // token, which hands out the session's heartbeat key.
-    let connection = connect_to_join(&cluster.head).await;
     let join = join_request(cluster.head.token(), "beater", env!("CARGO_PKG_VERSION"));
-    let answer = within("join", connection.request(&join, LIMIT))
-        .await
-        .expect("join answer");
-    connection.close();
-    let Message::JoinAccepted {
-        node_id,
-        session,
-        beat_port,
-        beat_key,
-        ..
-    } = answer
-    else {
-        panic!("join answered {answer:?}");
-    };
+    let (node_id, session, beat_port, key) = join_by_hand(&cluster.head, &join).await;
     assert_eq!(beat_port, port);
-    let key = BeatKey::from_bytes(&beat_key).expect("a 32-byte key");
     let mut events = cluster.head.subscribe();
 
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
@@ -902,21 +887,7 @@ async fn gpu_use_a_beat_carries_shows_in_every_clients_status() {
             },
         },
     };
-    let connection = connect_to_join(&cluster.head).await;
-    let answer = within("join", connection.request(&join, LIMIT))
-        .await
-        .expect("join answer");
-    connection.close();
-    let Message::JoinAccepted {
-        node_id,
-        session,
-        beat_key,
-        ..
-    } = answer
-    else {
-        panic!("join answered {answer:?}");
-    };
-    let key = BeatKey::from_bytes(&beat_key).expect("a 32-byte key");
+    let (node_id, session, _, key) = join_by_hand(&cluster.head, &join).await;
     let node = NodeId(node_id);
     let uses = |status: &ClusterStatus| -> Vec<(Option<u32>, Option<u64>)> {
         let node = status.node(node).expect("the node in the status");
@@ -989,6 +960,28 @@ async fn gpu_use_a_beat_carries_shows_in_every_clients_status() {
 }
 
 /// A connection to `head` with no certificate: what a machine about to join has.
+/// Joins `head` with `join` as a node of the test's own making: its node id, session,
+/// the head's heartbeat port and the session's heartbeat key.
+async fn join_by_hand(head: &Head, join: &Message) -> (u64, u64, u16, BeatKey) {
+    let connection = connect_to_join(head).await;
+    let answer = within("join", connection.request(join, LIMIT))
+        .await
+        .expect("join answer");
+    connection.close();
+    let Message::JoinAccepted {
+        node_id,
+        session,
+        beat_port,
+        beat_key,
+        ..
+    } = answer
+    else {
+        panic!("join answered {answer:?}");
+    };
+    let key = BeatKey::from_bytes(&beat_key).expect("a 32-byte key");
+    (node_id, session, beat_port, key)
+}
+
 async fn connect_to_join(head: &Head) -> Connection {
     let tls = ClientTls::join(head.ca_hash()).expect("join tls");
     within("connect", Client::connect(head.local_addr(), &tls))
