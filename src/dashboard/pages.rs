@@ -100,19 +100,9 @@ pub(super) fn overview(snapshot: &ClusterSnapshot, page: usize) -> String {
         let gpus: Vec<String> = node
             .gpus
             .iter()
-            .map(|gpu| {
-                let busy = gpu
-                    .utilization_percent
-                    .map_or(String::new(), |percent| format!(" {percent}%"));
-                let used = match (gpu.memory_used_bytes, gpu.memory_bytes) {
-                    (Some(used), Some(total)) => format!(
-                        " {:.1}/{:.1} GiB",
-                        used as f64 / f64::from(1u32 << 30),
-                        total as f64 / f64::from(1u32 << 30)
-                    ),
-                    _ => String::new(),
-                };
-                format!("{}: {}{busy}{used}", gpu.index, gpu.name)
+            .map(|gpu| match gpu.use_words() {
+                Some((busy, memory)) => format!("{}: {} {busy} {memory}", gpu.index, gpu.name),
+                None => format!("{}: {}", gpu.index, gpu.name),
             })
             .collect();
         let _ = write!(

@@ -58,7 +58,7 @@ impl fmt::Display for ClusterStatus {
             .iter()
             .flat_map(|node| {
                 node.gpus.iter().filter_map(move |gpu| {
-                    let (busy, memory) = gpu_use(gpu)?;
+                    let (busy, memory) = gpu.use_words()?;
                     Some([
                         node.id.to_string(),
                         gpu.index.to_string(),
@@ -182,19 +182,23 @@ fn gpus(gpus: &[GpuStatus]) -> String {
     parts.join(", ")
 }
 
-/// A measured GPU's utilisation and memory in use (`37%`, `12.1/80.0 GiB`; `-` for
-/// what NVML did not say); `None` when it has no measurement at all.
-fn gpu_use(gpu: &GpuStatus) -> Option<(String, String)> {
-    if gpu.utilization_percent.is_none() && gpu.memory_used_bytes.is_none() {
-        return None;
+impl GpuStatus {
+    /// Its utilisation and memory in use in words (`37%`, `12.1/80.0 GiB`; `-` for what
+    /// NVML did not say), as `imgrun status` and the dashboard show them; `None` when it
+    /// has no measurement at all.
+    pub fn use_words(&self) -> Option<(String, String)> {
+        if self.utilization_percent.is_none() && self.memory_used_bytes.is_none() {
+            return None;
+        }
+        let busy = self
+            .utilization_percent
+            .map_or_else(|| "-".to_owned(), |percent| format!("{percent}%"));
+        let memory = self.memory_used_bytes.map_or_else(
+            || "-".to_owned(),
+            |used| memory_use(used, self.memory_bytes),
+        );
+        Some((busy, memory))
     }
-    let busy = gpu
-        .utilization_percent
-        .map_or_else(|| "-".to_owned(), |percent| format!("{percent}%"));
-    let memory = gpu
-        .memory_used_bytes
-        .map_or_else(|| "-".to_owned(), |used| memory_use(used, gpu.memory_bytes));
-    Some((busy, memory))
 }
 
 /// Memory in use out of the total, both in the unit of the larger and to a tenth:
