@@ -305,7 +305,10 @@ pub struct ClusterConfig {
     /// Empty for the per-user default.
     pub state_dir: String,
     pub start_timeout_secs: u64,
-    /// TCP port of the head's dashboard on loopback; 0 for any free port.
+    /// The address the head's dashboard binds: loopback (plain HTTP), or any other
+    /// (HTTPS only, with a certificate of the cluster CA).
+    pub dashboard_bind: String,
+    /// TCP port of the head's dashboard; 0 for any free port.
     pub dashboard_port: u16,
     /// Host names the dashboard answers to besides the loopback ones.
     pub dashboard_hosts: Vec<String>,
@@ -656,6 +659,15 @@ fn validate(config: &Config) -> Result<(), Invalid> {
         .bind
         .parse::<std::net::IpAddr>()
         .map_err(|e| invalid("cluster.bind", format!("`{}`: {e}", cluster.bind)))?;
+    cluster
+        .dashboard_bind
+        .parse::<std::net::IpAddr>()
+        .map_err(|e| {
+            invalid(
+                "cluster.dashboard_bind",
+                format!("`{}`: {e}", cluster.dashboard_bind),
+            )
+        })?;
     runtime::MembershipConfig {
         heartbeat_interval_ms: cluster.heartbeat_ms,
         dead_after_ms: cluster.dead_after_ms,
@@ -934,6 +946,10 @@ mod tests {
             ),
             ("[shards\n", "cluster.toml"),
             ("[cluster]\nbind = \"everywhere\"\n", "cluster.bind"),
+            (
+                "[cluster]\ndashboard_bind = \"my-laptop\"\n",
+                "cluster.dashboard_bind",
+            ),
             (
                 "[cluster]\nheartbeat_ms = 5000\ndead_after_ms = 1000\n",
                 "cluster.dead_after_ms",

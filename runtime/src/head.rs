@@ -31,6 +31,7 @@ use tokio::sync::broadcast;
 use tracing::{Instrument, info, info_span, warn};
 
 pub use beats::BeatCounts;
+pub use credentials::{WebTls, web_tls};
 pub use members::{ClusterEvent, LossReason};
 
 use crate::actor::ClusterAccess;

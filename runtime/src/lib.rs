@@ -52,7 +52,7 @@ pub use collective::{
 pub use daemon::{ActorHandler, ActorReply, CONNECT_TIMEOUT, DaemonError};
 pub use failpoint::{FAILPOINT_EXIT, FAILPOINTS_VARIABLE, failpoint};
 pub use gpu::{GpuInfo, GpuSource, MAX_CLAIMED_GPUS, VisibleDevices};
-pub use head::{BeatCounts, ClusterEvent, Head, HeadConfig, LossReason};
+pub use head::{BeatCounts, ClusterEvent, Head, HeadConfig, LossReason, WebTls, web_tls};
 pub use membership::{
     Joined, Member, Membership, MembershipConfig, MembershipError, MembershipEvent, NodeId,
     NodeState, SessionId,

@@ -447,7 +447,21 @@ impl ServerTls {
         server_config(ca, own, verifier)
     }
 
-    pub(crate) fn rustls(&self) -> Arc<rustls::ServerConfig> {
+    /// An HTTPS server of the head (its dashboard): presents `own` (with the CA
+    /// certificate) to any client, asks none for a certificate, and speaks HTTP/1.1.
+    /// Browsers and scrapers trust it once they trust the cluster CA's `ca.pem`.
+    pub fn web(ca: &CaCertificate, own: &NodeCredentials) -> Result<Self, TlsError> {
+        let (chain, key) = own.chain_and_key(ca)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(ServerTls(Arc::new(config)))
+    }
+
+    /// The rustls configuration, for a server outside this crate (the dashboard's).
+    pub fn rustls(&self) -> Arc<rustls::ServerConfig> {
         self.0.clone()
     }
 }

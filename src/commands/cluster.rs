@@ -31,10 +31,14 @@ pub struct StartArgs {
     /// UDP port of the nodes' heartbeats [default: cluster.beat_port, 0: any free port].
     #[arg(long)]
     beat_port: Option<u16>,
-    /// TCP port of the dashboard and `/metrics` on loopback [default:
-    /// cluster.dashboard_port, 7080; 0: any free port].
+    /// TCP port of the dashboard and `/metrics` [default: cluster.dashboard_port, 7080;
+    /// 0: any free port].
     #[arg(long)]
     dashboard_port: Option<u16>,
+    /// Address the dashboard binds [default: cluster.dashboard_bind, 127.0.0.1]. Any
+    /// address but loopback serves HTTPS only, with a certificate of the cluster's CA.
+    #[arg(long, conflicts_with = "no_dashboard")]
+    dashboard_bind: Option<IpAddr>,
     /// Serve no dashboard and no `/metrics`.
     #[arg(long, conflicts_with = "dashboard_port")]
     no_dashboard: bool,
@@ -174,7 +178,16 @@ pub fn start(
         let dashboard = if args.no_dashboard {
             None
         } else {
-            Some(start_dashboard(&args, cluster, &state, draw_chart).await?)
+            match start_dashboard(&args, cluster, &state, draw_chart).await {
+                Ok(dashboard) => Some(dashboard),
+                Err(error) => {
+                    // A head without the dashboard it was asked for does not stay up, nor
+                    // its record.
+                    head.stop().await;
+                    forget(&state, &record);
+                    return Err(error);
+                }
+            }
         };
         let message = format!(
             "imgrun head started at {} (pid {}; {})\n\nTo add a machine to this cluster, run \
@@ -220,9 +233,28 @@ async fn start_dashboard(
     let client = runtime::ClusterClient::connect(state, None)
         .await
         .context("connecting the dashboard to the head")?;
+    let bind = match args.dashboard_bind {
+        Some(ip) => ip,
+        // Invariant: `config::validate` checked it.
+        None => cluster
+            .dashboard_bind
+            .parse()
+            .with_context(|| format!("cluster.dashboard_bind `{}`", cluster.dashboard_bind))?,
+    };
+    let hosts = &cluster.dashboard_hosts;
+    let tls = if crate::dashboard::needs_tls(bind) {
+        let names = crate::dashboard::certificate_names(bind, hosts);
+        let tls = runtime::web_tls(state, &names)
+            .context("issuing the dashboard's certificate from the cluster CA")?;
+        Some(tls)
+    } else {
+        None
+    };
     let options = crate::dashboard::DashboardOptions {
+        bind,
         port: args.dashboard_port.unwrap_or(cluster.dashboard_port),
-        hosts: cluster.dashboard_hosts.clone(),
+        tls,
+        hosts: hosts.clone(),
         draw_chart,
         actions: args.dashboard_actions,
     };
@@ -235,14 +267,22 @@ async fn start_dashboard(
     Ok(dashboard)
 }
 
-/// What the head says of its dashboard: the URL with its token, and where scrapers find
-/// theirs.
+/// What the head says of its dashboard: the URL with its token, where scrapers find
+/// theirs, and, for HTTPS, the CA certificate clients trust.
 fn dashboard_lines(
     record: &crate::dashboard::DashboardRecord,
     state: &runtime::StateDir,
 ) -> String {
+    let reach = match &record.ca_file {
+        None => "this machine only; from elsewhere `ssh -L`".to_owned(),
+        Some(ca) => format!(
+            "HTTPS with a certificate of the cluster CA: trust {} (`curl --cacert`, the \
+             browser's authorities, a scrape config's `tls_config.ca_file`)",
+            ca.display()
+        ),
+    };
     format!(
-        "Dashboard (this machine only; from elsewhere `ssh -L`):\n\n  {url}#token={token}\n\n\
+        "Dashboard ({reach}):\n\n  {url}#token={token}\n\n\
          Prometheus metrics: {url}metrics with the bearer token `metrics_token` of {file}.\n\n",
         url = record.url,
         token = record.token,

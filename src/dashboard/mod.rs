@@ -2,7 +2,9 @@
 //! `--dashboard-actions`, which lets a job be cancelled), and Prometheus
 //! `/metrics`, served by `imgrun start --head` on loopback (`cluster.dashboard_port`,
 //! `--no-dashboard`) through the HTTP stack `imgrun serve` uses (its slots, its share per
-//! client, its header and send timeouts).
+//! client, its header and send timeouts). Bound to another address
+//! (`cluster.dashboard_bind`) it serves HTTPS only, with a certificate of the cluster CA
+//! (`listen.rs` decides).
 //!
 //! Everything it shows comes from one [`ClusterSnapshot`] (`actors::job::snapshot`), as
 //! `imgrun status --json` and `imgrun jobs --json` do, taken at most every
@@ -22,13 +24,14 @@
 
 mod charts;
 mod events;
+mod listen;
 mod logs;
 mod metrics;
 mod pages;
 mod policy;
 mod sessions;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,13 +71,18 @@ pub const RECORD: &str = "dashboard.json";
 /// owner and for tests.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DashboardRecord {
-    /// `http://127.0.0.1:PORT/`.
+    /// `http://127.0.0.1:PORT/`, or `https://...` off loopback.
     pub url: String,
+    /// The CA certificate a client of an `https://` dashboard trusts (`head/ca.pem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Opening `url#token=TOKEN` starts a session.
     pub token: String,
     /// The bearer token that `/metrics` scrapers send.
     pub metrics_token: String,
 }
+
+pub use listen::{certificate_names, needs_tls};
 
 /// Draws a job's charts: its name and `metrics.jsonl` bytes to an SVG document of a size.
 /// `main.rs` gives `imgrun plot`'s (`commands::plot::svg_of`), so that the dashboard
@@ -84,9 +92,13 @@ pub type DrawChart = fn(&str, &[u8], (u32, u32)) -> anyhow::Result<String>;
 /// What the dashboard is started with.
 #[derive(Debug, Clone)]
 pub struct DashboardOptions {
-    /// TCP port on loopback; 0 for any free one. A port that is taken falls back to a
-    /// free one.
+    /// The address to bind: loopback, or any other with `tls`.
+    pub bind: IpAddr,
+    /// TCP port; 0 for any free one. A port that is taken falls back to a free one.
     pub port: u16,
+    /// The certificate to serve HTTPS with; required off loopback
+    /// ([`needs_tls`]), unused on it.
+    pub tls: Option<runtime::WebTls>,
     /// Host names it answers to besides the loopback ones.
     pub hosts: Vec<String>,
     /// How a job's charts are drawn.
@@ -128,28 +140,21 @@ pub fn report(
     pages::report(job, svg, log, made)
 }
 
-/// Binds on loopback and serves the dashboard of `client`'s cluster.
+/// Binds where `options` says and serves the dashboard of `client`'s cluster.
 pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::Result<Dashboard> {
-    let loopback = Ipv4Addr::LOCALHOST;
-    let listener = match tokio::net::TcpListener::bind((loopback, options.port)).await {
-        Ok(listener) => listener,
-        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && options.port != 0 => {
-            tracing::warn!(
-                port = options.port,
-                "the dashboard's port is taken; using a free one"
-            );
-            tokio::net::TcpListener::bind((loopback, 0))
-                .await
-                .context("binding the dashboard on loopback")?
-        }
-        Err(error) => {
-            return Err(error)
-                .with_context(|| format!("binding the dashboard on {loopback}:{}", options.port));
-        }
-    };
+    let scheme = listen::scheme(options.bind, &options.hosts, options.tls.is_some())?;
+    let listener = bind(options.bind, options.port).await?;
     let addr = listener.local_addr().context("the dashboard's address")?;
+    let (tls, ca_file) = match (&options.tls, scheme) {
+        (Some(tls), listen::Scheme::Https) => (
+            Some(tokio_rustls::TlsAcceptor::from(tls.server.rustls())),
+            Some(tls.ca_file.clone()),
+        ),
+        _ => (None, None),
+    };
     let record = DashboardRecord {
-        url: format!("http://{addr}/"),
+        url: listen::url(scheme, addr, &options.hosts),
+        ca_file,
         token: sessions::secret(),
         metrics_token: sessions::secret(),
     };
@@ -170,7 +175,7 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        serve_connections(listener, app, timeouts, async {
+        serve_connections(listener, app, timeouts, tls, async {
             let _ = stopped.await;
         })
         .await;
@@ -182,6 +187,20 @@ pub async fn start(options: DashboardOptions, client: ClusterClient) -> anyhow::
         stop: Some(stop),
         task,
     })
+}
+
+/// A listener on `ip:port`, or on a free port of `ip` when `port` is taken.
+async fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind((ip, port)).await {
+        Ok(listener) => Ok(listener),
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && port != 0 => {
+            tracing::warn!(port, "the dashboard's port is taken; using a free one");
+            tokio::net::TcpListener::bind((ip, 0))
+                .await
+                .with_context(|| format!("binding the dashboard on {ip}"))
+        }
+        Err(error) => Err(error).with_context(|| format!("binding the dashboard on {ip}:{port}")),
+    }
 }
 
 /// What every request shares.

@@ -9,6 +9,10 @@
 //!   a client that stops reading a body loses its connection, and its request the slot it
 //!   held, once the socket buffers are full and that much time has passed without a byte
 //!   taken.
+//!
+//! With a TLS acceptor (the dashboard off loopback), each connection first completes its
+//! TLS handshake, within the header timeout too, in its own task: a client that stalls
+//! there holds its socket, never the accept loop.
 
 use std::future::Future;
 use std::io;
@@ -26,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 /// How long a client may take before the server closes its connection.
@@ -49,6 +54,7 @@ pub(crate) async fn serve_connections(
     listener: TcpListener,
     app: Router,
     timeouts: Timeouts,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     // Every connection task holds a receiver; `closed` resolves when all have ended.
@@ -67,9 +73,16 @@ pub(crate) async fn serve_connections(
                 }
             },
         };
-        let app = app.clone();
-        let stopping = stopping.clone();
-        tokio::spawn(connection(stream, peer, app, timeouts, stopping));
+        let client = Client {
+            peer,
+            app: app.clone(),
+            timeouts,
+            stopping: stopping.clone(),
+        };
+        match &tls {
+            None => tokio::spawn(client.serve(stream)),
+            Some(tls) => tokio::spawn(client.serve_tls(tls.clone(), stream)),
+        };
     }
     drop(listener);
     let _ = stop.send(true);
@@ -77,40 +90,66 @@ pub(crate) async fn serve_connections(
     stop.closed().await;
 }
 
-/// One client's connection, until it closes, breaks a time limit or the server stops.
-async fn connection(
-    stream: TcpStream,
+/// One accepted connection and what serving it needs.
+struct Client {
     peer: SocketAddr,
     app: Router,
     timeouts: Timeouts,
-    mut stopping: watch::Receiver<bool>,
-) {
-    let io = TokioIo::new(SendDeadline::new(stream, timeouts.send));
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let mut request = request.map(Body::new);
-        request.extensions_mut().insert(ConnectInfo(peer));
-        app.clone().oneshot(request)
-    });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header);
-    let mut conn = std::pin::pin!(builder.serve_connection(io, service));
-    let mut stopped = false;
-    let result = loop {
-        tokio::select! {
-            result = conn.as_mut() => break result,
-            changed = stopping.changed(), if !stopped => {
-                // The server is stopping (or gone): finish the request in flight, then close.
-                let _ = changed;
-                stopped = true;
-                conn.as_mut().graceful_shutdown();
+    stopping: watch::Receiver<bool>,
+}
+
+impl Client {
+    /// Completes the TLS handshake within the header timeout, then serves HTTP on it.
+    async fn serve_tls(self, tls: TlsAcceptor, stream: TcpStream) {
+        match tokio::time::timeout(self.timeouts.header, tls.accept(stream)).await {
+            Ok(Ok(stream)) => self.serve(stream).await,
+            Ok(Err(error)) => {
+                tracing::debug!(peer = %self.peer, %error, "TLS handshake failed");
             }
+            Err(_) => tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
         }
-    };
-    if let Err(error) = result {
-        // Timeouts and clients that went away end here; the access log has the request.
-        tracing::debug!(%peer, %error, "connection closed");
+    }
+
+    /// Serves HTTP/1 on `stream` until it closes, breaks a time limit or the server
+    /// stops.
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            peer,
+            app,
+            timeouts,
+            mut stopping,
+        } = self;
+        let io = TokioIo::new(SendDeadline::new(stream, timeouts.send));
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let mut request = request.map(Body::new);
+            request.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(request)
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeouts.header);
+        let mut conn = std::pin::pin!(builder.serve_connection(io, service));
+        let mut stopped = false;
+        let result = loop {
+            tokio::select! {
+                result = conn.as_mut() => break result,
+                changed = stopping.changed(), if !stopped => {
+                    // The server is stopping (or gone): finish the request in flight, then
+                    // close.
+                    let _ = changed;
+                    stopped = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        };
+        if let Err(error) = result {
+            // Timeouts and clients that went away end here; the access log has the request.
+            tracing::debug!(%peer, %error, "connection closed");
+        }
     }
 }
 

@@ -119,7 +119,7 @@ pub async fn serve(
         "serving shards"
     );
     on_ready(addr);
-    connection::serve_connections(listener, app, timeouts, shutdown).await;
+    connection::serve_connections(listener, app, timeouts, None, shutdown).await;
     tracing::info!(%addr, "server stopped");
     Ok(())
 }

@@ -10,6 +10,7 @@ mod cli;
 mod cluster;
 mod common;
 mod dashboard;
+mod dashboard_tls;
 mod export;
 mod faults;
 mod jobs;

@@ -11,13 +11,13 @@
 //! The head's own certificate (common name `head`) is issued at each start and never
 //! written: whoever verifies it needs only the CA.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tracing::info;
 
 use crate::daemon::{CLIENT_NAME, DaemonError, HEAD_NAME};
 use crate::state::{CLIENT_DIR, StateDir};
-use crate::tls::{CaCertificate, ClusterCa, JoinToken, NodeCredentials};
+use crate::tls::{CaCertificate, ClusterCa, JoinToken, NodeCredentials, ServerTls, SubjectAltName};
 
 /// The folder of the CA and the token.
 const HEAD_DIR: &str = "head";
@@ -55,6 +55,37 @@ pub(super) fn load_or_create(state: &StateDir) -> Result<HeadCredentials, Daemon
     Ok(HeadCredentials { ca, token, head })
 }
 
+/// How the head's web dashboard serves HTTPS: a certificate the cluster CA signs for
+/// `names` (the addresses and host names clients reach it by), and the CA certificate
+/// file those clients are to trust. The head must have started once in `state`, so that
+/// its CA is there.
+pub fn web_tls(state: &StateDir, names: &[SubjectAltName]) -> Result<WebTls, DaemonError> {
+    let dir = state.path(HEAD_DIR);
+    let ca = ClusterCa::load(&dir).map_err(|source| DaemonError::Credentials {
+        dir: dir.clone(),
+        source,
+    })?;
+    let own = ca.issue(WEB_NAME, names)?;
+    Ok(WebTls {
+        server: ServerTls::web(ca.certificate(), &own)?,
+        ca_file: dir.join(CA_CERT_FILE),
+    })
+}
+
+/// What [`web_tls`] gives.
+#[derive(Debug, Clone)]
+pub struct WebTls {
+    pub server: ServerTls,
+    /// `head/ca.pem`: what a browser, `curl --cacert` or a scraper's `ca_file` trusts.
+    pub ca_file: PathBuf,
+}
+
+/// The common name of the dashboard's certificate.
+const WEB_NAME: &str = "dashboard";
+
+/// The CA certificate's file in [`HEAD_DIR`].
+const CA_CERT_FILE: &str = "ca.pem";
+
 /// The CA in `dir`, or a new one saved there when there is none. A CA that is there but
 /// unreadable is an error: replacing it would cut off every node of the cluster.
 fn load_or_create_ca(dir: &Path) -> Result<ClusterCa, DaemonError> {
@@ -62,7 +93,7 @@ fn load_or_create_ca(dir: &Path) -> Result<ClusterCa, DaemonError> {
         dir: dir.to_owned(),
         source,
     };
-    let present = ["ca.pem", "ca-key.pem"]
+    let present = [CA_CERT_FILE, "ca-key.pem"]
         .iter()
         .any(|file| dir.join(file).exists());
     if present {
@@ -128,5 +159,24 @@ mod tests {
             );
             assert!(error.to_string().contains("head"), "{what}: {error}");
         }
+    }
+
+    #[test]
+    fn the_web_certificate_is_the_cluster_cas_and_needs_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = StateDir::at(dir.path().join("state"));
+        let Err(error) = web_tls(&state, &[]) else {
+            panic!("a head that never started has no CA to sign with");
+        };
+        assert!(matches!(error, DaemonError::Credentials { .. }), "{error}");
+        let head = load_or_create(&state).expect("first start");
+        let names = [SubjectAltName::Dns("dash.example".to_owned())];
+        let web = web_tls(&state, &names).expect("web tls");
+        let trusted = CaCertificate::load(web.ca_file.parent().expect("folder")).expect("ca.pem");
+        assert_eq!(trusted.hash(), head.ca.ca_hash());
+        assert_eq!(
+            web.server.rustls().alpn_protocols,
+            vec![b"http/1.1".to_vec()]
+        );
     }
 }
