@@ -51,6 +51,7 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_e
     assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
     let killed_at = Instant::now();
     kill_process(pid_of(workers[0]).expect("pid"), Signal::KILL).expect("kill -9");
+    assert_timeline_of_a_loss_and_a_growth(&cluster, &mut job);
     let out = job.finish(JOB_LIMIT);
     eprintln!(
         "trainer killed: the job ended {:?} later",
@@ -84,6 +85,55 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_e
     // The steps after the loss go on from where every rank had completed.
     assert_steps_run_on(&records);
     cluster.assert_settled();
+}
+
+/// The running job's timeline, as its coordinator keeps it for `imgrun jobs --json` and
+/// the dashboard (an attached job's coordinator ends with it, so it is read while the
+/// job runs): the ring of three, one rank lost, the shrink to two and the growth back to
+/// three (checkpoints between them left out).
+fn assert_timeline_of_a_loss_and_a_growth(cluster: &TrainCluster, job: &mut Job) {
+    let listed = wait_for(JOB_LIMIT, "the timeline's growth back to three", || {
+        assert!(
+            job.running(),
+            "the job ended before its timeline was read:\n{}",
+            job.finish(JOB_LIMIT).describe()
+        );
+        let out = cluster.head.run(&["jobs", "elastic", "--json"]);
+        let listed: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let grown = listed["job"]["timeline"]
+            .as_array()?
+            .iter()
+            .any(|moment| moment["kind"] == "regrouped" && moment["world"] == 3);
+        grown.then_some(listed)
+    });
+    let timeline = listed["job"]["timeline"].as_array().expect("timeline");
+    let moments: Vec<(String, Option<u64>, Option<u64>)> = timeline
+        .iter()
+        .filter(|moment| moment["kind"] != "checkpoint")
+        .map(|moment| {
+            let kind = moment["kind"].as_str().unwrap_or("").to_owned();
+            match kind.as_str() {
+                "lost" => (
+                    kind,
+                    moment["ranks"].as_array().map(|r| r.len() as u64),
+                    None,
+                ),
+                _ => (
+                    kind,
+                    moment["from_world"].as_u64(),
+                    moment["world"].as_u64(),
+                ),
+            }
+        })
+        .collect();
+    let expected = [
+        ("started", None, Some(3)),
+        ("lost", Some(1), None),
+        ("regrouped", Some(3), Some(2)),
+        ("regrouped", Some(2), Some(3)),
+    ]
+    .map(|(kind, a, b)| (kind.to_owned(), a, b));
+    assert_eq!(moments, expected, "{listed}");
 }
 
 /// A trainer that crashes right after a gradient average (a failpoint: its process
