@@ -89,7 +89,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_log = match cli.command {
-        Command::Start(_) | Command::Join(_) => commands::cluster::DAEMON_LOG,
+        // A worker's output is its actors' log, kept by its node for `imgrun logs --rank`.
+        Command::Start(_) | Command::Join(_) | Command::Worker => commands::cluster::DAEMON_LOG,
         _ => "warn",
     };
     install_logging(cli.log.as_deref().unwrap_or(default_log));

@@ -21,7 +21,7 @@ pub use crate::status::{
     ActorStatus, ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, StatusTotals,
 };
 pub use actor_errors::ActorCallError;
-pub use actors::ActorRef;
+pub use actors::{ActorOutput, ActorRef};
 pub use spawn::{ActorEvent, ActorEvents, SpawnOptions};
 
 use crate::actor::ActorId;

@@ -373,6 +373,8 @@ pub(crate) fn message_name(message: &Message) -> &'static str {
         Message::ActorError { .. } => "actor error",
         Message::ActorEnded { .. } => "actor ended",
         Message::ActorFailed { .. } => "actor failed",
+        Message::ActorOutput { .. } => "actor output",
+        Message::ActorOutputLines { .. } => "actor output lines",
     }
 }
 

@@ -247,6 +247,21 @@ impl NodeActors {
         }
     }
 
+    /// The newest `count` lines of the output of an actor hosted here, and whether it has
+    /// a worker process of its own: one the daemon runs itself has no lines of its own
+    /// (they are the daemon's log).
+    pub(crate) fn output(
+        &self,
+        actor: ActorId,
+        count: usize,
+    ) -> Result<(Vec<String>, bool), ActorError> {
+        match self.pool_of(actor) {
+            Some(pool) => pool.output(actor, count).map(|lines| (lines, true)),
+            None if self.local.actors().contains(&actor) => Ok((Vec::new(), false)),
+            None => Err(ActorError::NotFound(actor)),
+        }
+    }
+
     /// Stops (or kills) an actor hosted here; its end is reported on the exit channel.
     pub(crate) async fn stop(&self, actor: ActorId, kill: bool) -> Result<(), ActorError> {
         match self.pool_of(actor) {
@@ -303,6 +318,17 @@ impl NodeActors {
                         }
                         reply
                     }
+                }
+            }
+            Message::ActorOutput { actor_id, lines } => {
+                let count = lines.min(crate::wire::MAX_OUTPUT_LINES) as usize;
+                match self.output(ActorId(actor_id), count) {
+                    Ok((lines, own_process)) => Message::ActorOutputLines {
+                        actor_id,
+                        lines,
+                        own_process,
+                    },
+                    Err(error) => error_reply(ActorId(actor_id), &error),
                 }
             }
             Message::ActorTell {

@@ -41,7 +41,8 @@ pub use actor::{
     WorkerCommand, WorkerPool, diagnostic_registry, worker_main,
 };
 pub use client::{
-    ActorCallError, ActorEvent, ActorEvents, ActorRef, ActorStatus, ClusterClient, ClusterStatus,
+    ActorCallError, ActorEvent, ActorEvents, ActorOutput, ActorRef, ActorStatus, ClusterClient,
+    ClusterStatus,
     GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{

@@ -42,6 +42,7 @@ const CASES: &[(&str, Case)] = cases![
     the_worker_reaches_the_cluster_its_daemon_is_in,
     sigkill_fails_every_actor_of_the_worker,
     an_exit_fails_with_its_code_and_last_stderr,
+    a_workers_output_is_kept_for_whoever_asks,
     a_panic_fails_only_that_actor,
     a_failure_caused_elsewhere_keeps_its_origin,
     starts_that_cannot_happen_say_why,
@@ -480,6 +481,31 @@ async fn an_exit_fails_with_its_code_and_last_stderr() -> Result<()> {
     Ok(())
 }
 
+/// What a worker writes (its actors' prints, its log, its libraries' messages) is kept,
+/// the newest lines, for whoever asks for an actor's output (a rank's log).
+async fn a_workers_output_is_kept_for_whoever_asks() -> Result<()> {
+    let (pool, _ended) = pool()?;
+    start(&pool, "o", 1, "probe", &[]).await?;
+    ensure!(call(&pool, 1, "print", "").await?.is_empty());
+    // The output arrives on a socket of its own, a little after the call's reply.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let lines = pool.output(ActorId(1), 1000)?;
+        if lines.len() >= 100 || tokio::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let want: Vec<String> = (0..100).map(|i| format!("line {i} on stdout")).collect();
+    ensure!(lines == want, "{lines:?}");
+    ensure!(pool.output(ActorId(1), 2)? == want[98..], "the newest two");
+    ensure!(
+        matches!(pool.output(ActorId(9), 10), Err(ActorError::NotFound(_))),
+        "no such actor"
+    );
+    Ok(())
+}
+
 async fn a_panic_fails_only_that_actor() -> Result<()> {
     let (pool, mut ended) = pool()?;
     start(&pool, "p", 1, "probe", &[]).await?;
@@ -821,6 +847,21 @@ async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<
     while let Some(done) = calls.join_next().await {
         done??;
     }
+    // Its output, asked of its node through the client.
+    actor.call("print", "", LIMIT).await?;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let output = loop {
+        let output = actor.output(3).await?;
+        if output.lines.len() == 3 || tokio::time::Instant::now() > deadline {
+            break output;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(output.own_process, "{output:?}");
+    ensure!(
+        output.lines == ["line 97 on stdout", "line 98 on stdout", "line 99 on stdout"],
+        "{output:?}"
+    );
     node.stop().await;
     drop(node);
     gone(pid).await;

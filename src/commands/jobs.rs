@@ -45,6 +45,13 @@ pub struct LogsArgs {
     /// Keep following the job until it ends.
     #[arg(long, short)]
     follow: bool,
+    /// Show this rank's own log instead: the newest lines its trainer's process wrote
+    /// (its messages, its loader's, libtorch's and NCCL's), kept by its node.
+    #[arg(long, conflicts_with = "follow")]
+    rank: Option<u32>,
+    /// How many of the rank's newest lines (at most 1,000 are kept).
+    #[arg(long, default_value_t = 100, requires = "rank")]
+    lines: u32,
     #[arg(long)]
     address: Option<String>,
 }
@@ -108,11 +115,40 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(rank) = args.rank {
+        return rank_log(loaded, &args, rank);
+    }
     let status = in_cluster(loaded, args.address.as_deref(), |client| async move {
         let actor = find(&client, &args.job).await?;
         follow(&actor, args.follow).await
     })?;
     Ok(exit_code(&status, args.follow))
+}
+
+/// `imgrun logs JOB --rank N`: the rank's newest output lines, asked of its node by the
+/// job's coordinator.
+fn rank_log(loaded: &Loaded, args: &LogsArgs, rank: u32) -> anyhow::Result<ExitCode> {
+    let request = actors::job::RankOutputRequest {
+        rank,
+        lines: args.lines,
+    };
+    let output = in_cluster(loaded, args.address.as_deref(), |client| async move {
+        let actor = find(&client, &args.job).await?;
+        call(&actor, &request)
+            .await
+            .with_context(|| format!("asking job {} for rank {rank}'s log", args.job))
+    })?;
+    if !output.own_process {
+        eprintln!(
+            "rank {rank}'s trainer runs in node {}'s daemon process: its lines are in that \
+             daemon's log",
+            output.node
+        );
+    }
+    for line in &output.lines {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {

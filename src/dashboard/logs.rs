@@ -6,12 +6,17 @@
 //! The log is the job's `job.log`, read by its coordinator, which is found by the job's
 //! name in the head's table: nothing of a request reaches a path, a shell or a process
 //! argument.
+//!
+//! A rank's log, `job/NAME/rank/N/log`, is the newest lines of its trainer's process
+//! (the trainer's and its loader's messages, libtorch's and NCCL's), which the job's
+//! coordinator asks of the rank's node; the rank is one the snapshot lists for the job.
 
 use std::sync::Arc;
 
 use actors::job::{
-    COORDINATOR_CALL_TIMEOUT, LogFrom, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
-    MAX_LOG_PIECE, call_coordinator, coordinator,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, LogFrom, LogReply, LogRequest, LogSearchReply,
+    LogSearchRequest, MAX_LOG_PIECE, RankOutputReply, RankOutputRequest, call_coordinator,
+    coordinator,
 };
 use anyhow::Context as _;
 use axum::body::{Body, Bytes};
@@ -77,6 +82,37 @@ pub(super) async fn view(
         }
     };
     Ok(Some(view))
+}
+
+/// The lines of a rank's output a rank's log page shows (all its node keeps).
+const RANK_LINES: u32 = 1000;
+
+/// The rank of the job `name` that `rank` names, when the snapshot lists the job with
+/// that rank: the path's text is compared, never used.
+pub(super) fn listed_rank(snapshot: &ClusterSnapshot, name: &str, rank: &str) -> Option<u32> {
+    let job = snapshot.jobs.iter().find(|job| job.name == name)?;
+    job.ranks
+        .iter()
+        .map(|view| view.rank)
+        .find(|listed| listed.to_string() == rank)
+}
+
+/// Rank `rank`'s newest output lines, asked of the job `name`'s coordinator; `None` when
+/// the cluster holds no such job.
+pub(super) async fn rank_output(
+    client: &ClusterClient,
+    name: &str,
+    rank: u32,
+) -> anyhow::Result<Option<RankOutputReply>> {
+    let Some(actor) = coordinator(client, name).await.context("asking the head")? else {
+        return Ok(None);
+    };
+    let request = RankOutputRequest {
+        rank,
+        lines: RANK_LINES,
+    };
+    let reply = call_coordinator(&actor, &request, COORDINATOR_CALL_TIMEOUT).await?;
+    Ok(Some(reply))
 }
 
 /// The downloads' share of the server.

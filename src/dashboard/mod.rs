@@ -222,6 +222,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/job/{name}/chart.svg", get(chart))
         .route("/job/{name}/log", get(log_page))
         .route("/job/{name}/log.txt", get(log_download))
+        .route("/job/{name}/rank/{rank}/log", get(rank_log_page))
         .route("/job/{name}/cancel", post(cancel))
         .route("/api/state", get(state))
         .route("/events", get(events))
@@ -404,6 +405,25 @@ async fn log_page(
 ) -> Response {
     match logs::view(&shared.client, &name, &query).await {
         Ok(Some(view)) => html(pages::log(&name, &view)),
+        Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
+        Err(error) => unavailable(&error),
+    }
+}
+
+/// `job/NAME/rank/N/log`: rank N's newest output lines, for a rank the job lists now.
+async fn rank_log_page(
+    State(shared): State<Arc<Shared>>,
+    Path((name, rank)): Path<(String, String)>,
+) -> Response {
+    let snapshot = match shared.snapshots.get().await {
+        Ok(snapshot) => snapshot,
+        Err(error) => return unavailable(&error),
+    };
+    let Some(rank) = logs::listed_rank(&snapshot, &name, &rank) else {
+        return (StatusCode::NOT_FOUND, "no such job or rank\n").into_response();
+    };
+    match logs::rank_output(&shared.client, &name, rank).await {
+        Ok(Some(output)) => html(pages::rank_log(&name, &output)),
         Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
         Err(error) => unavailable(&error),
     }

@@ -256,6 +256,11 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
                     format!("{:.1} s, {:.1} s", t.data_wait_s, t.allreduce_s),
                 )
             });
+            let rank_cell = format!(
+                "<a href=\"{}/rank/{rank}/log\" title=\"its log\">{rank}</a>",
+                encode_segment(name),
+                rank = view.rank
+            );
             let heartbeat = view
                 .heartbeat_ms_ago
                 .map_or("-".into(), |ms| format!("{:.1} s ago", ms as f64 / 1000.0));
@@ -267,7 +272,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
                          <td class=n>{:.1} s</td><td class=n>{}</td><td class=n>{}</td>\
                          <td class=n>{:.1} s</td><td class=n>{quantiles}</td>\
                          <td class=n>{spent}</td><td class=n>{heartbeat}</td></tr>",
-                        view.rank,
+                        rank_cell,
                         view.node,
                         escape(&phase.describe()),
                         phase.seconds,
@@ -282,7 +287,7 @@ pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) ->
                         "<tr><td class=n>{}</td><td class=n>{}</td><td class=bad colspan=5>{}\
                          </td><td class=n>{quantiles}</td><td class=n>{spent}</td>\
                          <td class=n>{heartbeat}</td></tr>",
-                        view.rank,
+                        rank_cell,
                         view.node,
                         escape(view.problem.as_deref().unwrap_or("unknown"))
                     );
@@ -361,6 +366,46 @@ pub(super) fn log(name: &str, view: &LogView) -> String {
             }
             html.push_str("</pre>");
         }
+    }
+    html.push_str("</body></html>\n");
+    html
+}
+
+/// A rank's log page (at `job/NAME/rank/N/log`): the newest lines its trainer's process
+/// wrote, oldest first.
+pub(super) fn rank_log(name: &str, output: &actors::job::RankOutputReply) -> String {
+    let mut html = head(
+        &format!("imgrun: {} rank {}", escape(name), output.rank),
+        "../../../../",
+    );
+    let _ = write!(
+        html,
+        "<p><a href=\"../../../../\">cluster</a> / <a href=\"../../../{segment}\">{name}</a> \
+         · <a href=\"../../log\">the job's log</a></p><h1>{name}: rank {rank}</h1>",
+        segment = encode_segment(name),
+        name = escape(name),
+        rank = output.rank,
+    );
+    if output.own_process {
+        let _ = write!(
+            html,
+            "<p class=muted>the newest {} lines its trainer's process wrote on node {} (its \
+             messages, its loader's, libtorch's)</p><pre class=log>",
+            output.lines.len(),
+            output.node
+        );
+        for line in &output.lines {
+            html.push_str(&escape(line));
+            html.push('\n');
+        }
+        html.push_str("</pre>");
+    } else {
+        let _ = write!(
+            html,
+            "<p class=muted>its trainer runs in node {}'s daemon process: its lines are in \
+             that daemon's log</p>",
+            output.node
+        );
     }
     html.push_str("</body></html>\n");
     html

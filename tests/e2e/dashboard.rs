@@ -244,6 +244,7 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
     refusals(&dash);
     let session = pages(&dash);
     log_pages(&dash, &session, &cluster.runs.join("watched"));
+    rank_logs(&dash, &session, &cluster);
     // The terminal's view of the same: drawn twice, each with the job and its two ranks.
     let watched = cluster
         .head
@@ -402,6 +403,47 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
         "the log ends with how: {tail:?}"
     );
     cluster.assert_settled();
+}
+
+/// Each rank's own log: the newest lines its trainer's process wrote, kept by its node,
+/// on the page the ranks table links to and from `imgrun logs --rank`; a rank the job
+/// does not list has no page.
+fn rank_logs(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
+    let job = browse(dash, "/job/watched", session);
+    assert!(job.body.contains("href=\"watched/rank/1/log\""), "{}", job.body);
+    for rank in [0, 1] {
+        let page = browse(dash, &format!("/job/watched/rank/{rank}/log"), session);
+        assert_eq!(page.status, 200, "rank {rank}: {}", page.body);
+        assert!(
+            page.body.contains(&format!("trainer ready rank={rank} world=2")),
+            "rank {rank}: {}",
+            page.body
+        );
+    }
+    for path in [
+        "/job/watched/rank/7/log",
+        "/job/watched/rank/..%2F0/log",
+        "/job/watched/rank/0x/log",
+        "/job/elsewhere/rank/0/log",
+    ] {
+        let answer = browse(dash, path, session);
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body);
+    }
+    let all = cluster
+        .head
+        .run_ok(&["logs", "watched", "--rank", "1", "--lines", "1000"]);
+    assert!(all.contains("trainer ready rank=1 world=2"), "{all}");
+    let newest = cluster
+        .head
+        .run_ok(&["logs", "watched", "--rank", "1", "--lines", "2"]);
+    assert_eq!(newest.lines().count(), 2, "{newest}");
+    let missing = cluster.head.run(&["logs", "watched", "--rank", "5"]);
+    assert!(!missing.status.success(), "{}", describe(&missing));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no rank 5"),
+        "{}",
+        describe(&missing)
+    );
 }
 
 /// `--dashboard-actions`: the job's page has a cancel button carrying its session's CSRF

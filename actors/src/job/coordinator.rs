@@ -22,7 +22,7 @@ use tracing::warn;
 
 use super::joblog::{self, Journal, LogReply, LogRequest, LogSearchReply, LogSearchRequest};
 use super::rank_totals::RankTotals;
-use super::ranks::RankView;
+use super::ranks::{RankOutputReply, RankOutputRequest, RankView};
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
     JobError, JobEvent, JobOutput, JobRequest, JobState, JobSummary, Level, Moment, Saved,
@@ -198,6 +198,7 @@ coordinator_methods! {
     CancelRequest => "cancel", JobStatus;
     StatusRequest => "status", JobStatus;
     RanksRequest => "ranks", Vec<RankView>;
+    RankOutputRequest => "rank_output", RankOutputReply;
     MetricsRequest => "metrics", MetricsReply;
     LogRequest => "log", LogReply;
     LogSearchRequest => "log_search", LogSearchReply;
@@ -420,6 +421,20 @@ impl Coordinator {
 
     /// Every rank's phase, asked on the job's runtime.
     fn ranks(&self) -> Result<Vec<RankView>, MethodError> {
+        let control = self.control.clone();
+        self.on_job_runtime(Duration::from_secs(10), "the ranks", async move {
+            control.rank_views().await
+        })
+    }
+
+    /// Runs `work` on the job thread's async runtime (where its ranks' handles live) and
+    /// waits at most `limit` for it; `what` names it in the error.
+    fn on_job_runtime<T: Send + 'static>(
+        &self,
+        limit: Duration,
+        what: &str,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, MethodError> {
         let runtime = self
             .shared
             .runtime
@@ -428,12 +443,26 @@ impl Coordinator {
             .clone()
             .ok_or_else(|| MethodError::new("the job has not started yet"))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let control = self.control.clone();
         runtime.spawn(async move {
-            let _ = tx.send(control.rank_views().await);
+            let _ = tx.send(work.await);
         });
-        rx.recv_timeout(Duration::from_secs(10))
-            .map_err(|_| MethodError::new("the ranks did not answer within 10 s"))
+        rx.recv_timeout(limit).map_err(|_| {
+            MethodError::new(format!(
+                "{what} did not answer within {} s",
+                limit.as_secs()
+            ))
+        })
+    }
+
+    /// A rank's newest output lines, asked of its node from the job's runtime.
+    fn rank_output(&self, request: &RankOutputRequest) -> Result<RankOutputReply, MethodError> {
+        let control = self.control.clone();
+        let (rank, lines) = (request.rank, request.lines);
+        let what = format!("rank {rank}'s node");
+        self.on_job_runtime(Duration::from_secs(15), &what, async move {
+            control.rank_output(rank, lines).await
+        })?
+        .map_err(|error| MethodError::new(error.to_string()))
     }
 
     fn metrics(&self, request: &MetricsRequest) -> Result<MetricsReply, MethodError> {
@@ -499,6 +528,9 @@ impl Actor for Coordinator {
             CancelRequest::NAME => encode(&self.cancel(&decode::<CancelRequest>(payload)?.by)),
             StatusRequest::NAME => encode(&self.status()),
             RanksRequest::NAME => encode(&self.ranks()?),
+            RankOutputRequest::NAME => {
+                encode(&self.rank_output(&decode::<RankOutputRequest>(payload)?)?)
+            }
             MetricsRequest::NAME => encode(&self.metrics(&decode::<MetricsRequest>(payload)?)?),
             LogRequest::NAME => encode(&self.log(&decode::<LogRequest>(payload)?)?),
             LogSearchRequest::NAME => {

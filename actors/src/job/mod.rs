@@ -76,7 +76,7 @@ pub use joblog::{
 };
 pub use output::{JobEvent, JobOutput, JobState, Level, Moment};
 pub use rank_totals::{RankTally, RankTotals};
-pub use ranks::RankView;
+pub use ranks::{RankOutputError, RankOutputReply, RankOutputRequest, RankView};
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
     COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, FinishedJobs, JobSnapshot,

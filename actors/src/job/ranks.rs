@@ -1,6 +1,7 @@
 //! The hang doctor: every rank's phase now (from its monitor, which answers while the
 //! trainer is busy), for `imgrun jobs JOB --ranks`, and the rank a call in flight waits
-//! for, named while it happens.
+//! for, named while it happens; and a rank's own log (the newest lines its trainer's
+//! process wrote, kept by its node).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -236,4 +237,62 @@ mod tests {
             assert!(hold_ups(views, 3.0, &mut told).is_empty());
         }
     }
+}
+
+/// The newest lines rank `rank`'s trainer process wrote: its own log (the trainer's and
+/// its loader's messages) and its libraries' (libtorch, NCCL), kept by its node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RankOutputRequest {
+    pub rank: u32,
+    /// How many of the newest lines; at most 1,000 are kept.
+    pub lines: u32,
+}
+
+/// The answer to a [`RankOutputRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankOutputReply {
+    pub rank: u32,
+    pub node: u64,
+    /// Oldest first.
+    pub lines: Vec<String>,
+    /// False when the trainer runs in its node daemon's own process (its lines are in
+    /// the daemon's log), which leaves `lines` empty.
+    pub own_process: bool,
+}
+
+/// Why a rank's output could not be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RankOutputError {
+    #[error("the job has no rank {rank} now (its ranks: {ranks:?})")]
+    NoSuchRank { rank: u32, ranks: Vec<u32> },
+    #[error("rank {rank}'s node did not give its output: {reason}")]
+    Unanswered { rank: u32, reason: String },
+}
+
+/// The newest `lines` lines of rank `rank`'s trainer process, asked of its node.
+pub(crate) async fn rank_output(
+    ranks: &[RankHandle],
+    rank: u32,
+    lines: u32,
+) -> Result<RankOutputReply, RankOutputError> {
+    let Some(handle) = ranks.iter().find(|handle| handle.rank == rank) else {
+        return Err(RankOutputError::NoSuchRank {
+            rank,
+            ranks: ranks.iter().map(|handle| handle.rank).collect(),
+        });
+    };
+    let output = handle
+        .actor
+        .output(lines)
+        .await
+        .map_err(|error| RankOutputError::Unanswered {
+            rank,
+            reason: error.to_string(),
+        })?;
+    Ok(RankOutputReply {
+        rank,
+        node: handle.place.node.0,
+        lines: output.lines,
+        own_process: output.own_process,
+    })
 }

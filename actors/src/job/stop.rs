@@ -14,7 +14,7 @@ use super::JobSummary;
 use super::calls::RankHandle;
 use super::error::{Interrupted, JobError, Progress};
 use super::rank_totals::{RankTally, RankTotals};
-use super::ranks::{RankView, rank_views};
+use super::ranks::{RankOutputError, RankOutputReply, RankView, rank_output, rank_views};
 
 /// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
 /// and what the loop tells it back.
@@ -86,6 +86,16 @@ impl StopControl {
     pub async fn rank_views(&self) -> Vec<RankView> {
         let (ranks, client) = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
         rank_views(&ranks, client.as_ref()).await
+    }
+
+    /// The newest `lines` lines of rank `rank`'s trainer process, from its node.
+    pub async fn rank_output(
+        &self,
+        rank: u32,
+        lines: u32,
+    ) -> Result<RankOutputReply, RankOutputError> {
+        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+        rank_output(&ranks, rank, lines).await
     }
 
     pub(super) fn requested(&self) -> Option<&'static str> {

@@ -83,6 +83,8 @@ struct Group {
     pid: u32,
     gpus: Vec<u32>,
     outgoing: mpsc::Sender<Message>,
+    /// The newest lines of its output.
+    output: Arc<process::LineRing>,
 }
 
 struct PoolActor {
@@ -309,6 +311,16 @@ impl WorkerPool {
         Ok(())
     }
 
+    /// The newest `count` lines the worker process of `actor` wrote, oldest first (an
+    /// actor starting or stopping too: its process is there).
+    pub fn output(&self, actor: ActorId, count: usize) -> Result<Vec<String>, ActorError> {
+        let state = self.inner.lock();
+        match state.actors.get(&actor) {
+            Some(entry) => Ok(entry.group.output.last(count)),
+            None => Err(state.tombstones.missing(actor)),
+        }
+    }
+
     /// The pid of `group`'s worker process, if one takes actors now.
     pub fn pid(&self, group: &str) -> Option<u32> {
         self.inner
@@ -371,7 +383,7 @@ impl PoolInner {
             child,
             pid,
             channel,
-            output,
+            output: output_task,
             lines,
         } = spawned;
         let span = info_span!("worker", group = name, pid);
@@ -389,11 +401,14 @@ impl PoolInner {
         let pool = Arc::downgrade(self);
         let group = name.to_string();
         let grace = self.options.retire_grace;
+        let output = Arc::clone(&lines);
+        let stderr_lines = self.options.stderr_lines;
         let supervisor = async move {
             let (status, bad_frame) =
-                process::supervise(child, reader, output, controls, grace).await;
+                process::supervise(child, reader, output_task, controls, grace).await;
+            let reason_lines = lines.last(stderr_lines);
             let reason =
-                process::describe_end(&group, pid, &status, bad_frame.as_deref(), &lines.lines());
+                process::describe_end(&group, pid, &status, bad_frame.as_deref(), &reason_lines);
             match pool.upgrade() {
                 Some(pool) => pool.worker_ended(generation, &group, reason),
                 None => debug!(%reason, "worker process ended after its pool"),
@@ -407,6 +422,7 @@ impl PoolInner {
             pid,
             gpus: gpus.to_vec(),
             outgoing,
+            output,
         });
         state.groups.insert(name.to_string(), Arc::clone(&process));
         state.controls.insert(generation, control);

@@ -3,7 +3,8 @@
 //! The node and the worker talk over a Unix socket pair that is the worker's stdin, in
 //! both directions, so that the worker's stdout stays free for whatever actor code prints
 //! (libtorch does): stdout and stderr go to one other socket, whose lines are logged at
-//! debug level and the last [`PoolOptions::stderr_lines`] kept for the failure reason.
+//! debug level, the last [`PoolOptions::stderr_lines`] kept for the failure reason and the
+//! last 1,000 for whoever asks (`WorkerPool::output`: a rank's log).
 //!
 //! Below the pool (`pool.rs`): with [`WorkerCommand`] and [`PoolOptions`], what the pool
 //! is told about its processes.
@@ -114,6 +115,9 @@ pub(crate) const DATA_IP_VARIABLE: &str = "IMGRUN_WORKER_DATA_IP";
 pub(crate) const STATE_DIR_VARIABLE: &str = "IMGRUN_WORKER_STATE_DIR";
 pub(crate) const HEAD_VARIABLE: &str = "IMGRUN_WORKER_HEAD";
 
+/// Lines of a worker's output kept for [`super::WorkerPool::output`] (a rank's log).
+const OUTPUT_LINES: usize = crate::wire::MAX_OUTPUT_LINES as usize;
+
 /// Longest line of worker output kept; the rest of a longer line is dropped.
 const MAX_LINE: usize = 1000;
 
@@ -176,7 +180,7 @@ pub(crate) fn spawn(
     output.set_nonblocking(true)?;
     let channel = UnixStream::from_std(channel)?;
     let output = UnixStream::from_std(output)?;
-    let lines = Arc::new(LineRing::new(options.stderr_lines));
+    let lines = Arc::new(LineRing::new(OUTPUT_LINES.max(options.stderr_lines)));
     let span = info_span!("worker", group, pid);
     let output = tokio::spawn(collect_output(output, Arc::clone(&lines)).instrument(span));
     Ok(Spawned {
@@ -369,9 +373,11 @@ impl LineRing {
         }
     }
 
-    pub(crate) fn lines(&self) -> Vec<String> {
+    /// The newest `count` lines, oldest first.
+    pub(crate) fn last(&self, count: usize) -> Vec<String> {
         let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        lines.iter().cloned().collect()
+        let skip = lines.len().saturating_sub(count);
+        lines.iter().skip(skip).cloned().collect()
     }
 }
 
@@ -480,10 +486,12 @@ mod tests {
         for i in 0..5 {
             ring.push(i.to_string());
         }
-        assert_eq!(ring.lines(), ["2", "3", "4"]);
+        assert_eq!(ring.last(10), ["2", "3", "4"]);
+        assert_eq!(ring.last(2), ["3", "4"]);
+        assert!(ring.last(0).is_empty());
         let empty = LineRing::new(0);
         empty.push("x".into());
-        assert!(empty.lines().is_empty());
+        assert!(empty.last(10).is_empty());
     }
 
     #[test]

@@ -22,6 +22,8 @@ use crate::membership::NodeId;
 use crate::transport::TransportError;
 use crate::wire::Message;
 
+/// How long asking for an actor's output may take.
+const OUTPUT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a tell may wait for room in a full mailbox.
 const TELL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long requests to the head about actors (locate, stop) may take.
@@ -57,6 +59,16 @@ pub(super) struct Place {
 pub(super) enum Located {
     Running(Place),
     Not(NotRunning),
+}
+
+/// The newest lines of an actor's worker process ([`ActorRef::output`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorOutput {
+    /// Oldest first.
+    pub lines: Vec<String>,
+    /// False for an actor its node daemon runs itself: it has no output of its own (it
+    /// is in the daemon's log), and `lines` is empty.
+    pub own_process: bool,
 }
 
 /// An actor the head says is not running: its state, why it last failed and where that
@@ -143,6 +155,23 @@ impl ActorRef {
         };
         self.deliver(&request, method, TELL_TIMEOUT, |answer| match answer {
             Message::Ack => Ok(Ok(())),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// The newest `lines` lines (at most 1,000) its worker process wrote to its standard
+    /// output and error: its own log and its libraries' messages, oldest first. Its node
+    /// answers, whatever the actor is busy with.
+    pub async fn output(&self, lines: u32) -> Result<ActorOutput, ActorCallError> {
+        let request = Message::ActorOutput {
+            actor_id: self.id.0,
+            lines,
+        };
+        self.deliver(&request, "output", OUTPUT_TIMEOUT, |answer| match answer {
+            Message::ActorOutputLines {
+                lines, own_process, ..
+            } => Ok(Ok(ActorOutput { lines, own_process })),
             other => Err(Box::new(other)),
         })
         .await

@@ -207,7 +207,9 @@ impl HeadActors {
                 self.ended(&head, ActorId(actor_id), node, &outcome, &reason, origin);
                 Message::Ack
             }
-            request @ (Message::ActorCall { .. } | Message::ActorTell { .. }) => {
+            request @ (Message::ActorCall { .. }
+            | Message::ActorTell { .. }
+            | Message::ActorOutput { .. }) => {
                 let name = message_name(&request);
                 let answer = self.own.serve(&peer, request, false).await;
                 answer

@@ -395,6 +395,15 @@ mod tests {
                 reason: "panicked in step: out of memory".into(),
                 origin: crate::wire::ORIGIN_NODE_LOST,
             },
+            Message::ActorOutput {
+                actor_id: 1,
+                lines: 1000,
+            },
+            Message::ActorOutputLines {
+                actor_id: 1,
+                lines: vec!["INFO loader ready".into(), String::new()],
+                own_process: true,
+            },
         ]
     }
 

@@ -8,9 +8,12 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+/// The most lines of a worker's output its node keeps, and so answers with.
+pub const MAX_OUTPUT_LINES: u32 = 1000;
+
 /// The version every frame carries; a frame of another version is refused unread.
 /// Bump it with any change to the types in this file.
-pub const WIRE_VERSION: u16 = 11;
+pub const WIRE_VERSION: u16 = 12;
 
 /// Where an actor's failure started (`origin` in the actor messages): in the actor, its
 /// own error or a panic.
@@ -276,6 +279,23 @@ pub enum Message {
         reason: String,
         /// Where the failure started ([`ORIGIN_HERE`] and the other `ORIGIN_` codes).
         origin: u8,
+    },
+    /// The last lines an actor's worker process wrote (anyone to the actor's node).
+    ActorOutput {
+        /// The actor.
+        actor_id: u64,
+        /// How many of the newest lines, at most [`MAX_OUTPUT_LINES`].
+        lines: u32,
+    },
+    /// The answer to [`Message::ActorOutput`].
+    ActorOutputLines {
+        /// The actor.
+        actor_id: u64,
+        /// Oldest first; each at most 1,000 bytes.
+        lines: Vec<String>,
+        /// The actor runs in a worker process of its own group; false for one the node
+        /// daemon runs itself (whose output is the daemon's log), which has no lines.
+        own_process: bool,
     },
     /// An actor stopped with an error, or its worker process exited (worker to node).
     ActorFailed {

@@ -20,5 +20,6 @@ pub use frame::{
 pub use messages::{
     ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuSampleWire, GpuUseWire,
     GpuWire, Message, NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE, ORIGIN_HERE,
-    ORIGIN_NODE_LOST, ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire, WIRE_VERSION,
+    MAX_OUTPUT_LINES, ORIGIN_NODE_LOST, ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire,
+    WIRE_VERSION,
 };

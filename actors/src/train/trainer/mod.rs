@@ -195,6 +195,15 @@ impl Trainer {
                  sample counts, or choose the drop policy with a batch count",
             )
         })?;
+        tracing::info!(
+            rank = init.rank,
+            world = shape.world_size(),
+            model = job.model.kind.name(),
+            ?device,
+            steps_per_epoch,
+            loader_workers = job.data.loader_workers,
+            "trainer ready"
+        );
         let sources = || Sources::new(job.data.sources.options());
         let loader = Loader::new(job.data.train_loader(), sources())
             .map_err(|e| MethodError::fatal(e.to_string()))?;
@@ -595,6 +604,13 @@ impl Trainer {
         }
         let cursor = self.resume_cursor.take().filter(|c| c.epoch == epoch);
         let steps = cursor.as_ref().map_or(0, |c| c.steps);
+        tracing::info!(
+            rank = self.init.rank,
+            epoch,
+            steps = planned,
+            from_step = steps,
+            "epoch starts"
+        );
         let (rank, transform) = (
             Rank(self.init.rank),
             self.init.job.data.train_transform(epoch),
