@@ -42,8 +42,7 @@ pub use actor::{
 };
 pub use client::{
     ActorCallError, ActorEvent, ActorEvents, ActorOutput, ActorRef, ActorStatus, ClusterClient,
-    ClusterStatus,
-    GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
+    ClusterStatus, GpuStatus, NodeStatus, ReservationStatus, SpawnOptions, StatusTotals,
 };
 pub use collective::{
     CollectiveError, CollectiveOptions, DEFAULT_BLOCK_BYTES, DEFAULT_CHUNK_BYTES,

@@ -859,7 +859,12 @@ async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<
     };
     ensure!(output.own_process, "{output:?}");
     ensure!(
-        output.lines == ["line 97 on stdout", "line 98 on stdout", "line 99 on stdout"],
+        output.lines
+            == [
+                "line 97 on stdout",
+                "line 98 on stdout",
+                "line 99 on stdout"
+            ],
         "{output:?}"
     );
     node.stop().await;

@@ -410,12 +410,17 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
 /// does not list has no page.
 fn rank_logs(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
     let job = browse(dash, "/job/watched", session);
-    assert!(job.body.contains("href=\"watched/rank/1/log\""), "{}", job.body);
+    assert!(
+        job.body.contains("href=\"watched/rank/1/log\""),
+        "{}",
+        job.body
+    );
     for rank in [0, 1] {
         let page = browse(dash, &format!("/job/watched/rank/{rank}/log"), session);
         assert_eq!(page.status, 200, "rank {rank}: {}", page.body);
         assert!(
-            page.body.contains(&format!("trainer ready rank={rank} world=2")),
+            page.body
+                .contains(&format!("trainer ready rank={rank} world=2")),
             "rank {rank}: {}",
             page.body
         );

@@ -94,7 +94,12 @@ impl StopControl {
         rank: u32,
         lines: u32,
     ) -> Result<RankOutputReply, RankOutputError> {
-        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+        let ranks = self
+            .ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone();
         rank_output(&ranks, rank, lines).await
     }
 

@@ -19,7 +19,7 @@ pub use frame::{
 };
 pub use messages::{
     ActorEventWire, ActorLabelWire, ActorStatusWire, ClusterStatusWire, GpuSampleWire, GpuUseWire,
-    GpuWire, Message, NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE, ORIGIN_HERE,
-    MAX_OUTPUT_LINES, ORIGIN_NODE_LOST, ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire,
+    GpuWire, MAX_OUTPUT_LINES, Message, NodeDescription, NodeStatusWire, ORIGIN_ELSEWHERE,
+    ORIGIN_HERE, ORIGIN_NODE_LOST, ORIGIN_WORKER_EXIT, ReservationWire, ResourcesWire,
     WIRE_VERSION,
 };
