@@ -1,13 +1,13 @@
 //! One module per `imgrun` command.
 //!
 //! Modules, bottom up: a module uses only those on the lines before its own.
-//! 1. `bench`, `coordinator`, `doctor`, `export`, `serve`, `shards`, `tables` (the jobs
+//! 1. `coordinator`, `doctor`, `export`, `serve`, `shards`, `tables` (the jobs
 //!    and ranks tables), `terminal` (a job's events on this terminal): leaves.
 //! 2. `cluster` (above `tables`).
 //! 3. `jobs` (above `cluster`, `coordinator`, `tables`, `terminal`).
 //! 4. `plot/` (above `jobs`).
 //! 5. `train/` (above `jobs`, `plot/`, `terminal`), `report` (above `coordinator`,
-//!    `jobs`, `plot/`).
+//!    `jobs`, `plot/`), `bench/` (above `plot/`).
 //! 6. `demo`, `plan` (above `train/`).
 
 pub mod bench;

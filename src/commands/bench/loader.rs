@@ -16,14 +16,6 @@ use pipelines::{
 use crate::config::Loaded;
 use crate::units::human_bytes;
 
-#[derive(Debug, clap::Subcommand)]
-pub enum BenchCommand {
-    /// Runs the training loader on your shards: images/s, MB/s, where a worker's time
-    /// goes (read, decode, transform), and the cores a target rate needs. Settings come
-    /// from `[data]` (image size, crop, fields) and `train.batch_size`, as a job uses them.
-    Loader(LoaderArgs),
-}
-
 #[derive(Debug, clap::Args)]
 pub struct LoaderArgs {
     /// Shards: a brace spec (`data/train-{000000..000146}.tar`), `http(s)://` URLs or
@@ -49,13 +41,7 @@ pub struct LoaderArgs {
     set: Vec<String>,
 }
 
-pub fn run(loaded: &Loaded, command: BenchCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        BenchCommand::Loader(args) => loader(loaded, args),
-    }
-}
-
-fn loader(loaded: &Loaded, args: LoaderArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(loaded: &Loaded, args: LoaderArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.seconds.is_finite() && args.seconds > 0.0,
         "--seconds must be a positive number of seconds"
