@@ -169,6 +169,7 @@ pub fn start(
         actors: actor_hosting(),
         beat_port: args.beat_port.unwrap_or(cluster.beat_port),
     };
+    raise_open_file_limit();
     let tokio = async_runtime()?;
     tokio.block_on(async {
         let head = runtime::Head::start(config)
@@ -317,6 +318,7 @@ pub fn join(loaded: &Loaded, args: JoinArgs) -> anyhow::Result<ExitCode> {
         transport: runtime::TransportOptions::default(),
         actors: actor_hosting(),
     };
+    raise_open_file_limit();
     let tokio = async_runtime()?;
     tokio.block_on(async {
         let node = runtime::Node::start(config)
@@ -745,6 +747,31 @@ pub(crate) fn membership(cluster: &ClusterConfig) -> runtime::MembershipConfig {
     runtime::MembershipConfig {
         heartbeat_interval_ms: cluster.heartbeat_ms,
         dead_after_ms: cluster.dead_after_ms,
+    }
+}
+
+/// Raises this daemon's open-file limit to its hard limit: every actor it hosts (a
+/// job's coordinator, which stays while the job is listed, a loader) holds descriptors,
+/// and the usual soft limit of 1,024 would hold only a few hundred jobs. A limit it
+/// cannot raise is said in its log, and the daemon runs on.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let Some(hard) = limit.maximum else {
+        return;
+    };
+    if limit.current.is_some_and(|soft| soft >= hard) {
+        return;
+    }
+    let raised = Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(from = ?limit.current, to = hard, "raised the open-file limit"),
+        Err(error) => {
+            tracing::warn!(%error, soft = ?limit.current, hard, "cannot raise the open-file limit");
+        }
     }
 }
 

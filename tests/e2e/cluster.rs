@@ -412,6 +412,49 @@ fn a_second_head_on_one_machine_is_refused() {
     head.run_ok(&["stop"]);
 }
 
+/// A daemon started under the usual soft open-file limit (1,024) raises it to its hard
+/// limit: every actor it hosts (a listed job's coordinator, a loader) holds descriptors.
+#[test]
+fn a_daemon_raises_its_open_file_limit_to_the_hard_one() {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    if hard.is_some_and(|hard| hard <= 1024) {
+        common::skip::skip_or_fail("a hard open-file limit above 1,024 (`ulimit -Hn`)");
+        return;
+    }
+    let root = tempfile::tempdir().expect("temp dir");
+    let head = Machine::new(root.path(), "head");
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ulimit -Sn 1024 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_imgrun"))
+        .args([
+            "start",
+            "--head",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--no-dashboard",
+        ])
+        .env("IMGRUN_STATE_DIR", &head.state)
+        .env_remove("IMGRUN_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run sh");
+    assert!(out.status.success(), "{}", describe(&out));
+    let pids = head.daemon_pids();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", pids[0])).expect("limits");
+    head.run_ok(&["stop"]);
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("Max open files")
+        .split_whitespace()
+        .collect();
+    // `Max open files SOFT HARD files`
+    assert_eq!(open_files[3], open_files[4], "{limits}");
+    assert_ne!(open_files[3], "1024", "{limits}");
+}
+
 /// Everything a daemon writes in its state folder, its log included, is readable by
 /// its user alone.
 #[test]
