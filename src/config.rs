@@ -215,6 +215,8 @@ pub struct TrainConfig {
     pub straggler_secs: f64,
     /// Samples of every step into metrics.jsonl.
     pub sample_log: bool,
+    /// Each rank's own step figures into metrics.jsonl and TensorBoard's `tb/rank-N/`.
+    pub tensorboard_ranks: bool,
     /// Go on without a lost trainer (`min_world`, `max_failures`).
     pub elastic: bool,
     pub min_world: u32,

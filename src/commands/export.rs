@@ -43,7 +43,8 @@ pub struct ExportArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ExportCommand {
-    /// Writes a run's metrics.jsonl as a TensorBoard event file.
+    /// Writes a run's metrics.jsonl as a TensorBoard event file (and each rank's, in
+    /// rank-N/, when its steps carry the ranks' figures: `train.tensorboard_ranks`).
     Tb(TbArgs),
 }
 
@@ -157,10 +158,15 @@ fn export_tb(args: &TbArgs, runs_dir: &str) -> anyhow::Result<ExitCode> {
             dir
         }
     };
-    let (path, events) = tensorboard::export(&metrics, &dir)?;
+    let exported = tensorboard::export(&metrics, &dir)?;
+    let ranks = match exported.rank_files.len() {
+        0 => String::new(),
+        n => format!(" (and {n} ranks' runs in rank-N/)"),
+    };
     println!(
-        "{}: {events} events from {}\nview them with: tensorboard --logdir {}",
-        path.display(),
+        "{}: {} events from {}{ranks}\nview them with: tensorboard --logdir {}",
+        exported.file.display(),
+        exported.events,
         metrics.display(),
         dir.display()
     );

@@ -236,15 +236,17 @@ fn a_job_starts_from_torchvisions_resnet50_weights() {
 
 /// A job writes its metrics as a TensorBoard event file in the run's `tb/` as it runs;
 /// TensorBoard's own reader (`tests/python/tb_check.py`) finds every step's loss there,
-/// as `metrics.jsonl` has it; `imgrun export tb` writes the same bytes from
-/// `metrics.jsonl`, and will not add a second file to a `tb/` that has one.
+/// as `metrics.jsonl` has it; with `train.tensorboard_ranks` each rank's figures go to a
+/// run of its own, `tb/rank-N/`, every (tag, step, value) as `metrics.jsonl` has it;
+/// `imgrun export tb` writes the same bytes, every file, from `metrics.jsonl`, and will
+/// not add a second file to a `tb/` that has one.
 #[test]
 fn a_job_writes_tensorboard_events_that_tensorboard_reads_and_export_tb_repeats() {
     let Some(python) = common::tools_python("tools/pybench.sh") else {
         return;
     };
     let cluster = TrainCluster::start();
-    let mut job = cluster.job("tb", 1, &[], false);
+    let mut job = cluster.job("tb", 1, &["train.tensorboard_ranks=true"], false);
     let out = job.finish(JOB_LIMIT);
     assert!(out.status.success(), "{}", out.describe());
     let run = cluster.runs.join("tb");
@@ -259,11 +261,17 @@ fn a_job_writes_tensorboard_events_that_tensorboard_reads_and_export_tb_repeats(
     };
     let live = event_files(&run.join("tb"));
     assert_eq!(live.len(), 1, "{live:?}");
+    // The cluster's two ranks, each in a run of its own.
+    let records = common::train::metrics(&run);
+    assert_eq!(common::assert_rank_runs_match(&python, &run, &records), 2);
+    let live_ranks: Vec<_> = (0..2)
+        .map(|rank| event_files(&run.join("tb").join(format!("rank-{rank}"))))
+        .collect();
 
     // What TensorBoard charts: every step's loss, at its step.
     let charted = common::tensorboard_scalars(&python, &run.join("tb"), "train/loss");
-    let recorded: Vec<(u64, f32)> = common::train::metrics(&run)
-        .into_iter()
+    let recorded: Vec<(u64, f32)> = records
+        .iter()
         .filter(|r| r["kind"] == "step")
         .map(|r| {
             let step = r["step"].as_u64().expect("step");
@@ -289,6 +297,16 @@ fn a_job_writes_tensorboard_events_that_tensorboard_reads_and_export_tb_repeats(
         std::fs::read(&again[0]).expect("read"),
         std::fs::read(&live[0]).expect("read")
     );
+    assert!(printed.contains("and 2 ranks' runs"), "{printed}");
+    for (rank, live) in live_ranks.iter().enumerate() {
+        let again = event_files(&exported.join(format!("rank-{rank}")));
+        assert_eq!((again.len(), live.len()), (1, 1), "rank {rank}: {again:?}");
+        assert_eq!(
+            std::fs::read(&again[0]).expect("read"),
+            std::fs::read(&live[0]).expect("read"),
+            "rank {rank}'s exported events against the live ones"
+        );
+    }
     let out = cluster
         .head
         .command(&["export", "tb", path_str(&run)])

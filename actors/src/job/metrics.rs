@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::JobError;
-use super::tensorboard::{EventFile, Scalars, TB_DIR};
+use super::tensorboard::{EventFiles, TB_DIR};
 use crate::train::{CheckpointState, MetricsRecord};
 
 /// Rewinds the metrics file at `path` to the checkpoint `state`; returns how many
@@ -78,22 +78,16 @@ pub(crate) fn keep_until(text: &str, global_step: u64, epoch: u64) -> (String, u
 }
 
 /// The metrics file: one JSON object per line, flushed as it goes; and the same records
-/// as TensorBoard scalars in an event file of the run's `tb/` folder.
+/// as TensorBoard scalars in event files of the run's `tb/` folder (the job's, and each
+/// rank's in `tb/rank-N/` when the step records carry the ranks' figures).
 pub(crate) struct Metrics {
     pub(crate) file: File,
     pub(crate) path: PathBuf,
-    tensorboard: Tensorboard,
-}
-
-/// The run's event file, made at the first record that has an event.
-struct Tensorboard {
-    dir: PathBuf,
-    scalars: Scalars,
-    file: Option<EventFile>,
+    tensorboard: EventFiles,
 }
 
 impl Metrics {
-    /// Appends to the metrics file at `path`; the event file goes to `tb/` beside it.
+    /// Appends to the metrics file at `path`; the event files go to `tb/` beside it.
     pub(crate) fn open(path: &Path) -> Result<Self, JobError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -104,11 +98,7 @@ impl Metrics {
         Ok(Self {
             file,
             path: path.to_path_buf(),
-            tensorboard: Tensorboard {
-                dir,
-                scalars: Scalars::default(),
-                file: None,
-            },
+            tensorboard: EventFiles::new(&dir, "imgrun"),
         })
     }
 
@@ -118,20 +108,7 @@ impl Metrics {
         })?;
         writeln!(self.file, "{line}")
             .map_err(JobError::io(format!("writing {}", self.path.display())))?;
-        let tensorboard = &mut self.tensorboard;
-        let events = tensorboard.scalars.events(record);
-        if events.is_empty() {
-            return Ok(());
-        }
-        let file = match &mut tensorboard.file {
-            Some(file) => file,
-            None => {
-                let started = tensorboard.scalars.started();
-                let file = EventFile::create(&tensorboard.dir, started, "imgrun")?;
-                tensorboard.file.insert(file)
-            }
-        };
-        file.write(&events)
+        self.tensorboard.write(record).map(|_| ())
     }
 }
 

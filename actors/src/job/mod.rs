@@ -149,6 +149,10 @@ pub struct JobSettings {
     /// (`train.sample_log`), to audit that an epoch served each sample once.
     #[serde(default)]
     pub sample_log: bool,
+    /// Write each rank's own figures of every step into `metrics.jsonl` and as
+    /// TensorBoard runs of their own, `tb/rank-N/` (`train.tensorboard_ranks`).
+    #[serde(default)]
+    pub tensorboard_ranks: bool,
     /// Where run folders are made.
     pub runs_dir: PathBuf,
     /// The run's name (its folder is `runs_dir/name`); empty: `run-<unix time>`.

@@ -20,9 +20,9 @@ use super::world::{RankPlace, room_to_grow};
 use super::{Interrupted, JobError, JobEvent, JobOutput, JobSettings, JobSummary, Moment};
 use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
-    JobSpec, Late, LateCause, LateRecord, MetricsRecord, ResumeFrom, SamplesRecord, SaveRequest,
-    StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply, TrainRequest,
-    late_rank,
+    JobSpec, Late, LateCause, LateRecord, MetricsRecord, RankStep, ResumeFrom, SamplesRecord,
+    SaveRequest, StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply,
+    TrainRequest, late_rank,
 };
 
 /// Where the step loop stands between calls: the last step every rank completed, with
@@ -344,6 +344,21 @@ pub(super) fn step_figures(samples: u64, ranks: &[&StepRecord]) -> StepFigures {
         allreduce_s: ranks.iter().map(|r| r.timing.allreduce_s).sum::<f64>() / n,
         images_per_s: samples as f64 / step_s,
     }
+}
+
+/// Each rank's own figures of one step for its step record (`train.tensorboard_ranks`),
+/// from its timing, by rank number.
+fn rank_steps(by_rank: &[(u32, StepTiming)]) -> Vec<RankStep> {
+    by_rank
+        .iter()
+        .map(|&(rank, timing)| RankStep {
+            rank,
+            step_s: timing.seconds,
+            data_wait_s: timing.data_wait_s,
+            compute_s: timing.compute_s,
+            allreduce_s: timing.allreduce_s,
+        })
+        .collect()
 }
 
 /// What the step loop counts over one epoch.
@@ -756,6 +771,11 @@ impl RunningJob<'_> {
                 elapsed_s: step_end_s,
                 loss_scale: step.loss_scale,
                 skipped: step.loss_scale.map(|_| step.skipped),
+                ranks: if train.tensorboard_ranks {
+                    rank_steps(&by_rank)
+                } else {
+                    Vec::new()
+                },
             }))?;
             if train.sample_log {
                 for (rank, record) in ranks_records.iter().enumerate() {

@@ -56,8 +56,8 @@ pub use protocol::{
     TrainRequest, TrainerMethod,
 };
 pub use records::{
-    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, RegroupRecord,
-    SamplesRecord, StepMetrics, StopRecord,
+    ConnectRecord, EpochRecord, EvalRecord, JobRecord, LateRecord, MetricsRecord, RankStep,
+    RegroupRecord, SamplesRecord, StepMetrics, StopRecord,
 };
 pub use scaler::{LossScaler, LossScaling, ScalerState, StepVerdict};
 pub use schedule::{LrSchedule, ScheduleKind, scaled_lr};

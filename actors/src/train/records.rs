@@ -125,6 +125,26 @@ pub struct StepMetrics {
     /// Whether the step was skipped for overflowing gradients (with `loss_scale`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<bool>,
+    /// Each rank's own figures of the step, by rank (`train.tensorboard_ranks`); empty
+    /// (and not written) without that option.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankStep>,
+}
+
+/// One rank's own figures of one step, as that rank measured them (the step record's
+/// `data_wait_s`, `compute_s` and `allreduce_s` are the ranks' means, its `step_s` the
+/// slowest rank's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankStep {
+    pub rank: u32,
+    /// From asking its loader for the batch to the end of its optimiser step.
+    pub step_s: f64,
+    /// Waiting for the batch.
+    pub data_wait_s: f64,
+    /// Forward and backward.
+    pub compute_s: f64,
+    /// Waiting for the gradient average.
+    pub allreduce_s: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -266,6 +286,32 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<MetricsRecord>(&line).expect("decode"),
             step
+        );
+
+        // Without per-rank figures a step record says nothing of them (as before the
+        // option existed); with them they round-trip.
+        assert!(!line.contains("ranks"), "{line}");
+        let MetricsRecord::Step(mut with_ranks) = step.clone() else {
+            unreachable!("built as a step record")
+        };
+        with_ranks.ranks = vec![RankStep {
+            rank: 1,
+            step_s: 0.5,
+            data_wait_s: 0.25,
+            compute_s: 0.125,
+            allreduce_s: 0.0625,
+        }];
+        let with_ranks = MetricsRecord::Step(with_ranks);
+        let line = serde_json::to_string(&with_ranks).expect("encode");
+        assert!(
+            line.ends_with(
+                r#""ranks":[{"rank":1,"step_s":0.5,"data_wait_s":0.25,"compute_s":0.125,"allreduce_s":0.0625}]}"#
+            ),
+            "{line}"
+        );
+        assert_eq!(
+            serde_json::from_str::<MetricsRecord>(&line).expect("decode"),
+            with_ranks
         );
 
         // A NaN loss travels as null and comes back as NaN.

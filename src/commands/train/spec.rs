@@ -339,6 +339,7 @@ pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::R
             keep_best: train.keep_best,
             straggler_secs: train.straggler_secs,
             sample_log: train.sample_log,
+            tensorboard_ranks: train.tensorboard_ranks,
             runs_dir: PathBuf::from(&train.runs_dir),
             name: train.name.clone(),
             dead_after_ms: config.cluster.dead_after_ms,

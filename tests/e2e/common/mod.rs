@@ -443,6 +443,18 @@ pub fn tools_python(script: &str) -> Option<PathBuf> {
 /// What TensorBoard's own reader (`tests/python/tb_check.py`, run by `python` of
 /// `tools/pybench.sh`) charts for `tag` from the event files in `dir`: (step, value).
 pub fn tensorboard_scalars(python: &Path, dir: &Path, tag: &str) -> Vec<(u64, f32)> {
+    let mut scalars = tensorboard_charts(python, dir);
+    scalars
+        .remove(tag)
+        .unwrap_or_else(|| panic!("no {tag} in {}: {scalars:?}", dir.display()))
+}
+
+/// Every tag TensorBoard's own reader charts from the event files in `dir` (a run of
+/// TensorBoard's, not the folders in it), with its (step, value)s.
+pub fn tensorboard_charts(
+    python: &Path,
+    dir: &Path,
+) -> std::collections::BTreeMap<String, Vec<(u64, f32)>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/tb_check.py");
     let read = Command::new(python)
         .arg(&script)
@@ -451,16 +463,66 @@ pub fn tensorboard_scalars(python: &Path, dir: &Path, tag: &str) -> Vec<(u64, f3
         .output()
         .expect("run python");
     assert!(read.status.success(), "tb_check.py: {}", describe(&read));
-    let scalars: serde_json::Value = serde_json::from_slice(&read.stdout).expect("json");
-    scalars[tag]
-        .as_array()
-        .unwrap_or_else(|| panic!("no {tag} in {scalars}"))
-        .iter()
-        .map(|point| {
-            let step = point[0].as_u64().expect("step");
-            (step, point[1].as_f64().expect("value") as f32)
+    let scalars: std::collections::BTreeMap<String, Vec<(u64, f64)>> =
+        serde_json::from_slice(&read.stdout).expect("json of {tag: [[step, value]]}");
+    scalars
+        .into_iter()
+        .map(|(tag, points)| {
+            let points = points.into_iter().map(|(s, v)| (s, v as f32)).collect();
+            (tag, points)
         })
         .collect()
+}
+
+/// Checks the per-rank TensorBoard runs of the run folder `run` (`train.tensorboard_ranks`)
+/// against its `records` (metrics.jsonl): TensorBoard's own reader finds a run
+/// `tb/rank-N/` for each rank the step records carry, and in it exactly the rank's
+/// figures at f32, by tag, every step once (a resume's `START` dropping what an earlier
+/// run wrote past its checkpoint). Returns how many rank runs there are.
+pub fn assert_rank_runs_match(python: &Path, run: &Path, records: &[Value]) -> usize {
+    type Charts = std::collections::BTreeMap<String, Vec<(u64, f32)>>;
+    let mut want: std::collections::BTreeMap<u64, Charts> = Default::default();
+    for record in records.iter().filter(|r| r["kind"] == "step") {
+        let step = record["step"].as_u64().expect("step");
+        let ranks = record["ranks"]
+            .as_array()
+            .expect("a step record with ranks");
+        for figures in ranks {
+            let figure = |key: &str| figures[key].as_f64().expect(key);
+            let rank = figures["rank"].as_u64().expect("rank");
+            let charts = want.entry(rank).or_default();
+            for (tag, value) in [
+                ("rank/step_s", figure("step_s")),
+                ("rank/data_wait", figure("data_wait_s")),
+                ("rank/compute_s", figure("compute_s")),
+                ("rank/allreduce_ms", figure("allreduce_s") * 1e3),
+            ] {
+                charts
+                    .entry(tag.to_owned())
+                    .or_default()
+                    .push((step, value as f32));
+            }
+        }
+    }
+    let tb = run.join("tb");
+    let mut folders: Vec<String> = std::fs::read_dir(&tb)
+        .unwrap_or_else(|error| panic!("{}: {error}", tb.display()))
+        .map(|entry| entry.expect("entry"))
+        .filter(|entry| entry.path().is_dir())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    let mut named: Vec<String> = want.keys().map(|rank| format!("rank-{rank}")).collect();
+    named.sort();
+    assert_eq!(folders, named, "the rank runs in {}", tb.display());
+    for (rank, charts) in &want {
+        let charted = tensorboard_charts(python, &tb.join(format!("rank-{rank}")));
+        assert_eq!(
+            &charted, charts,
+            "TensorBoard's rank-{rank} against metrics.jsonl"
+        );
+    }
+    want.len()
 }
 
 /// The first `program` on `PATH`, as a shell would find it.

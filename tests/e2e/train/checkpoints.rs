@@ -17,7 +17,8 @@ use crate::common::train::{
 /// A job stopped with SIGTERM after a mid-epoch checkpoint and resumed from that
 /// checkpoint continues at the saved step and trains exactly as an uninterrupted job: its
 /// metrics.jsonl holds every step once (what was written past the checkpoint is
-/// dropped) and the resumed epoch's train loss covers the whole epoch.
+/// dropped) and the resumed epoch's train loss covers the whole epoch. With
+/// `train.tensorboard_ranks`, TensorBoard's rank runs hold each step once too.
 #[test]
 fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one() {
     const EPOCHS: u64 = 3;
@@ -38,9 +39,16 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
     let whole_steps = steps(&whole_records);
     let whole_digest = replica_digest(&whole.stdout);
 
+    // Without `train.tensorboard_ranks`, no step record carries the ranks' figures and
+    // TensorBoard has no rank runs; the cut and resumed runs below have it on (and train
+    // as the whole one does).
+    assert!(whole_records.iter().all(|r| r.get("ranks").is_none()));
+    assert!(!cluster.runs.join("whole/tb/rank-0").exists());
+    let every_ranks = [every[0], every[1], "train.tensorboard_ranks=true"];
+
     // Interrupted once a checkpoint in the second epoch exists.
     let run = cluster.runs.join("cut");
-    let mut job = cluster.job("cut", EPOCHS, &every, false);
+    let mut job = cluster.job("cut", EPOCHS, &every_ranks, false);
     let checkpoints = run.join("checkpoints");
     let deadline = Instant::now() + JOB_LIMIT;
     let mid_epoch = loop {
@@ -83,7 +91,7 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
     );
     let resume = ["--resume".to_string(), saved_dir.display().to_string()];
     let resumed = cluster
-        .job_with("cut", EPOCHS, &every, false, &resume)
+        .job_with("cut", EPOCHS, &every_ranks, false, &resume)
         .finish(JOB_LIMIT);
     assert!(resumed.status.success(), "{}", resumed.describe());
     assert!(
@@ -141,6 +149,11 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         assert_eq!(
             charted, kept,
             "TensorBoard's train/loss against metrics.jsonl"
+        );
+        // And each rank's run: every (tag, step, value), the START in each rank's file.
+        assert_eq!(
+            crate::common::assert_rank_runs_match(&python, &run, &records),
+            2
         );
     }
     // Every epoch's summary, the resumed one included, as the uninterrupted job's.
