@@ -116,6 +116,34 @@ pub struct JobStatus {
     pub summary: Option<JobSummary>,
 }
 
+impl JobStatus {
+    /// A job that has said nothing yet but its name, its state and its run folder.
+    pub fn new(name: &str, state: JobState, run_dir: Option<PathBuf>) -> Self {
+        JobStatus {
+            name: name.to_owned(),
+            state,
+            run_dir,
+            epoch: None,
+            position: 0,
+            steps: 0,
+            loss: None,
+            images_per_s: None,
+            lr: None,
+            step_s: None,
+            data_wait_s: None,
+            allreduce_s: None,
+            rank_totals: Vec::new(),
+            warnings: Vec::new(),
+            timeline: Vec::new(),
+            checkpoint: None,
+            outcome: None,
+            stopped_by: None,
+            late: None,
+            summary: None,
+        }
+    }
+}
+
 /// A coordinator method: the request is `Self`, the reply `Self::Reply`.
 pub trait CoordinatorMethod: Serialize + DeserializeOwned {
     const NAME: &'static str;
@@ -342,28 +370,11 @@ impl Coordinator {
         let shared = Arc::new(Shared {
             log: Mutex::new(Log {
                 events: Vec::new(),
-                status: JobStatus {
-                    name: init.name.clone(),
-                    state: JobState::Running,
-                    run_dir: Some(init.request.settings.runs_dir.join(&init.name)),
-                    epoch: None,
-                    position: 0,
-                    steps: 0,
-                    loss: None,
-                    images_per_s: None,
-                    lr: None,
-                    step_s: None,
-                    data_wait_s: None,
-                    allreduce_s: None,
-                    rank_totals: Vec::new(),
-                    warnings: Vec::new(),
-                    timeline: Vec::new(),
-                    checkpoint: None,
-                    outcome: None,
-                    stopped_by: None,
-                    late: None,
-                    summary: None,
-                },
+                status: JobStatus::new(
+                    &init.name,
+                    JobState::Running,
+                    Some(init.request.settings.runs_dir.join(&init.name)),
+                ),
             }),
             journal: Mutex::new(Journal::new()),
             changed: Condvar::new(),

@@ -239,7 +239,7 @@ fn running_status(feed: &Feed, steps: u64) -> JobStatus {
         data_wait_s: Some(0.01),
         allreduce_s: Some(0.02),
         rank_totals,
-        ..base_status(RUNNING_JOB, JobState::Running, Some(feed.run_dir.clone()))
+        ..JobStatus::new(RUNNING_JOB, JobState::Running, Some(feed.run_dir.clone()))
     }
 }
 
@@ -275,33 +275,7 @@ fn finished_status(index: u64) -> JobStatus {
             last_loss: Some(0.9),
             images_per_s: 6000.0,
         }),
-        ..base_status(&name, JobState::Succeeded, Some(run_dir))
-    }
-}
-
-/// A status with nothing but its name, state and run folder.
-fn base_status(name: &str, state: JobState, run_dir: Option<PathBuf>) -> JobStatus {
-    JobStatus {
-        name: name.to_owned(),
-        state,
-        run_dir,
-        epoch: None,
-        position: 0,
-        steps: 0,
-        loss: None,
-        images_per_s: None,
-        lr: None,
-        step_s: None,
-        data_wait_s: None,
-        allreduce_s: None,
-        rank_totals: Vec::new(),
-        warnings: Vec::new(),
-        timeline: Vec::new(),
-        checkpoint: None,
-        outcome: None,
-        stopped_by: None,
-        late: None,
-        summary: None,
+        ..JobStatus::new(&name, JobState::Succeeded, Some(run_dir))
     }
 }
 
