@@ -1,6 +1,7 @@
 """Takes the README's screenshots of the dashboard in headless Chromium (Debian's
-package), driven through its DevTools protocol: opens the URL the head printed (the page
-trades its token for a session cookie), then each page, and saves each as a PNG.
+package), driven through its DevTools protocol (`tests/python/browser_check.py`'s
+`headless_chromium`): opens the URL the head printed (the page trades its token for a
+session cookie), then each page, and saves each as a PNG.
 
     dashboard_screenshots.py URL#token=TOKEN OUT_DIR NAME=PATH [NAME=PATH ...]
 
@@ -10,15 +11,12 @@ cluster of its own.
 """
 
 import base64
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
-import websocket
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from browser_check import headless_chromium  # noqa: E402
 
 WIDTH, HEIGHT = 1280, 900
 
@@ -26,26 +24,7 @@ WIDTH, HEIGHT = 1280, 900
 def main():
     url, out_dir, shots = sys.argv[1], sys.argv[2], sys.argv[3:]
     root = url.split("#", 1)[0]
-    profile = tempfile.mkdtemp(prefix="imgrun-chromium-")
-    browser = subprocess.Popen(
-        [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--remote-debugging-port=0",
-            f"--user-data-dir={profile}",
-            "about:blank",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        call = devtools(profile)
+    with headless_chromium("--hide-scrollbars") as call:
         call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
              deviceScaleFactor=1, mobile=False)
         call("Page.navigate", url=url)
@@ -59,38 +38,6 @@ def main():
             with open(target, "wb") as out:
                 out.write(base64.b64decode(image))
             print(target)
-    finally:
-        browser.kill()
-        browser.wait()
-
-
-def devtools(profile):
-    """A function that calls one DevTools method of the browser's page and returns its
-    result."""
-    port_file = os.path.join(profile, "DevToolsActivePort")
-    deadline = time.time() + 30
-    while not os.path.exists(port_file) or not open(port_file).read().strip():
-        if time.time() > deadline:
-            sys.exit("chromium did not open its DevTools port in 30 s")
-        time.sleep(0.1)
-    port = open(port_file).read().split()[0]
-    targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-    page = next(t for t in targets if t["type"] == "page")
-    ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30,
-                                     suppress_origin=True)
-    calls = [0]
-
-    def call(method, **params):
-        calls[0] += 1
-        ws.send(json.dumps({"id": calls[0], "method": method, "params": params}))
-        while True:
-            reply = json.loads(ws.recv())
-            if reply.get("id") == calls[0]:
-                if "error" in reply:
-                    sys.exit(f"{method}: {reply['error']}")
-                return reply["result"]
-
-    return call
 
 
 if __name__ == "__main__":

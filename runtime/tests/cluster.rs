@@ -426,13 +426,7 @@ async fn the_heartbeat_port_answers_only_fresh_beats_of_a_live_session() {
     assert_eq!(beat_port, port);
     let mut events = cluster.head.subscribe();
 
-    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("udp socket");
-    socket
-        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .expect("connect udp");
+    let socket = beat_socket(port).await;
     let beat = |seq, node_id, key: &BeatKey| {
         BeatPacket {
             kind: BeatKind::Beat,
@@ -902,13 +896,7 @@ async fn gpu_use_a_beat_carries_shows_in_every_clients_status() {
         "before any beat"
     );
 
-    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("udp socket");
-    socket
-        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .expect("connect udp");
+    let socket = beat_socket(port).await;
     let sample = |index, percent, used| GpuSampleWire {
         index,
         usage: GpuUseWire {
@@ -1004,4 +992,16 @@ fn join_request(token: &JoinToken, hostname: &str, version: &str) -> Message {
             },
         },
     }
+}
+
+/// A UDP socket on loopback that sends to the head's heartbeat port `port`.
+async fn beat_socket(port: u16) -> tokio::net::UdpSocket {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("udp socket");
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect udp");
+    socket
 }
