@@ -176,6 +176,7 @@ pub fn start(
             .await
             .context("starting the head")?;
         let record = daemon_record(runtime::DaemonRole::Head, &head.join_address(), &state)?;
+        start_job_archive(&state, head.node_id()).await;
         let dashboard = if args.no_dashboard {
             None
         } else {
@@ -221,6 +222,23 @@ pub fn start(
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the cluster's archive of ended jobs on the head's node. Without it (it could
+/// not start: said in the log), ended jobs stay with their coordinators.
+async fn start_job_archive(state: &runtime::StateDir, head: runtime::NodeId) {
+    let started = match runtime::ClusterClient::connect(state, None).await {
+        Ok(client) => actors::job::start_archive(&client, head)
+            .await
+            .map_err(anyhow::Error::from),
+        Err(error) => Err(anyhow::Error::from(error)),
+    };
+    if let Err(error) = started {
+        tracing::warn!(
+            error = %format!("{error:#}"),
+            "the job archive did not start: ended jobs stay with their coordinators"
+        );
+    }
 }
 
 /// Starts the head's dashboard with a client of the head, and keeps its record (tokens

@@ -5,17 +5,18 @@
 //! `imgrun cancel JOB` stops one with a checkpoint, or removes a finished one.
 //!
 //! Each job is a coordinator actor (`actors::job::COORDINATOR_KIND`) labelled with the
-//! job's name; these commands find it in the cluster's status and call it.
+//! job's name, or, once a detached job has ended, a record in the cluster's job archive;
+//! these commands find it by name and call it (`actors::job::JobHandle`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use actors::job::{
-    CancelRequest, FollowRequest, JobOutput, JobState, JobStatus, MetricsRequest, RanksRequest,
-    STOP_GRACE, StatusRequest,
+    CancelRequest, FollowRequest, JobHandle, JobOutput, JobState, JobStatus, MetricsRequest,
+    RanksRequest, STOP_GRACE, StatusRequest,
 };
 use anyhow::{Context, bail};
-use runtime::{ActorRef, ClusterClient};
+use runtime::ClusterClient;
 
 use crate::commands::coordinator::call;
 use crate::commands::tables::{jobs_table, ranks_table};
@@ -107,8 +108,8 @@ pub fn jobs(loaded: &Loaded, args: JobsArgs) -> anyhow::Result<ExitCode> {
     }
     let statuses: Vec<JobStatus> = snapshot
         .jobs
-        .into_iter()
-        .filter_map(|job| job.job)
+        .iter()
+        .filter_map(|job| job.job.clone())
         .collect();
     print!("{}", jobs_table(&statuses));
     Ok(ExitCode::SUCCESS)
@@ -170,9 +171,9 @@ pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {
         }
         let status = wait_final(&actor).await?;
         actor
-            .stop()
+            .remove()
             .await
-            .with_context(|| format!("stopping the coordinator of job {}", status.name))?;
+            .with_context(|| format!("removing job {}", status.name))?;
         Ok(status)
     })?;
     if let Some(outcome) = &status.outcome {
@@ -193,7 +194,7 @@ pub(crate) fn metrics_of(
 }
 
 /// The `metrics.jsonl` of the job whose coordinator is `actor`, a piece at a time.
-pub(crate) async fn fetch_metrics(actor: &ActorRef) -> anyhow::Result<Vec<u8>> {
+pub(crate) async fn fetch_metrics(actor: &JobHandle) -> anyhow::Result<Vec<u8>> {
     {
         let mut bytes = Vec::new();
         loop {
@@ -217,7 +218,7 @@ pub(crate) async fn fetch_metrics(actor: &ActorRef) -> anyhow::Result<Vec<u8>> {
 
 /// Prints the job's events so far (and, with `follow`, until it ends), then how it ended
 /// or where it stands; returns its last status.
-pub(crate) async fn follow(actor: &ActorRef, follow: bool) -> anyhow::Result<JobStatus> {
+pub(crate) async fn follow(actor: &JobHandle, follow: bool) -> anyhow::Result<JobStatus> {
     let terminal = Terminal::default();
     let mut after = 0;
     loop {
@@ -273,7 +274,7 @@ fn exit_code(status: &JobStatus, follow: bool) -> ExitCode {
 }
 
 /// Waits until the job has ended.
-async fn wait_final(actor: &ActorRef) -> anyhow::Result<JobStatus> {
+async fn wait_final(actor: &JobHandle) -> anyhow::Result<JobStatus> {
     let deadline = tokio::time::Instant::now() + STOP_GRACE + Duration::from_secs(30);
     let mut after = 0;
     loop {
@@ -299,27 +300,33 @@ async fn wait_final(actor: &ActorRef) -> anyhow::Result<JobStatus> {
     }
 }
 
-/// The job coordinators in the cluster: (job name, handle), by name.
-pub(crate) async fn coordinators(
-    client: &ClusterClient,
-) -> anyhow::Result<Vec<(String, ActorRef)>> {
-    let status = client
-        .status()
+/// The job `name` (its coordinator, or the archive once it has ended), or an error
+/// listing the jobs there are.
+pub(crate) async fn find(client: &ClusterClient, name: &str) -> anyhow::Result<JobHandle> {
+    if let Some(job) = actors::job::coordinator(client, name)
         .await
-        .context("asking for the cluster's status")?;
-    Ok(actors::job::coordinators(client, &status).await)
+        .context("looking the job up")?
+    {
+        return Ok(job);
+    }
+    let names = actors::job::job_names(client)
+        .await
+        .context("listing the cluster's jobs")?;
+    bail!("no job named `{name}`: {}", some_jobs(&names))
 }
 
-/// The coordinator of the job `name`, or an error listing the jobs there are.
-pub(crate) async fn find(client: &ClusterClient, name: &str) -> anyhow::Result<ActorRef> {
-    let jobs = coordinators(client).await?;
-    let names: Vec<String> = jobs.iter().map(|(n, _)| n.clone()).collect();
-    match jobs.into_iter().find(|(n, _)| n == name) {
-        Some((_, actor)) => Ok(actor),
-        None if names.is_empty() => bail!("no job named `{name}`: the cluster has no jobs"),
-        None => bail!(
-            "no job named `{name}`: the cluster's jobs are {}",
-            names.join(", ")
+/// The most job names an error lists.
+const LISTED_NAMES: usize = 20;
+
+/// `names` as an error lists them: the first [`LISTED_NAMES`], then how many more.
+fn some_jobs(names: &[String]) -> String {
+    match names.len() {
+        0 => "the cluster has no jobs".to_owned(),
+        n if n <= LISTED_NAMES => format!("the cluster's jobs are {}", names.join(", ")),
+        n => format!(
+            "the cluster's jobs are {} and {} more (`imgrun jobs` lists them)",
+            names[..LISTED_NAMES].join(", "),
+            n - LISTED_NAMES
         ),
     }
 }

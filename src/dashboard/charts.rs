@@ -106,7 +106,7 @@ impl Charts {
 
 /// Appends what the coordinator's file has past `bytes` (from the start again when the
 /// file got shorter: a resumed run rewinds it); whether anything changed.
-async fn fetch_new(actor: &runtime::ActorRef, bytes: &mut Vec<u8>) -> anyhow::Result<bool> {
+async fn fetch_new(actor: &actors::job::JobHandle, bytes: &mut Vec<u8>) -> anyhow::Result<bool> {
     let mut changed = false;
     loop {
         let piece = call_coordinator(

@@ -10,17 +10,19 @@
 //! A rank's log, `job/NAME/rank/N/log`, is the newest lines of its trainer's process
 //! (the trainer's and its loader's messages, libtorch's and NCCL's), which the job's
 //! coordinator asks of the rank's node; the rank is one the snapshot lists for the job.
+//! Its `?q=` shows the lines that hold a text, by the job log's rule
+//! ([`lines_holding`]); `job/NAME/rank/N/log.txt` downloads the lines it keeps.
 
 use std::sync::Arc;
 
 use actors::job::{
-    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, LogFrom, LogReply, LogRequest, LogSearchReply,
-    LogSearchRequest, MAX_LOG_PIECE, RankOutputReply, RankOutputRequest, call_coordinator,
-    coordinator,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, JobHandle, LogFrom, LogReply, LogRequest,
+    LogSearchReply, LogSearchRequest, MAX_LOG_PIECE, RankOutputReply, RankOutputRequest,
+    call_coordinator, coordinator,
 };
 use anyhow::Context as _;
 use axum::body::{Body, Bytes};
-use runtime::{ActorRef, ClusterClient};
+use runtime::ClusterClient;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -97,6 +99,49 @@ pub(super) fn listed_rank(snapshot: &ClusterSnapshot, name: &str, rank: &str) ->
         .find(|listed| listed.to_string() == rank)
 }
 
+/// A rank's log page's query.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RankLogQuery {
+    #[serde(default)]
+    q: String,
+}
+
+impl RankLogQuery {
+    /// The text to find; empty for the newest lines.
+    pub(super) fn text(&self) -> &str {
+        self.q.trim()
+    }
+}
+
+/// The lines of `lines` that hold `text` as it is written, case and all, oldest first:
+/// the rule of the job log's search (`actors::job::search_log`), so that both pages find
+/// the same lines. An empty `text` holds none, as there.
+pub(super) fn lines_holding<'a>(lines: &'a [String], text: &str) -> Vec<&'a str> {
+    if text.is_empty() {
+        return Vec::new();
+    }
+    lines
+        .iter()
+        .map(String::as_str)
+        .filter(|line| line.contains(text))
+        .collect()
+}
+
+/// A rank's kept lines as a file: each ended by a line end.
+pub(super) fn rank_file(output: &RankOutputReply) -> String {
+    let mut file = String::with_capacity(output.lines.iter().map(|l| l.len() + 1).sum());
+    for line in &output.lines {
+        file.push_str(line);
+        file.push('\n');
+    }
+    file
+}
+
+/// A rank's download's file name, `NAME-rank-N.log`, by [`file_name`]'s rule.
+pub(super) fn rank_file_name(name: &str, rank: u32) -> String {
+    file_name(&format!("{name}-rank-{rank}"))
+}
+
 /// Rank `rank`'s newest output lines, asked of the job `name`'s coordinator; `None` when
 /// the cluster holds no such job.
 pub(super) async fn rank_output(
@@ -158,7 +203,7 @@ impl Downloads {
 }
 
 /// Sends `first` and the pieces after it, up to the log's length when `first` was read.
-async fn send_rest(actor: ActorRef, first: LogReply, send: mpsc::Sender<std::io::Result<Bytes>>) {
+async fn send_rest(actor: JobHandle, first: LogReply, send: mpsc::Sender<std::io::Result<Bytes>>) {
     let end = first.length;
     let mut offset = first.bytes.len() as u64;
     let mut next = Ok(first);
@@ -186,7 +231,7 @@ async fn send_rest(actor: ActorRef, first: LogReply, send: mpsc::Sender<std::io:
     }
 }
 
-async fn piece(actor: &ActorRef, offset: u64) -> anyhow::Result<LogReply> {
+async fn piece(actor: &JobHandle, offset: u64) -> anyhow::Result<LogReply> {
     let request = LogRequest {
         from: LogFrom::Offset { offset },
         max_bytes: MAX_LOG_PIECE,
@@ -225,5 +270,51 @@ mod tests {
         ] {
             assert_eq!(file_name(name), file, "{name:?}");
         }
+        assert_eq!(rank_file_name("run1", 3), "run1-rank-3.log");
+        assert_eq!(rank_file_name("../a b", 0), "_a_b-rank-0.log");
+    }
+
+    #[test]
+    fn a_rank_search_finds_the_lines_that_hold_the_text_as_written() {
+        let lines: Vec<String> = [
+            "trainer ready rank=0 world=2",
+            "step 1 loss 2.3",
+            "Trainer stopped",
+            "<b>trainer ready</b> again",
+        ]
+        .map(String::from)
+        .to_vec();
+        for (text, found) in [
+            (
+                "trainer ready",
+                &["trainer ready rank=0 world=2", "<b>trainer ready</b> again"][..],
+            ),
+            ("loss", &["step 1 loss 2.3"][..]),
+            // Case and all, as the job log's search.
+            ("TRAINER", &[][..]),
+            ("Trainer", &["Trainer stopped"][..]),
+            ("<b>", &["<b>trainer ready</b> again"][..]),
+            ("absent", &[][..]),
+            ("", &[][..]),
+        ] {
+            assert_eq!(lines_holding(&lines, text), found, "{text:?}");
+        }
+        assert!(lines_holding(&[], "x").is_empty());
+    }
+
+    #[test]
+    fn a_rank_query_is_trimmed_and_a_file_ends_each_line() {
+        for (q, text) in [("", ""), ("  ", ""), (" ready \t", "ready"), ("a b", "a b")] {
+            let query = RankLogQuery { q: q.to_owned() };
+            assert_eq!(query.text(), text, "{q:?}");
+        }
+        let output = |lines: &[&str]| RankOutputReply {
+            rank: 1,
+            node: 2,
+            lines: lines.iter().map(|l| l.to_string()).collect(),
+            own_process: true,
+        };
+        assert_eq!(rank_file(&output(&[])), "");
+        assert_eq!(rank_file(&output(&["a", "", "b"])), "a\n\nb\n");
     }
 }

@@ -118,7 +118,7 @@ fn gpu_use(metrics: &mut Metrics, snapshot: &ClusterSnapshot) {
     }
 }
 
-fn jobs(metrics: &mut Metrics, jobs: &[JobSnapshot]) {
+fn jobs(metrics: &mut Metrics, jobs: &[std::sync::Arc<JobSnapshot>]) {
     let state = metrics.gauge(
         "imgrun_job_state",
         "1 for the job's state (running, stopping, succeeded, failed, cancelled)",
@@ -535,18 +535,18 @@ mod tests {
             taken_at_unix_ms: 0,
             cluster,
             jobs: vec![
-                JobSnapshot {
+                std::sync::Arc::new(JobSnapshot {
                     name: "r50".to_owned(),
                     job: Some(status),
                     ranks: vec![rank(0, 1, Some(Phase::Averaging)), rank(1, 2, None)],
                     problem: None,
-                },
-                JobSnapshot {
+                }),
+                std::sync::Arc::new(JobSnapshot {
                     name: "stuck".to_owned(),
                     job: None,
                     ranks: Vec::new(),
                     problem: Some("no answer".to_owned()),
-                },
+                }),
             ],
         };
         let text = render(&snapshot);

@@ -223,6 +223,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/job/{name}/log", get(log_page))
         .route("/job/{name}/log.txt", get(log_download))
         .route("/job/{name}/rank/{rank}/log", get(rank_log_page))
+        .route("/job/{name}/rank/{rank}/log.txt", get(rank_log_download))
         .route("/job/{name}/cancel", post(cancel))
         .route("/api/state", get(state))
         .route("/events", get(events))
@@ -410,22 +411,75 @@ async fn log_page(
     }
 }
 
-/// `job/NAME/rank/N/log`: rank N's newest output lines, for a rank the job lists now.
+/// `job/NAME/rank/N/log`: rank N's newest output lines, or those that hold `?q=`, for a
+/// rank the job lists now.
 async fn rank_log_page(
     State(shared): State<Arc<Shared>>,
     Path((name, rank)): Path<(String, String)>,
+    Query(query): Query<logs::RankLogQuery>,
 ) -> Response {
-    let snapshot = match shared.snapshots.get().await {
-        Ok(snapshot) => snapshot,
-        Err(error) => return unavailable(&error),
+    match listed_rank_output(&shared, &name, &rank).await {
+        Ok(output) => html(pages::rank_log(&name, &output, query.text())),
+        Err(refused) => refused,
+    }
+}
+
+/// `job/NAME/rank/N/log.txt`: the lines rank N's node keeps, as a file to save.
+async fn rank_log_download(
+    State(shared): State<Arc<Shared>>,
+    Path((name, rank)): Path<(String, String)>,
+) -> Response {
+    let output = match listed_rank_output(&shared, &name, &rank).await {
+        Ok(output) => output,
+        Err(refused) => return refused,
     };
-    let Some(rank) = logs::listed_rank(&snapshot, &name, &rank) else {
-        return (StatusCode::NOT_FOUND, "no such job or rank\n").into_response();
+    if !output.own_process {
+        // Not an empty file: its lines are in another process's log.
+        return (
+            StatusCode::NOT_FOUND,
+            format!(
+                "rank {}'s trainer runs in node {}'s daemon process: its lines are in that \
+                 daemon's log\n",
+                output.rank, output.node
+            ),
+        )
+            .into_response();
+    }
+    let disposition = format!(
+        "attachment; filename=\"{}\"",
+        logs::rank_file_name(&name, output.rank)
+    );
+    let Ok(disposition) = HeaderValue::from_str(&disposition) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    match logs::rank_output(&shared.client, &name, rank).await {
-        Ok(Some(output)) => html(pages::rank_log(&name, &output)),
-        Ok(None) => (StatusCode::NOT_FOUND, "no such job\n").into_response(),
-        Err(error) => unavailable(&error),
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            ),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        logs::rank_file(&output),
+    )
+        .into_response()
+}
+
+/// The output of the job `name`'s rank that the path's `rank` names, when the snapshot
+/// lists the job with that rank; else the answer to send.
+async fn listed_rank_output(
+    shared: &Shared,
+    name: &str,
+    rank: &str,
+) -> Result<actors::job::RankOutputReply, Response> {
+    let snapshot = shared.snapshots.get().await.map_err(|e| unavailable(&e))?;
+    let Some(rank) = logs::listed_rank(&snapshot, name, rank) else {
+        return Err((StatusCode::NOT_FOUND, "no such job or rank\n").into_response());
+    };
+    match logs::rank_output(&shared.client, name, rank).await {
+        Ok(Some(output)) => Ok(output),
+        Ok(None) => Err((StatusCode::NOT_FOUND, "no such job\n").into_response()),
+        Err(error) => Err(unavailable(&error)),
     }
 }
 
@@ -491,10 +545,7 @@ async fn events(State(shared): State<Arc<Shared>>) -> Response {
     let look_shared = Arc::clone(&shared);
     let look = move || {
         let shared = Arc::clone(&look_shared);
-        async move {
-            let snapshot = shared.snapshots.get().await.ok()?;
-            Some(events::version(&snapshot))
-        }
+        async move { shared.snapshots.version().await.ok() }
     };
     match shared.streams.open(look) {
         Some(body) => ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response(),
@@ -566,12 +617,21 @@ fn unavailable(error: &anyhow::Error) -> Response {
 }
 
 /// The newest snapshot, taken again once it is older than [`SNAPSHOT_MAX_AGE`]; requests
-/// that arrive while one is taken wait for it rather than take their own.
+/// that arrive while one is taken wait for it rather than take their own. Its version
+/// (what the change events compare) is worked out once, for every open stream.
 struct Snapshots {
     client: ClusterClient,
-    newest: tokio::sync::Mutex<Option<(Instant, Arc<ClusterSnapshot>)>>,
-    /// Finished jobs, asked of their coordinators once.
+    newest: tokio::sync::Mutex<Option<Taken>>,
+    /// Finished jobs, asked of their coordinators (or the job archive) once.
     finished: actors::job::FinishedJobs,
+}
+
+/// A snapshot, when it was taken, and its version once a stream asked.
+#[derive(Clone)]
+struct Taken {
+    at: Instant,
+    snapshot: Arc<ClusterSnapshot>,
+    version: Arc<std::sync::OnceLock<u64>>,
 }
 
 impl Snapshots {
@@ -584,18 +644,35 @@ impl Snapshots {
     }
 
     async fn get(&self) -> anyhow::Result<Arc<ClusterSnapshot>> {
+        Ok(self.taken().await?.snapshot)
+    }
+
+    /// The newest snapshot's [`events::version`].
+    async fn version(&self) -> anyhow::Result<u64> {
+        let taken = self.taken().await?;
+        Ok(*taken
+            .version
+            .get_or_init(|| events::version(&taken.snapshot)))
+    }
+
+    async fn taken(&self) -> anyhow::Result<Taken> {
         let mut newest = self.newest.lock().await;
-        if let Some((at, snapshot)) = &*newest
-            && at.elapsed() < SNAPSHOT_MAX_AGE
+        if let Some(taken) = &*newest
+            && taken.at.elapsed() < SNAPSHOT_MAX_AGE
         {
-            return Ok(Arc::clone(snapshot));
+            return Ok(taken.clone());
         }
         let snapshot = Arc::new(
             actors::job::snapshot_keeping(&self.client, &self.finished)
                 .await
                 .context("asking the head")?,
         );
-        *newest = Some((Instant::now(), Arc::clone(&snapshot)));
-        Ok(snapshot)
+        let taken = Taken {
+            at: Instant::now(),
+            snapshot,
+            version: Arc::default(),
+        };
+        *newest = Some(taken.clone());
+        Ok(taken)
     }
 }

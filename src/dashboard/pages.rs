@@ -6,10 +6,11 @@
 //! itself again at each.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
-use actors::job::{ClusterSnapshot, JobSnapshot, Moment};
+use actors::job::{ClusterSnapshot, JobSnapshot, Moment, RankOutputReply};
 
-use super::logs::LogView;
+use super::logs::{LogView, lines_holding};
 
 /// The page shown without a session, `up` below the dashboard's root (`""` or
 /// `"../"`): its script trades the token of the URL's fragment for a session cookie and
@@ -147,17 +148,17 @@ pub(super) const JOBS_PER_PAGE: usize = 50;
 
 /// The jobs of overview page `page` (from 0; past the last, the last): running ones
 /// first, then the others, each in name order; and how many pages there are.
-fn jobs_page(jobs: &[JobSnapshot], page: usize) -> (Vec<&JobSnapshot>, usize) {
-    let ended = |job: &JobSnapshot| job.job.as_ref().is_some_and(|s| s.state.is_final());
-    let mut ordered: Vec<&JobSnapshot> = jobs.iter().collect();
-    // A stable sort keeps the snapshot's name order within each group.
-    ordered.sort_by_key(|job| ended(job));
+fn jobs_page(jobs: &[Arc<JobSnapshot>], page: usize) -> (Vec<&JobSnapshot>, usize) {
+    let ended = |job: &&Arc<JobSnapshot>| job.job.as_ref().is_some_and(|s| s.state.is_final());
     let pages = jobs.len().div_ceil(JOBS_PER_PAGE).max(1);
     let first = page.min(pages - 1) * JOBS_PER_PAGE;
-    let shown = ordered
-        .into_iter()
+    // Each group keeps the snapshot's name order.
+    let running = jobs.iter().filter(|job| !ended(job));
+    let shown = running
+        .chain(jobs.iter().filter(ended))
         .skip(first)
         .take(JOBS_PER_PAGE)
+        .map(|job| &**job)
         .collect();
     (shown, pages)
 }
@@ -322,12 +323,10 @@ pub(super) fn log(name: &str, view: &LogView) -> String {
     let _ = write!(
         html,
         "<p><a href=\"../../\">cluster</a> / <a href=\"../{segment}\">{name}</a></p>\
-         <h1>{name}: log</h1><form method=get action=\"log\"><input name=q value=\"{text}\" \
-         placeholder=\"text to find\" size=40> <button>find</button> <a href=\"log\">last \
-         lines</a> · <a href=\"log.txt\" download>download</a></form>",
+         <h1>{name}: log</h1>",
         name = escape(name),
-        text = escape(text),
     );
+    search_form(&mut html, text);
     match view {
         LogView::Tail { lines, reply } => {
             let shown = String::from_utf8_lossy(&reply.bytes);
@@ -372,8 +371,9 @@ pub(super) fn log(name: &str, view: &LogView) -> String {
 }
 
 /// A rank's log page (at `job/NAME/rank/N/log`): the newest lines its trainer's process
-/// wrote, oldest first.
-pub(super) fn rank_log(name: &str, output: &actors::job::RankOutputReply) -> String {
+/// wrote, oldest first, or those of them that hold `text` when it is not empty; a search
+/// box, and the download of the lines (`log.txt`).
+pub(super) fn rank_log(name: &str, output: &RankOutputReply, text: &str) -> String {
     let mut html = head(
         &format!("imgrun: {} rank {}", escape(name), output.rank),
         "../../../../",
@@ -386,29 +386,58 @@ pub(super) fn rank_log(name: &str, output: &actors::job::RankOutputReply) -> Str
         name = escape(name),
         rank = output.rank,
     );
-    if output.own_process {
-        let _ = write!(
-            html,
-            "<p class=muted>the newest {} lines its trainer's process wrote on node {} (its \
-             messages, its loader's, libtorch's)</p><pre class=log>",
-            output.lines.len(),
-            output.node
-        );
-        for line in &output.lines {
-            html.push_str(&escape(line));
-            html.push('\n');
-        }
-        html.push_str("</pre>");
-    } else {
+    if !output.own_process {
         let _ = write!(
             html,
             "<p class=muted>its trainer runs in node {}'s daemon process: its lines are in \
              that daemon's log</p>",
             output.node
         );
+        html.push_str("</body></html>\n");
+        return html;
     }
-    html.push_str("</body></html>\n");
+    search_form(&mut html, text);
+    let shown = if text.is_empty() {
+        let _ = write!(
+            html,
+            "<p class=muted>the newest {} lines its trainer's process wrote on node {} (its \
+             messages, its loader's, libtorch's)</p>",
+            output.lines.len(),
+            output.node
+        );
+        output.lines.iter().map(String::as_str).collect()
+    } else {
+        let found = lines_holding(&output.lines, text);
+        let _ = write!(
+            html,
+            "<p class=muted>{} lines hold <code>{}</code>, of the newest {} its trainer's \
+             process wrote on node {}</p>",
+            found.len(),
+            escape(text),
+            output.lines.len(),
+            output.node
+        );
+        found
+    };
+    html.push_str("<pre class=log>");
+    for line in shown {
+        html.push_str(&escape(line));
+        html.push('\n');
+    }
+    html.push_str("</pre></body></html>\n");
     html
+}
+
+/// A log page's search box (`?q=`) with `text` in it, and its links to the last lines
+/// and to the download, all relative to the page (`log`, `log.txt`).
+fn search_form(html: &mut String, text: &str) {
+    let _ = write!(
+        html,
+        "<form method=get action=\"log\"><input name=q value=\"{}\" placeholder=\"text to \
+         find\" size=40> <button>find</button> <a href=\"log\">last lines</a> · <a \
+         href=\"log.txt\" download>download</a></form>",
+        escape(text)
+    );
 }
 
 /// A job as one self-contained page (`imgrun report`): its status, its charts (`svg`,
@@ -612,6 +641,72 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_log_page_shows_its_lines_or_a_search_escaped() {
+        let output = |own_process| RankOutputReply {
+            rank: 1,
+            node: 4,
+            lines: ["trainer ready rank=1 world=2", "<b>step</b> 1", "step 2"]
+                .map(String::from)
+                .to_vec(),
+            own_process,
+        };
+        let form = "<form method=get action=\"log\"><input name=q value=\"";
+        let download = "<a href=\"log.txt\" download>download</a>";
+        // (text, the page holds, the page does not hold)
+        let table: [(&str, &[&str], &[&str]); 4] = [
+            (
+                "",
+                &[
+                    form,
+                    download,
+                    "the newest 3 lines",
+                    "&lt;b&gt;step&lt;/b&gt; 1\nstep 2\n</pre>",
+                ],
+                &["lines hold", "<b>"],
+            ),
+            (
+                "step",
+                &[
+                    "2 lines hold <code>step</code>, of the newest 3",
+                    "<pre class=log>&lt;b&gt;step&lt;/b&gt; 1\nstep 2\n</pre>",
+                    "value=\"step\"",
+                ],
+                &["trainer ready"],
+            ),
+            (
+                "<b>",
+                &["1 lines hold <code>&lt;b&gt;</code>", "value=\"&lt;b&gt;\""],
+                &["<b>", "step 2"],
+            ),
+            (
+                "STEP",
+                &["0 lines hold <code>STEP</code>", "<pre class=log></pre>"],
+                &["step 2"],
+            ),
+        ];
+        for (text, holds, lacks) in table {
+            let page = rank_log("a\"b", &output(true), text);
+            assert!(
+                page.contains("<h1>a&quot;b: rank 1</h1>"),
+                "{text:?}: {page}"
+            );
+            for wanted in holds {
+                assert!(page.contains(wanted), "{text:?} lacks {wanted:?}: {page}");
+            }
+            for unwanted in lacks {
+                assert!(
+                    !page.contains(unwanted),
+                    "{text:?} holds {unwanted:?}: {page}"
+                );
+            }
+        }
+        // A trainer in its daemon's process: no lines here, so no search or download.
+        let page = rank_log("run", &output(false), "step");
+        assert!(page.contains("node 4's daemon process"), "{page}");
+        assert!(!page.contains(form) && !page.contains("log.txt"), "{page}");
+    }
+
+    #[test]
     fn every_turn_of_a_job_reads_as_words() {
         use actors::job::JobState;
         let table = [
@@ -672,19 +767,21 @@ mod tests {
 
     #[test]
     fn the_overview_lists_running_jobs_first_a_page_at_a_time() {
-        let job = |name: String, state: &str| JobSnapshot {
-            job: Some(
-                serde_json::from_value(serde_json::json!({
-                    "name": name, "state": state, "position": 0, "steps": 0
-                }))
-                .expect("a status"),
-            ),
-            name,
-            ranks: Vec::new(),
-            problem: None,
+        let job = |name: String, state: &str| {
+            Arc::new(JobSnapshot {
+                job: Some(
+                    serde_json::from_value(serde_json::json!({
+                        "name": name, "state": state, "position": 0, "steps": 0
+                    }))
+                    .expect("a status"),
+                ),
+                name,
+                ranks: Vec::new(),
+                problem: None,
+            })
         };
         // 120 finished jobs, and 3 running ones whose names sort among them.
-        let mut jobs: Vec<JobSnapshot> = (0..120)
+        let mut jobs: Vec<Arc<JobSnapshot>> = (0..120)
             .map(|i| job(format!("done-{i:03}"), "succeeded"))
             .collect();
         jobs.extend((0..3).map(|i| job(format!("a-run-{i}"), "running")));

@@ -232,9 +232,8 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
 
     // `imgrun status` shows who holds what.
     let status = head.status();
-    let mut owners: Vec<(String, u64)> = status["reservations"]
-        .as_array()
-        .expect("reservations")
+    let mut owners: Vec<(String, u64)> = head
+        .job_reservations()
         .iter()
         .map(|r| {
             let owner = r["owner"].as_str().unwrap_or("?").to_string();
@@ -270,11 +269,7 @@ fn echo_actors_spread_over_the_daemons_run_in_workers_and_stop() {
         }
     }
     let status = head.status();
-    assert_eq!(
-        status["reservations"].as_array().map(Vec::len),
-        Some(0),
-        "{status:#}"
-    );
+    assert_eq!(head.job_reservations().len(), 0, "{status:#}");
     wait_for(Duration::from_secs(10), "workers gone", || {
         pids.iter().all(|&pid| !is_running(pid)).then_some(())
     });

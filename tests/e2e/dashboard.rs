@@ -406,8 +406,9 @@ fn the_dashboard_status_jobs_and_metrics_agree_on_a_running_job() {
 }
 
 /// Each rank's own log: the newest lines its trainer's process wrote, kept by its node,
-/// on the page the ranks table links to and from `imgrun logs --rank`; a rank the job
-/// does not list has no page.
+/// on the page the ranks table links to and from `imgrun logs --rank`; its search shows
+/// the lines that hold a text and how many, its `log.txt` downloads them; a rank the job
+/// does not list has no page and no download.
 fn rank_logs(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
     let job = browse(dash, "/job/watched", session);
     assert!(
@@ -415,25 +416,101 @@ fn rank_logs(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
         "{}",
         job.body
     );
+    // The lines of a page's `<pre class=log>`, as escaped.
+    let shown_lines = |page: &str| -> Vec<String> {
+        page.split_once("<pre class=log>")
+            .and_then(|(_, rest)| rest.split_once("</pre>"))
+            .map(|(shown, _)| shown.lines().map(String::from).collect())
+            .unwrap_or_default()
+    };
     for rank in [0, 1] {
+        let ready = format!("trainer ready rank={rank} world=2");
         let page = browse(dash, &format!("/job/watched/rank/{rank}/log"), session);
         assert_eq!(page.status, 200, "rank {rank}: {}", page.body);
+        assert!(page.body.contains(&ready), "rank {rank}: {}", page.body);
         assert!(
-            page.body
-                .contains(&format!("trainer ready rank={rank} world=2")),
-            "rank {rank}: {}",
+            page.body.contains("<input name=q") && page.body.contains("href=\"log.txt\""),
+            "rank {rank}: the search box and the download: {}",
             page.body
         );
+        let found = browse(
+            dash,
+            &format!("/job/watched/rank/{rank}/log?q=trainer+ready"),
+            session,
+        );
+        assert_eq!(found.status, 200, "rank {rank}: {}", found.body);
+        let shown = shown_lines(&found.body);
+        assert!(
+            shown.iter().any(|line| line.contains(&ready)),
+            "rank {rank}: {}",
+            found.body
+        );
+        assert!(
+            shown.iter().all(|line| line.contains("trainer ready")),
+            "rank {rank}: only matches: {shown:?}"
+        );
+        let counted = format!("{} lines hold <code>trainer ready</code>", shown.len());
+        assert!(found.body.contains(&counted), "rank {rank}: {}", found.body);
+        let absent = browse(
+            dash,
+            &format!("/job/watched/rank/{rank}/log?q=no+such+text+here"),
+            session,
+        );
+        assert_eq!(absent.status, 200, "rank {rank}: {}", absent.body);
+        assert!(
+            absent
+                .body
+                .contains("0 lines hold <code>no such text here</code>")
+                && shown_lines(&absent.body).is_empty(),
+            "rank {rank}: {}",
+            absent.body
+        );
+        let download = browse(dash, &format!("/job/watched/rank/{rank}/log.txt"), session);
+        assert_eq!(download.status, 200, "rank {rank}: {}", download.body);
+        assert_eq!(
+            download.header("content-disposition"),
+            Some(format!("attachment; filename=\"watched-rank-{rank}.log\"").as_str())
+        );
+        assert_eq!(
+            download.header("content-type"),
+            Some("text/plain; charset=utf-8")
+        );
+        assert!(
+            download.body.lines().any(|line| line.contains(&ready)),
+            "rank {rank}: {}",
+            download.body
+        );
     }
+    assert_query_escaped(dash, "/job/watched/rank/0/log?q=%3Cscript%3E", session);
     for path in [
         "/job/watched/rank/7/log",
         "/job/watched/rank/..%2F0/log",
         "/job/watched/rank/0x/log",
         "/job/elsewhere/rank/0/log",
+        "/job/watched/rank/7/log.txt",
+        "/job/watched/rank/..%2F0/log.txt",
+        "/job/watched/rank/0x/log.txt",
+        "/job/elsewhere/rank/0/log.txt",
     ] {
         let answer = browse(dash, path, session);
         assert_eq!(answer.status, 404, "{path}: {}", answer.body);
     }
+    // Behind the same guard as every route: no session, no lines.
+    let here = dash.addr.to_string();
+    let anonymous = request(
+        dash.addr,
+        "GET",
+        "/job/watched/rank/0/log.txt",
+        &here,
+        &[],
+        "",
+    );
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    assert!(
+        !anonymous.body.contains("trainer ready"),
+        "{}",
+        anonymous.body
+    );
     let all = cluster
         .head
         .run_ok(&["logs", "watched", "--rank", "1", "--lines", "1000"]);
@@ -592,10 +669,7 @@ fn log_pages(dash: &Dashboard, session: &str, run: &std::path::Path) {
             found.body
         );
     }
-    let hostile = browse(dash, "/job/watched/log?q=%3Cscript%3E", session);
-    assert_eq!(hostile.status, 200, "{}", hostile.body);
-    assert!(hostile.body.contains("&lt;script&gt;"), "{}", hostile.body);
-    assert!(!hostile.body.contains("<script>"), "{}", hostile.body);
+    assert_query_escaped(dash, "/job/watched/log?q=%3Cscript%3E", session);
     let download = browse(dash, "/job/watched/log.txt", session);
     assert_eq!(download.status, 200, "{}", download.body);
     assert_eq!(
@@ -684,6 +758,14 @@ fn refusals(dash: &Dashboard) {
 }
 
 /// `GET path` with a right `Host` and the session cookie `session` (`name=value`).
+/// A page whose query is `<script>` answers it escaped, never as markup.
+fn assert_query_escaped(dash: &Dashboard, path: &str, session: &str) {
+    let hostile = browse(dash, path, session);
+    assert_eq!(hostile.status, 200, "{}", hostile.body);
+    assert!(hostile.body.contains("&lt;script&gt;"), "{}", hostile.body);
+    assert!(!hostile.body.contains("<script>"), "{}", hostile.body);
+}
+
 fn browse(dash: &Dashboard, path: &str, session: &str) -> Answer {
     let here = dash.addr.to_string();
     request(dash.addr, "GET", path, &here, &[("Cookie", session)], "")

@@ -45,9 +45,11 @@ fn jobs(cluster: &TrainCluster) -> Vec<Value> {
 
 /// A detached job runs in the cluster and outlives the commands around it:
 /// `imgrun train --detach` returns at once, `imgrun jobs` lists the job, `imgrun logs
-/// --follow` prints the job's tables to its end; a follower killed mid-job does not stop
-/// a second job, which `imgrun cancel` then stops with a checkpoint at its last step.
-/// Cancelling the finished job removes it, and nothing is left running.
+/// --follow` prints the job's tables to its end; the ended job's coordinator hands it to
+/// the cluster's job archive, which answers for it (`jobs`, `logs`, `plot`, a second job
+/// of its name refused); a follower killed mid-job does not stop a second job, which
+/// `imgrun cancel` then stops with a checkpoint at its last step. Cancelling the finished
+/// job removes it from the archive, and nothing is left running.
 #[test]
 fn a_detached_job_is_listed_followed_and_cancelled_with_a_checkpoint() {
     let cluster = TrainCluster::start();
@@ -83,12 +85,41 @@ fn a_detached_job_is_listed_followed_and_cancelled_with_a_checkpoint() {
         "{}",
         out.describe()
     );
+    let archived = archived_by(&cluster, "detached");
     let finished = jobs(&cluster);
     let job = finished
         .iter()
         .find(|j| j["name"] == "detached")
         .expect("a finished job stays listed");
     assert_eq!(job["job"]["state"], "succeeded", "{job}");
+    assert_eq!(
+        job["job"], archived,
+        "the archive keeps the status the job ended with"
+    );
+    // The archive answers for it: its log, its own page of `jobs`, and its name.
+    let out = cluster.head.run(&["logs", "detached"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("replicas: identical"), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("done: validation top-1"),
+        "{}",
+        describe(&out)
+    );
+    let one: Value =
+        serde_json::from_str(&cluster.head.run_ok(&["jobs", "detached", "--json"])).expect("json");
+    assert_eq!(one["job"]["timeline"], archived["timeline"]);
+    assert_eq!(one["ranks"], serde_json::json!([]));
+    let mut again = cluster.data.args(&cluster.runs, "detached", 1);
+    again.push("--detach".to_string());
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
+    let out = cluster.head.run(&again);
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already has a job named `detached`"),
+        "{}",
+        describe(&out)
+    );
     assert!(steps_of(&cluster, "detached") > 0);
     // Its metrics are drawn from anywhere: the coordinator sends them.
     let png = cluster.root.path().join("detached.png");
@@ -160,6 +191,27 @@ fn a_detached_job_is_listed_followed_and_cancelled_with_a_checkpoint() {
     cluster.assert_settled();
     let daemons = cluster.head.daemon_pids();
     assert!(daemons.iter().all(|&d| workers_of(d).is_empty()));
+}
+
+/// Waits until the ended job `name`'s coordinator has handed it to the cluster's job
+/// archive and ended: the head lists no coordinator of it, and an archive. Its status, as
+/// `jobs --json` shows it then.
+fn archived_by(cluster: &TrainCluster, name: &str) -> Value {
+    let limit = Duration::from_secs(60);
+    wait_for(limit, "the ended job's coordinator to hand it over", || {
+        let out = cluster.head.run_ok(&["status", "--json"]);
+        let status: Value = serde_json::from_str(&out).expect("status --json");
+        let actors = status["actors"].as_array().cloned().unwrap_or_default();
+        let coordinator = actors
+            .iter()
+            .any(|a| a["kind"] == "job" && a["job"] == name);
+        let archive = actors.iter().any(|a| a["kind"] == "job-archive");
+        assert!(archive, "the head runs a job archive: {status}");
+        let job = status["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["name"] == name).cloned());
+        job.filter(|_| !coordinator).map(|job| job["job"].clone())
+    })
 }
 
 /// Without a running cluster there is nothing to detach to: the command says how to

@@ -92,7 +92,14 @@ def main():
         time.sleep(later)
         second = evaluate("document.body.innerText")
         same_document = evaluate("window.imgrunMarker === 1")
-        chart = evaluate("(() => { const i = document.querySelector('img.chart'); return i ? i.naturalWidth : null })()")
+        # The page replaces its body in place at each change, its chart with it: the
+        # chart counts as shown once a drawn one is there, within 10 s.
+        width = "(() => { const i = document.querySelector('img.chart'); return i ? i.naturalWidth : null })()"
+        chart = evaluate(width)
+        deadline = time.monotonic() + 10
+        while not chart and time.monotonic() < deadline:
+            time.sleep(0.2)
+            chart = evaluate(width)
         print(json.dumps({"first": first, "second": second, "same_document": same_document, "chart_width": chart}))
 
 

@@ -9,49 +9,28 @@
 //! `imgrun logs`), lists it (`imgrun jobs`) or cancels it (Ctrl-C, `imgrun cancel`). The
 //! trainers it spawns are owned by its connection; a coordinator that is killed (its
 //! owner gone) kills them at once. A finished job's coordinator stays, with its final
-//! status, until it is stopped (`imgrun cancel` removes a finished job).
+//! status, until it is stopped (`imgrun cancel` removes a finished job); a detached one
+//! hands it to the cluster's archive of ended jobs and ends (`archive.rs`). Its methods
+//! and their types are `methods.rs`'.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use runtime::{Actor, ActorContext, ActorRegistry, ClusterAccess, ClusterClient, MethodError};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::joblog::{self, Journal, LogReply, LogRequest, LogSearchReply, LogSearchRequest};
-use super::rank_totals::RankTotals;
+use super::joblog::Journal;
+use super::methods::{
+    Answers, COORDINATOR_KIND, FollowReply, FollowRequest, JobStatus, MAX_TIMELINE, MAX_WARNINGS,
+    TimelineEntry, Warning, answer, stop_name,
+};
 use super::ranks::{RankOutputReply, RankOutputRequest, RankView};
 use super::stop::{STOP_GRACE, run_to_end_or_stop};
 use super::{
-    JobError, JobEvent, JobOutput, JobRequest, JobState, JobSummary, Level, Moment, Saved,
-    StopControl, StopRequest, Trainers,
+    JobError, JobEvent, JobOutput, JobRequest, JobState, JobSummary, Level, Moment, StopControl,
+    StopRequest, Trainers,
 };
-
-/// The most warnings a [`JobStatus`] carries.
-pub const MAX_WARNINGS: usize = 20;
-
-/// The most turns of its life a [`JobStatus`] carries.
-pub const MAX_TIMELINE: usize = 100;
-
-/// A turn in the job's life, and when.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TimelineEntry {
-    pub at_unix_ms: u64,
-    #[serde(flatten)]
-    pub moment: Moment,
-}
-
-/// A warning the job gave, and when.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Warning {
-    pub at_unix_ms: u64,
-    pub text: String,
-}
-
-/// The coordinator's actor kind.
-pub const COORDINATOR_KIND: &str = "job";
 
 /// The longest a [`FollowRequest`] waits for something new.
 const MAX_FOLLOW_WAIT: Duration = Duration::from_secs(5);
@@ -68,168 +47,10 @@ pub fn register(registry: &mut ActorRegistry) {
 pub struct CoordinatorInit {
     pub name: String,
     pub request: JobRequest,
-}
-
-/// A job as `imgrun jobs` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobStatus {
-    pub name: String,
-    pub state: JobState,
-    /// On the coordinator's machine (the head's).
-    pub run_dir: Option<PathBuf>,
-    pub epoch: Option<u64>,
-    /// Steps done in the epoch, of `steps`.
-    pub position: u64,
-    pub steps: u64,
-    pub loss: Option<f32>,
-    pub images_per_s: Option<f64>,
-    /// The newest step's learning rate, wall time (its slowest rank's), and the ranks'
-    /// mean data wait and allreduce, in seconds.
+    /// Owned by no connection (`imgrun train --detach`): once the job has ended, its
+    /// coordinator hands its final status to the cluster's archive and ends.
     #[serde(default)]
-    pub lr: Option<f64>,
-    #[serde(default)]
-    pub step_s: Option<f64>,
-    #[serde(default)]
-    pub data_wait_s: Option<f64>,
-    #[serde(default)]
-    pub allreduce_s: Option<f64>,
-    /// Every rank's running totals, step time quantiles and straggler flag.
-    #[serde(default)]
-    pub rank_totals: Vec<RankTotals>,
-    /// The job's newest warnings (a lost or late rank, a regroup, a failed save, ...),
-    /// at most [`MAX_WARNINGS`], oldest first; all of them are in its `job.log`.
-    #[serde(default)]
-    pub warnings: Vec<Warning>,
-    /// The job's newest turns (ranks lost, regroups, checkpoints, its end), at most
-    /// [`MAX_TIMELINE`], oldest first.
-    #[serde(default)]
-    pub timeline: Vec<TimelineEntry>,
-    /// The newest checkpoint.
-    pub checkpoint: Option<Saved>,
-    /// How it ended: why it failed or how it stopped (where its checkpoint is).
-    pub outcome: Option<String>,
-    /// For a job that was stopped: who asked (`SIGINT`, `SIGTERM`, `cancel`), and why it
-    /// could not stop at a checkpoint of its last step, when it could not.
-    pub stopped_by: Option<String>,
-    pub late: Option<String>,
-    /// What a job that succeeded reports.
-    pub summary: Option<JobSummary>,
-}
-
-impl JobStatus {
-    /// A job that has said nothing yet but its name, its state and its run folder.
-    pub fn new(name: &str, state: JobState, run_dir: Option<PathBuf>) -> Self {
-        JobStatus {
-            name: name.to_owned(),
-            state,
-            run_dir,
-            epoch: None,
-            position: 0,
-            steps: 0,
-            loss: None,
-            images_per_s: None,
-            lr: None,
-            step_s: None,
-            data_wait_s: None,
-            allreduce_s: None,
-            rank_totals: Vec::new(),
-            warnings: Vec::new(),
-            timeline: Vec::new(),
-            checkpoint: None,
-            outcome: None,
-            stopped_by: None,
-            late: None,
-            summary: None,
-        }
-    }
-}
-
-/// A coordinator method: the request is `Self`, the reply `Self::Reply`.
-pub trait CoordinatorMethod: Serialize + DeserializeOwned {
-    const NAME: &'static str;
-    type Reply: Serialize + DeserializeOwned + Send + 'static;
-}
-
-/// The job's events from number `after` on (0: all), waiting up to `wait_ms` (at most
-/// 5 s) for one when there is none yet and the job runs.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct FollowRequest {
-    pub after: u64,
-    pub wait_ms: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FollowReply {
-    pub events: Vec<JobEvent>,
-    /// What to ask `after` next.
-    pub next: u64,
-    pub status: JobStatus,
-}
-
-/// Asks the job to stop after its step in flight, with a checkpoint. `by` names who asks:
-/// `SIGINT` or `SIGTERM` (a following command's signal) or, by default, `cancel`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CancelRequest {
-    #[serde(default)]
-    pub by: String,
-}
-
-/// The names a stop may be asked by.
-fn stop_name(by: &str) -> &'static str {
-    match by {
-        "SIGINT" => "SIGINT",
-        "SIGTERM" => "SIGTERM",
-        _ => "cancel",
-    }
-}
-
-/// The job's status now.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StatusRequest {}
-
-/// Every rank's phase now (the hang doctor's view).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RanksRequest {}
-
-/// A piece of the run's `metrics.jsonl` on the coordinator's machine: up to `max_bytes`
-/// (at most 4 MiB) from byte `offset`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MetricsRequest {
-    pub offset: u64,
-    pub max_bytes: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MetricsReply {
-    pub bytes: Vec<u8>,
-    /// The file's length now.
-    pub length: u64,
-}
-
-/// The most one [`MetricsRequest`] returns.
-const MAX_METRICS_PIECE: u64 = 4 << 20;
-
-/// Each method's request type, name and reply type, fixed once.
-macro_rules! coordinator_methods {
-    ($($request:ty => $name:literal, $reply:ty;)*) => {
-        $(impl CoordinatorMethod for $request {
-            const NAME: &'static str = $name;
-            type Reply = $reply;
-        })*
-        /// Every method's name, for the error that names them.
-        const METHODS: &[&str] = &[$($name),*];
-    };
-}
-
-coordinator_methods! {
-    FollowRequest => "follow", FollowReply;
-    CancelRequest => "cancel", JobStatus;
-    StatusRequest => "status", JobStatus;
-    RanksRequest => "ranks", Vec<RankView>;
-    RankOutputRequest => "rank_output", RankOutputReply;
-    MetricsRequest => "metrics", MetricsReply;
-    LogRequest => "log", LogReply;
-    LogSearchRequest => "log_search", LogSearchReply;
+    pub detached: bool,
 }
 
 /// What the job's thread and the actor's methods share.
@@ -384,10 +205,16 @@ impl Coordinator {
         let (abort, aborted) = tokio::sync::watch::channel(false);
         let thread = {
             let shared = shared.clone();
-            let control = control.clone();
+            let job = JobThread {
+                access,
+                request: init.request,
+                control: control.clone(),
+                aborted,
+                archived_as: init.detached.then(|| ctx.id()),
+            };
             std::thread::Builder::new()
                 .name("imgrun-job".to_string())
-                .spawn(move || run_job(&shared, access, init.request, control, aborted))
+                .spawn(move || run_job(&shared, job))
                 .map_err(|error| MethodError::new(format!("starting the job's thread: {error}")))?
         };
         Ok(Coordinator {
@@ -399,11 +226,43 @@ impl Coordinator {
         })
     }
 
+    /// Runs `work` on the job thread's async runtime (where its ranks' handles live) and
+    /// waits at most `limit` for it; `what` names it in the error.
+    fn on_job_runtime<T: Send + 'static>(
+        &self,
+        limit: Duration,
+        what: &str,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, MethodError> {
+        let runtime = self
+            .shared
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                if self.shared.lock().status.state.is_final() {
+                    MethodError::new("the job has ended: its ranks are gone")
+                } else {
+                    MethodError::new("the job has not started yet")
+                }
+            })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        rx.recv_timeout(limit).map_err(|_| {
+            MethodError::new(format!(
+                "{what} did not answer within {} s",
+                limit.as_secs()
+            ))
+        })
+    }
+}
+
+impl Answers for Coordinator {
     fn status(&self) -> JobStatus {
-        let mut status = self.shared.lock().status.clone();
-        status.checkpoint = self.control.progress().checkpoint.clone();
-        status.rank_totals = self.control.rank_totals();
-        status
+        full_status(&self.shared, &self.control)
     }
 
     fn follow(&self, request: &FollowRequest) -> FollowReply {
@@ -438,33 +297,6 @@ impl Coordinator {
         })
     }
 
-    /// Runs `work` on the job thread's async runtime (where its ranks' handles live) and
-    /// waits at most `limit` for it; `what` names it in the error.
-    fn on_job_runtime<T: Send + 'static>(
-        &self,
-        limit: Duration,
-        what: &str,
-        work: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> Result<T, MethodError> {
-        let runtime = self
-            .shared
-            .runtime
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| MethodError::new("the job has not started yet"))?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        runtime.spawn(async move {
-            let _ = tx.send(work.await);
-        });
-        rx.recv_timeout(limit).map_err(|_| {
-            MethodError::new(format!(
-                "{what} did not answer within {} s",
-                limit.as_secs()
-            ))
-        })
-    }
-
     /// A rank's newest output lines, asked of its node from the job's runtime.
     fn rank_output(&self, request: &RankOutputRequest) -> Result<RankOutputReply, MethodError> {
         let control = self.control.clone();
@@ -474,44 +306,6 @@ impl Coordinator {
             control.rank_output(rank, lines).await
         })?
         .map_err(|error| MethodError::new(error.to_string()))
-    }
-
-    fn metrics(&self, request: &MetricsRequest) -> Result<MetricsReply, MethodError> {
-        use std::io::{Read, Seek};
-        let run_dir = self
-            .status()
-            .run_dir
-            .ok_or_else(|| MethodError::new("the job has no run folder yet"))?;
-        let path = run_dir.join("metrics.jsonl");
-        let mut file = std::fs::File::open(&path)
-            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?;
-        let length = file
-            .metadata()
-            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?
-            .len();
-        let want = request.max_bytes.clamp(1, MAX_METRICS_PIECE);
-        let mut bytes = Vec::new();
-        file.seek(std::io::SeekFrom::Start(request.offset.min(length)))
-            .and_then(|_| file.take(want).read_to_end(&mut bytes))
-            .map_err(|error| MethodError::new(format!("{}: {error}", path.display())))?;
-        Ok(MetricsReply { bytes, length })
-    }
-
-    /// The run folder, or why there is none yet.
-    fn run_dir(&self) -> Result<PathBuf, MethodError> {
-        self.status()
-            .run_dir
-            .ok_or_else(|| MethodError::new("the job has no run folder yet"))
-    }
-
-    fn log(&self, request: &LogRequest) -> Result<LogReply, MethodError> {
-        let run_dir = self.run_dir()?;
-        joblog::read_in(&run_dir, request).map_err(|error| log_error(&run_dir, &error))
-    }
-
-    fn log_search(&self, request: &LogSearchRequest) -> Result<LogSearchReply, MethodError> {
-        let run_dir = self.run_dir()?;
-        joblog::search_in(&run_dir, request).map_err(|error| log_error(&run_dir, &error))
     }
 
     fn cancel(&self, by: &str) -> JobStatus {
@@ -525,38 +319,27 @@ impl Coordinator {
     }
 }
 
+/// The job's status with where its step loop stands: its newest checkpoint and every
+/// rank's totals.
+fn full_status(shared: &Shared, control: &StopControl) -> JobStatus {
+    let mut status = shared.lock().status.clone();
+    status.checkpoint = control.progress().checkpoint.clone();
+    status.rank_totals = control.rank_totals();
+    status
+}
+
 impl Actor for Coordinator {
     fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
-        fn decode<M: CoordinatorMethod>(payload: &[u8]) -> Result<M, MethodError> {
-            serde_json::from_slice(payload)
-                .map_err(|error| MethodError::new(format!("{}: bad request: {error}", M::NAME)))
-        }
-        fn encode<T: Serialize>(reply: &T) -> Result<Vec<u8>, MethodError> {
-            serde_json::to_vec(reply).map_err(|error| MethodError::new(error.to_string()))
-        }
-        match method {
-            FollowRequest::NAME => encode(&self.follow(&decode::<FollowRequest>(payload)?)),
-            CancelRequest::NAME => encode(&self.cancel(&decode::<CancelRequest>(payload)?.by)),
-            StatusRequest::NAME => encode(&self.status()),
-            RanksRequest::NAME => encode(&self.ranks()?),
-            RankOutputRequest::NAME => {
-                encode(&self.rank_output(&decode::<RankOutputRequest>(payload)?)?)
-            }
-            MetricsRequest::NAME => encode(&self.metrics(&decode::<MetricsRequest>(payload)?)?),
-            LogRequest::NAME => encode(&self.log(&decode::<LogRequest>(payload)?)?),
-            LogSearchRequest::NAME => {
-                encode(&self.log_search(&decode::<LogSearchRequest>(payload)?)?)
-            }
-            other => Err(MethodError::new(format!(
-                "a job's coordinator has no method '{other}' (it has {})",
-                METHODS.join(", ")
-            ))),
-        }
+        answer(self, method, payload)
     }
 
-    /// A graceful stop of a running job stops it as a cancel does, and waits for it.
+    /// A graceful stop of a running job stops it as a cancel does, and waits for it. An
+    /// ended job's thread has nothing left to save, and may be the one that asked (to
+    /// end a coordinator that handed its job to the archive): it is not waited for.
     fn stopping(&mut self) {
-        self.cancel("cancel");
+        if self.cancel("cancel").state.is_final() {
+            return;
+        }
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
@@ -594,15 +377,6 @@ fn keep_newest<T>(list: &mut Vec<T>, max: usize, item: T) {
     list.push(item);
 }
 
-/// A failed read of `run_dir`'s log, naming it.
-fn log_error(run_dir: &std::path::Path, error: &std::io::Error) -> MethodError {
-    let path = run_dir.join(joblog::LOG_FILE);
-    if error.kind() == std::io::ErrorKind::NotFound {
-        return MethodError::new(format!("{}: the job has no log yet", path.display()));
-    }
-    MethodError::new(format!("{}: {error}", path.display()))
-}
-
 impl Drop for Coordinator {
     /// Killed, or dropped after a graceful stop: a job still running ends now.
     fn drop(&mut self) {
@@ -610,16 +384,21 @@ impl Drop for Coordinator {
     }
 }
 
-/// The job's thread: connects to the cluster, runs the job to its end (or to a stop,
-/// given [`STOP_GRACE`] to save a checkpoint), kills its trainers and records how it
-/// ended.
-fn run_job(
-    shared: &Arc<Shared>,
+/// What the job's thread is given.
+struct JobThread {
     access: ClusterAccess,
     request: JobRequest,
-    stop: StopControl,
-    mut aborted: tokio::sync::watch::Receiver<bool>,
-) {
+    control: StopControl,
+    /// Turns true when the coordinator is dropped (killed, or stopped).
+    aborted: tokio::sync::watch::Receiver<bool>,
+    /// The coordinator's own id, when it hands its ended job to the archive.
+    archived_as: Option<runtime::ActorId>,
+}
+
+/// The job's thread: connects to the cluster, runs the job to its end (or to a stop,
+/// given [`STOP_GRACE`] to save a checkpoint), kills its trainers and records how it
+/// ended; a detached job's coordinator then hands its status to the archive and ends.
+fn run_job(shared: &Arc<Shared>, job: JobThread) {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -637,6 +416,13 @@ fn run_job(
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Some(runtime.handle().clone());
     runtime.block_on(async {
+        let JobThread {
+            access,
+            request,
+            control,
+            aborted,
+            archived_as,
+        } = job;
         let state = runtime::StateDir::at(&access.state_dir);
         let client = match ClusterClient::connect(&state, Some(&access.head)).await {
             Ok(client) => client,
@@ -646,31 +432,51 @@ fn run_job(
                 return;
             }
         };
-        let trainers = Trainers::default();
-        let job = super::run(&client, request, shared.as_ref(), &stop, &trainers);
-        let killed = async move {
-            let _ = aborted.wait_for(|aborted| *aborted).await;
-            JobError::Refused(
-                "the job's coordinator was killed (its owner went away, or it was stopped at \
-                 once): every trainer was stopped"
-                    .to_string(),
-            )
-        };
-        let outcome = run_to_end_or_stop(job, &stop, killed, STOP_GRACE).await;
-        trainers.kill_all().await;
-        let (state, line) = job_end(&outcome);
-        match outcome {
-            Ok(summary) => shared.finish(state, Some(line), Some(summary)),
-            Err(error) => {
-                if let Some(interrupted) = error.interrupted() {
-                    let mut log = shared.lock();
-                    log.status.stopped_by = Some(interrupted.by.to_string());
-                    log.status.late = interrupted.late.clone();
-                }
-                shared.finish(state, Some(line), None);
-            }
+        run_to_end(shared, &client, request, &control, aborted.clone()).await;
+        if let Some(own) = archived_as {
+            super::archive::hand_over(&client, own, full_status(shared, &control), aborted).await;
         }
     });
+    // The job's runtime (and what it holds open) goes with the thread.
+    shared
+        .runtime
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+}
+
+/// Runs the job to its end, or to a stop, and records how it ended.
+async fn run_to_end(
+    shared: &Arc<Shared>,
+    client: &ClusterClient,
+    request: JobRequest,
+    control: &StopControl,
+    mut aborted: tokio::sync::watch::Receiver<bool>,
+) {
+    let trainers = Trainers::default();
+    let job = super::run(client, request, shared.as_ref(), control, &trainers);
+    let killed = async move {
+        let _ = aborted.wait_for(|aborted| *aborted).await;
+        JobError::Refused(
+            "the job's coordinator was killed (its owner went away, or it was stopped at \
+             once): every trainer was stopped"
+                .to_string(),
+        )
+    };
+    let outcome = run_to_end_or_stop(job, control, killed, STOP_GRACE).await;
+    trainers.kill_all().await;
+    let (state, line) = job_end(&outcome);
+    match outcome {
+        Ok(summary) => shared.finish(state, Some(line), Some(summary)),
+        Err(error) => {
+            if let Some(interrupted) = error.interrupted() {
+                let mut log = shared.lock();
+                log.status.stopped_by = Some(interrupted.by.to_string());
+                log.status.late = interrupted.late.clone();
+            }
+            shared.finish(state, Some(line), None);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@
 //! 10. `snapshot.rs` (the cluster and its jobs at one moment, asked of the head and the
 //!     coordinators: what every view of a running cluster reads).
 
+mod archive;
 mod calls;
 mod coordinator;
 mod driver;
@@ -44,6 +45,7 @@ mod elastic;
 mod error;
 mod joblog;
 mod loader_actors;
+mod methods;
 mod metrics;
 mod output;
 mod rank_totals;
@@ -63,28 +65,41 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::train::JobSpec;
-pub use coordinator::{
-    COORDINATOR_KIND, CancelRequest, CoordinatorInit, CoordinatorMethod, FollowReply,
-    FollowRequest, JobStatus, MAX_TIMELINE, MAX_WARNINGS, MetricsReply, MetricsRequest,
-    RanksRequest, StatusRequest, TimelineEntry, Warning, job_end, register,
+pub use archive::{
+    ARCHIVE_KIND, Archive, ArchiveMethod, AskRequest, ForgetRequest, HasRequest, JobHandle,
+    KeepRequest, LINGER, ListReply, ListRequest, MAX_ARCHIVED, register as register_archive,
+    start_archive,
 };
+pub use coordinator::{CoordinatorInit, job_end};
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};
 pub use error::{HeadLost, Interrupted, JobError, Progress, RankCallError, RankFailure, Saved};
 pub use joblog::{
     Journal, LOG_FILE, LogFrom, LogMatch, LogReply, LogRequest, LogSearchReply, LogSearchRequest,
     MAX_LOG_PIECE, SEARCH_WINDOW, read as read_log, read_in as read_log_in, search as search_log,
 };
+pub use methods::{
+    COORDINATOR_KIND, CancelRequest, CoordinatorCallError, CoordinatorMethod, FollowReply,
+    FollowRequest, JobStatus, MAX_TIMELINE, MAX_WARNINGS, MetricsReply, MetricsRequest,
+    RanksRequest, StatusRequest, TimelineEntry, Warning,
+};
 pub use output::{JobEvent, JobOutput, JobState, Level, Moment};
 pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::{RankOutputError, RankOutputReply, RankOutputRequest, RankView};
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
-    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, CoordinatorCallError, FinishedJobs, JobSnapshot,
-    call_coordinator, coordinator, coordinators, snapshot, snapshot_keeping,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, FinishedJobs, JobLookupError, JobSnapshot,
+    call_coordinator, coordinator, coordinators, job_names, snapshot, snapshot_keeping,
 };
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};
 pub use watch::head_lost;
 pub use world::{RankPlace, Trainers, check_plan, plan_world, trainable_steps};
+
+/// Registers the kinds a job's cluster hosts: its coordinator and the archive of ended
+/// jobs.
+pub fn register(registry: &mut runtime::ActorRegistry) {
+    coordinator::register(registry);
+    archive::register(registry);
+}
 
 /// Everything a job needs besides its cluster: what every trainer is told, and how the
 /// job itself is run.

@@ -4,18 +4,21 @@
 //!
 //! [`snapshot`] asks the head for its [`ClusterStatus`] once, then every job's coordinator
 //! (an actor of [`COORDINATOR_KIND`]) for its [`JobStatus`] and, while it runs, its ranks,
-//! all coordinators at once. A coordinator that does not answer is a job with a
-//! `problem`, not a failed snapshot: one stuck job never hides the others.
+//! all coordinators at once, and the cluster's archive for the jobs that ended (see
+//! [`super::archive`]). A coordinator that does not answer is a job with a `problem`, not
+//! a failed snapshot: one stuck job never hides the others.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use runtime::{ActorCallError, ActorId, ActorRef, ClusterClient, ClusterStatus, DaemonError};
+use runtime::{ActorId, ActorRef, ClusterClient, ClusterStatus, DaemonError};
 use serde::Serialize;
 
-use super::coordinator::{
-    COORDINATOR_KIND, CoordinatorMethod, JobStatus, RanksRequest, StatusRequest,
+use super::archive::{HasRequest, JobHandle, ListRequest, archives, call_archive};
+use super::methods::{
+    COORDINATOR_KIND, CoordinatorCallError, CoordinatorMethod, JobStatus, RanksRequest,
+    StatusRequest,
 };
 use super::ranks::RankView;
 
@@ -35,8 +38,9 @@ pub struct ClusterSnapshot {
     /// `jobs`, as `imgrun status --json` has always printed them).
     #[serde(flatten)]
     pub cluster: ClusterStatus,
-    /// Every job the cluster holds, running or finished, by name.
-    pub jobs: Vec<JobSnapshot>,
+    /// Every job the cluster holds, running or finished, by name (shared: a snapshot
+    /// of thousands of ended jobs copies none of them).
+    pub jobs: Vec<Arc<JobSnapshot>>,
 }
 
 /// One job: its coordinator's status and, while it runs, its ranks.
@@ -52,40 +56,23 @@ pub struct JobSnapshot {
     pub problem: Option<String>,
 }
 
-/// Why a coordinator call failed.
+/// Why a job could not be looked up.
 #[derive(Debug, thiserror::Error)]
-pub enum CoordinatorCallError {
-    #[error("encoding the {method} request: {source}")]
-    Encode {
-        method: &'static str,
-        source: serde_json::Error,
-    },
-    #[error("asking the job's coordinator ({method}): {source}")]
-    Call {
-        method: &'static str,
-        source: ActorCallError,
-    },
-    #[error("the job's coordinator answered {method} badly: {source}")]
-    Decode {
-        method: &'static str,
-        source: serde_json::Error,
-    },
+pub enum JobLookupError {
+    #[error("asking the head: {0}")]
+    Head(#[from] DaemonError),
+    #[error("asking the job archive: {0}")]
+    Archive(#[from] CoordinatorCallError),
 }
 
-/// Calls method `M` of a job's coordinator, waiting at most `timeout`.
+/// Calls method `M` of a job (its coordinator, or the archive for an ended one), waiting
+/// at most `timeout`.
 pub async fn call_coordinator<M: CoordinatorMethod>(
-    actor: &ActorRef,
+    job: &JobHandle,
     request: &M,
     timeout: Duration,
 ) -> Result<M::Reply, CoordinatorCallError> {
-    let method = M::NAME;
-    let payload = serde_json::to_vec(request)
-        .map_err(|source| CoordinatorCallError::Encode { method, source })?;
-    let bytes = actor
-        .call(method, payload, timeout)
-        .await
-        .map_err(|source| CoordinatorCallError::Call { method, source })?;
-    serde_json::from_slice(&bytes).map_err(|source| CoordinatorCallError::Decode { method, source })
+    job.call(request, timeout).await
 }
 
 /// The coordinators of the jobs in `status`, by job name, reachable now.
@@ -111,47 +98,155 @@ pub async fn coordinators(
     found
 }
 
-/// The coordinator of the job `name`, found by name in the head's table; `None` when the
-/// cluster holds no such job.
+/// The job `name`: its coordinator, found by name in the head's table, or the archive
+/// that holds it once it has ended; `None` when the cluster holds no such job.
 pub async fn coordinator(
     client: &ClusterClient,
     name: &str,
-) -> Result<Option<ActorRef>, DaemonError> {
+) -> Result<Option<JobHandle>, JobLookupError> {
     let status = client.status().await?;
     let found = status.actors.iter().find(|actor| {
         actor.kind == COORDINATOR_KIND && actor.label.as_ref().is_some_and(|l| l.job == name)
     });
-    match found {
-        // An actor that ended between the status and here is no longer a job.
-        Some(actor) => Ok(client.actor(actor.id).await.ok()),
-        None => Ok(None),
+    // An actor that ended between the status and here is no longer a job.
+    if let Some(actor) = found
+        && let Ok(handle) = client.actor(actor.id).await
+    {
+        return Ok(Some(JobHandle::Coordinator(handle)));
+    }
+    for (_, archive) in archives(client, &status).await {
+        let request = HasRequest {
+            name: name.to_owned(),
+        };
+        if call_archive(&archive, &request).await? {
+            return Ok(Some(JobHandle::Archived {
+                archive,
+                name: name.to_owned(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The names of every job the cluster holds, running or ended, by name.
+pub async fn job_names(client: &ClusterClient) -> Result<Vec<String>, JobLookupError> {
+    let status = client.status().await?;
+    let mut names: Vec<String> = coordinators(client, &status)
+        .await
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    for (_, archive) in archives(client, &status).await {
+        let jobs = archived(&archive).await?;
+        names.extend(jobs.into_iter().map(|job| job.name));
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// Every job `archive` holds, by name, a reply at a time.
+async fn archived(archive: &runtime::ActorRef) -> Result<Vec<JobStatus>, CoordinatorCallError> {
+    let mut jobs: Vec<JobStatus> = Vec::new();
+    loop {
+        let request = ListRequest {
+            known: None,
+            after: jobs.last().map(|job| job.name.clone()),
+        };
+        let reply = call_archive(archive, &request).await?;
+        jobs.extend(reply.jobs.unwrap_or_default());
+        if !reply.more {
+            return Ok(jobs);
+        }
     }
 }
 
 /// Finished jobs as earlier snapshots found them: a finished job's status never changes,
-/// so [`snapshot_keeping`] asks its coordinator once, and a head that holds thousands of
-/// finished jobs costs a snapshot only its running ones.
+/// so [`snapshot_keeping`] asks its coordinator once, and the archive's list again only
+/// when it has changed; a head that holds thousands of finished jobs costs a snapshot
+/// only its running ones.
 #[derive(Debug, Default)]
 pub struct FinishedJobs {
-    by_actor: std::sync::Mutex<HashMap<ActorId, JobSnapshot>>,
+    by_actor: std::sync::Mutex<HashMap<ActorId, Arc<JobSnapshot>>>,
+    archived: std::sync::Mutex<HashMap<ActorId, ArchivedJobs>>,
+}
+
+/// An archive's jobs at one generation of it.
+#[derive(Debug, Clone)]
+struct ArchivedJobs {
+    generation: u64,
+    jobs: Arc<Vec<Arc<JobSnapshot>>>,
 }
 
 impl FinishedJobs {
     /// Those of `present`'s jobs it holds; it forgets every other (a job the head no
     /// longer holds).
-    fn kept(&self, present: &HashSet<ActorId>) -> HashMap<ActorId, JobSnapshot> {
+    fn kept(&self, present: &HashSet<ActorId>) -> HashMap<ActorId, Arc<JobSnapshot>> {
         let mut held = self.by_actor.lock().unwrap_or_else(PoisonError::into_inner);
         held.retain(|id, _| present.contains(id));
         held.clone()
     }
 
     /// Keeps `job` when it has ended and its coordinator answered in full.
-    fn keep(&self, id: ActorId, job: &JobSnapshot) {
+    fn keep(&self, id: ActorId, job: &Arc<JobSnapshot>) {
         let ended = job.job.as_ref().is_some_and(|s| s.state.is_final());
         if ended && job.problem.is_none() {
             let mut held = self.by_actor.lock().unwrap_or_else(PoisonError::into_inner);
-            held.insert(id, job.clone());
+            held.insert(id, Arc::clone(job));
         }
+    }
+
+    /// The jobs of the archive `id` now: those kept when it has not changed since.
+    async fn archived(
+        &self,
+        id: ActorId,
+        archive: &runtime::ActorRef,
+    ) -> Result<Arc<Vec<Arc<JobSnapshot>>>, CoordinatorCallError> {
+        let known = self.archived_lock().get(&id).cloned();
+        let request = ListRequest {
+            known: known.as_ref().map(|kept| kept.generation),
+            after: None,
+        };
+        let first = call_archive(archive, &request).await?;
+        let (generation, Some(mut statuses)) = (first.generation, first.jobs) else {
+            if let Some(known) = known {
+                return Ok(known.jobs);
+            }
+            return Ok(Arc::default());
+        };
+        let mut more = first.more;
+        while more {
+            let request = ListRequest {
+                known: None,
+                after: statuses.last().map(|job| job.name.clone()),
+            };
+            let reply = call_archive(archive, &request).await?;
+            statuses.extend(reply.jobs.unwrap_or_default());
+            more = reply.more;
+        }
+        let jobs: Arc<Vec<Arc<JobSnapshot>>> = Arc::new(
+            statuses
+                .into_iter()
+                .map(|status| {
+                    Arc::new(JobSnapshot {
+                        name: status.name.clone(),
+                        job: Some(status),
+                        ranks: Vec::new(),
+                        problem: None,
+                    })
+                })
+                .collect(),
+        );
+        let kept = ArchivedJobs {
+            generation,
+            jobs: Arc::clone(&jobs),
+        };
+        self.archived_lock().insert(id, kept);
+        Ok(jobs)
+    }
+
+    fn archived_lock(&self) -> std::sync::MutexGuard<'_, HashMap<ActorId, ArchivedJobs>> {
+        self.archived.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -161,13 +256,52 @@ pub async fn snapshot(client: &ClusterClient) -> Result<ClusterSnapshot, DaemonE
 }
 
 /// The cluster and every job in it, now, asking only the coordinators of jobs that
-/// `finished` does not hold (and keeping there those that have ended since).
+/// `finished` does not hold (and keeping there those that have ended since), and the
+/// archive only for what it holds that `finished` has not seen.
 pub async fn snapshot_keeping(
     client: &ClusterClient,
     finished: &FinishedJobs,
 ) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;
     let taken_at_unix_ms = super::unix_ms(SystemTime::now());
+    let mut jobs = running_jobs(client, &cluster, finished).await;
+    let live: HashSet<String> = jobs.iter().map(|job| job.name.clone()).collect();
+    let mut held = HashSet::new();
+    for (id, archive) in archives(client, &cluster).await {
+        held.insert(id);
+        match finished.archived(id, &archive).await {
+            // A job handed over as this snapshot was taken is listed once, as running.
+            Ok(ended) => jobs.extend(
+                ended
+                    .iter()
+                    .filter(|job| !live.contains(&job.name))
+                    .map(Arc::clone),
+            ),
+            Err(error) => jobs.push(Arc::new(JobSnapshot {
+                name: format!("(ended jobs of archive {id})"),
+                job: None,
+                ranks: Vec::new(),
+                problem: Some(error.to_string()),
+            })),
+        }
+    }
+    finished.archived_lock().retain(|id, _| held.contains(id));
+    // Two runs, each by name: the sort only merges them.
+    jobs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(ClusterSnapshot {
+        taken_at_unix_ms,
+        cluster,
+        jobs,
+    })
+}
+
+/// The jobs of the coordinators in `cluster`, by name: those `finished` holds as it
+/// holds them, every other asked now, all at once.
+async fn running_jobs(
+    client: &ClusterClient,
+    cluster: &ClusterStatus,
+    finished: &FinishedJobs,
+) -> Vec<Arc<JobSnapshot>> {
     let mut listed: Vec<(String, ActorId)> = cluster
         .actors
         .iter()
@@ -183,7 +317,7 @@ pub async fn snapshot_keeping(
     listed.sort();
     let present: HashSet<ActorId> = listed.iter().map(|(_, id)| *id).collect();
     let mut kept = finished.kept(&present);
-    let mut jobs: Vec<Option<JobSnapshot>> = Vec::with_capacity(listed.len());
+    let mut jobs: Vec<Option<Arc<JobSnapshot>>> = Vec::with_capacity(listed.len());
     let mut tasks = tokio::task::JoinSet::new();
     for (index, (name, id)) in listed.into_iter().enumerate() {
         if let Some(job) = kept.remove(&id) {
@@ -195,23 +329,20 @@ pub async fn snapshot_keeping(
         tasks.spawn(async move {
             // An actor that ended between the status and here is no longer a job.
             let actor = client.actor(id).await.ok()?;
-            Some((index, id, job_snapshot(name, &actor).await))
+            Some((index, id, Arc::new(job_snapshot(name, &actor).await)))
         });
     }
     for (index, id, job) in tasks.join_all().await.into_iter().flatten() {
         finished.keep(id, &job);
         jobs[index] = Some(job);
     }
-    Ok(ClusterSnapshot {
-        taken_at_unix_ms,
-        cluster,
-        jobs: jobs.into_iter().flatten().collect(),
-    })
+    jobs.into_iter().flatten().collect()
 }
 
 /// One job's status and, while it runs, its ranks.
 async fn job_snapshot(name: String, actor: &ActorRef) -> JobSnapshot {
-    let status = match call_coordinator(actor, &StatusRequest {}, SNAPSHOT_CALL_TIMEOUT).await {
+    let actor = JobHandle::Coordinator(actor.clone());
+    let status = match call_coordinator(&actor, &StatusRequest {}, SNAPSHOT_CALL_TIMEOUT).await {
         Ok(status) => status,
         Err(error) => {
             return JobSnapshot {
@@ -225,7 +356,7 @@ async fn job_snapshot(name: String, actor: &ActorRef) -> JobSnapshot {
     let (ranks, problem) = if status.state.is_final() {
         (Vec::new(), None)
     } else {
-        match call_coordinator(actor, &RanksRequest {}, SNAPSHOT_CALL_TIMEOUT).await {
+        match call_coordinator(&actor, &RanksRequest {}, SNAPSHOT_CALL_TIMEOUT).await {
             Ok(ranks) => (ranks, None),
             Err(error) => (Vec::new(), Some(error.to_string())),
         }

@@ -11,8 +11,8 @@
 //! 2. the head's CPU and memory for `--seconds` with the dashboard idle, then as long with
 //!    `--pages` pages open (the first the overview, the others the job page), which also
 //!    gives the delay from each step's end to each page's change event;
-//! 3. the overview's pages (`?page=N`, every one) with the finished jobs spawned, then 2.
-//!    again with them;
+//! 3. the overview's pages (`?page=N`, every one) with the finished jobs kept by the
+//!    cluster's job archive, then 2. again with them;
 //! 4. the last 1,000 lines of the `--log-bytes` log (`job/NAME/log`).
 //!
 //! It prints each figure as it comes, then a table of figure against goal. Nothing is
@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use super::browser::{Answer, Browser, BrowserThread, OpenPage, outside_urls};
 use super::synthetic::{self, Feed, RUNNING_JOB, Spawned};
-use super::usage::{self, Quantiles, Reading, Span, ms};
+use super::usage::{Quantiles, Reading, Span, ms};
 use crate::units::{human_bytes, parse_size};
 
 #[derive(Debug, clap::Args)]
@@ -73,16 +73,9 @@ const JOBS_PER_PAGE: u64 = 50;
 /// Times the log page is asked for.
 const LOG_REQUESTS: usize = 20;
 
-/// Finished jobs spawned at once, and the longest their spawning may take.
-const SPAWN_AT_ONCE: usize = 16;
-const SPAWN_LIMIT: Duration = Duration::from_secs(600);
-
-/// Finished jobs spawned first, to see how many file descriptors one holds.
-const PROBE_JOBS: u64 = 200;
-
-/// File descriptors kept free for the dashboard, its pages and the log once the finished
-/// jobs are up.
-const FILES_HEADROOM: u64 = 1000;
+/// Finished jobs handed to the archive at once, and the longest that may take.
+const KEEP_AT_ONCE: usize = 16;
+const KEEP_LIMIT: Duration = Duration::from_secs(600);
 
 /// Steps of the running job's `metrics.jsonl` before it starts.
 const METRICS_STEPS: u64 = 2000;
@@ -171,6 +164,8 @@ async fn bench(args: &DashboardArgs) -> anyhow::Result<Figures> {
 struct Setup {
     head: runtime::Head,
     client: runtime::ClusterClient,
+    /// The cluster's job archive, which keeps the finished jobs.
+    archive: runtime::ActorRef,
     dashboard: crate::dashboard::Dashboard,
     feed: Arc<Feed>,
     ticker: tokio::task::JoinHandle<()>,
@@ -188,6 +183,7 @@ impl Setup {
             .await
             .context("connecting to the head")?;
         synthetic::spawn_running(&client).await?;
+        let archive = synthetic::start_archive(&client, head.node_id()).await?;
         let ticker = tokio::spawn(Arc::clone(&feed).tick());
         let before_dashboard = Reading::now();
         let dashboard = start_dashboard(client.clone()).await?;
@@ -207,6 +203,7 @@ impl Setup {
         Ok(Setup {
             head,
             client,
+            archive,
             dashboard,
             feed,
             ticker,
@@ -281,8 +278,14 @@ async fn measure(args: &DashboardArgs, setup: &Setup) -> anyhow::Result<Figures>
         )
         .await?,
     ];
-    println!("spawning {} finished jobs ...", args.finished_jobs);
-    let spawned = spawn_finished(&setup.client, args.finished_jobs).await;
+    println!("keeping {} finished jobs ...", args.finished_jobs);
+    let spawned = synthetic::keep_finished(
+        &setup.archive,
+        0..args.finished_jobs,
+        KEEP_AT_ONCE,
+        KEEP_LIMIT,
+    )
+    .await;
     print_spawned(&spawned);
     // The dashboard's snapshot may be up to 500 ms old: the overview is measured on one
     // taken once every finished job was up.
@@ -313,54 +316,9 @@ async fn measure(args: &DashboardArgs, setup: &Setup) -> anyhow::Result<Figures>
     })
 }
 
-/// Spawns `count` finished jobs, or as many as the process's open-file limit holds with
-/// [`FILES_HEADROOM`] to spare: each job's actor holds a thread and its own runtime's
-/// descriptors in the head, so the first [`PROBE_JOBS`] tell how many one takes.
-async fn spawn_finished(client: &runtime::ClusterClient, count: u64) -> Spawned {
-    let before = usage::open_files();
-    let probe_end = count.min(PROBE_JOBS);
-    let probe = synthetic::spawn_finished(client, 0..probe_end, SPAWN_AT_ONCE, SPAWN_LIMIT).await;
-    if probe.stopped.is_some() || probe.count == count {
-        return probe;
-    }
-    let held = before.zip(usage::open_files());
-    let cap = held.and_then(|(before, after)| {
-        let per_job = (after.saturating_sub(before)) as f64 / probe.count.max(1) as f64;
-        let room = capacity(per_job, after, usage::open_files_limit()?)?;
-        Some((room, per_job))
-    });
-    let wanted = count - probe.count;
-    let rest_end = probe_end + cap.map_or(wanted, |(room, _)| room.min(wanted));
-    let rest =
-        synthetic::spawn_finished(client, probe_end..rest_end, SPAWN_AT_ONCE, SPAWN_LIMIT).await;
-    let total = probe.count + rest.count;
-    let capped = cap.filter(|(room, _)| *room < wanted).map(|(_, per_job)| {
-        format!(
-            "capped at {total} by this process's open-file limit ({}): each finished job's \
-             actor holds {per_job:.1} descriptors and a thread in the head",
-            usage::open_files_limit().unwrap_or(0)
-        )
-    });
-    Spawned {
-        count: total,
-        took: probe.took + rest.took,
-        stopped: rest.stopped.or(capped),
-    }
-}
-
-/// How many more jobs of `per_job` descriptors fit under `limit` with `open` open and
-/// [`FILES_HEADROOM`] kept free; `None` when a job takes none.
-fn capacity(per_job: f64, open: u64, limit: u64) -> Option<u64> {
-    if per_job <= 0.0 {
-        return None;
-    }
-    let free = limit.saturating_sub(open).saturating_sub(FILES_HEADROOM);
-    Some((free as f64 / per_job).floor() as u64)
-}
-
 fn print_spawned(spawned: &Spawned) {
     println!(
-        "  {} finished jobs spawned in {:.1} s{}",
+        "  {} finished jobs kept in {:.1} s{}",
         spawned.count,
         spawned.took.as_secs_f64(),
         spawned
@@ -971,22 +929,6 @@ mod tests {
             let (delays, got_missed) = step_delays(&events, &answered, ended, steps);
             let want: Vec<Duration> = want.into_iter().map(Duration::from_millis).collect();
             assert_eq!((delays, got_missed), (want, missed));
-        }
-    }
-
-    #[test]
-    fn the_finished_jobs_that_fit_under_the_open_file_limit() {
-        for (per_job, open, limit, fits) in [
-            (4.0, 1000, 20_000, Some(4500)),
-            (4.0, 19_500, 20_000, Some(0)),
-            (2.5, 0, 1010, Some(4)),
-            (0.0, 100, 20_000, None),
-        ] {
-            assert_eq!(
-                capacity(per_job, open, limit),
-                fits,
-                "{per_job} {open} {limit}"
-            );
         }
     }
 

@@ -7,7 +7,8 @@
 //!   from `metrics.jsonl` and `job.log` in its run folder (a temporary folder), which
 //!   [`Feed::tick`] appends to at each step as a job does. Each `status` answer is kept
 //!   ([`Feed::answered`]): it is the moment a snapshot of the dashboard saw that step.
-//! - Finished jobs: each answers its final status, as a finished coordinator does.
+//! - Finished jobs: each a final status kept by the cluster's real job archive
+//!   (`actors::job::ARCHIVE_KIND`), as an ended detached job's coordinator hands it over.
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -15,15 +16,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use actors::job::{
-    COORDINATOR_KIND, CoordinatorMethod, JobState, JobStatus, JobSummary, LOG_FILE, LogRequest,
-    MetricsReply, MetricsRequest, RankTotals, RankView, RanksRequest, StatusRequest,
+    ArchiveMethod, COORDINATOR_KIND, CoordinatorMethod, JobState, JobStatus, JobSummary,
+    KeepRequest, LOG_FILE, LogRequest, MetricsReply, MetricsRequest, RankTotals, RankView,
+    RanksRequest, StatusRequest,
 };
 use actors::train::phase::{Phase, RankPhase};
 use anyhow::Context as _;
 use runtime::{
     Actor, ActorLabel, ActorRef, ActorRegistry, ClusterClient, MethodError, SpawnOptions,
 };
-use serde::{Deserialize, Serialize};
 
 /// The running job's name.
 pub(super) const RUNNING_JOB: &str = "bench-running";
@@ -148,27 +149,17 @@ impl Feed {
     }
 }
 
-/// Which synthetic job an actor is (its spawn arguments).
-#[derive(Debug, Serialize, Deserialize)]
-enum Init {
-    Running,
-    Finished { index: u64 },
-}
-
-/// The head's registry: the coordinators' kind, built as the synthetic jobs.
+/// The head's registry: the coordinators' kind, built as the synthetic running job, and
+/// the real job archive.
 pub(super) fn registry(feed: Arc<Feed>) -> ActorRegistry {
     let mut registry = ActorRegistry::new();
-    registry.register(COORDINATOR_KIND, move |_, args| {
-        let job: Box<dyn Actor> = match serde_json::from_slice(args)? {
-            Init::Running => Box::new(RunningJob {
-                feed: Arc::clone(&feed),
-            }),
-            Init::Finished { index } => Box::new(FinishedJob {
-                status: finished_status(index),
-            }),
-        };
+    registry.register(COORDINATOR_KIND, move |_, _| {
+        let job: Box<dyn Actor> = Box::new(RunningJob {
+            feed: Arc::clone(&feed),
+        });
         Ok(job)
     });
+    actors::job::register_archive(&mut registry);
     registry
 }
 
@@ -191,19 +182,6 @@ impl Actor for RunningJob {
             other => return Err(unanswered(other)),
         };
         Ok(reply?)
-    }
-}
-
-struct FinishedJob {
-    status: JobStatus,
-}
-
-impl Actor for FinishedJob {
-    fn call(&mut self, method: &str, _: &[u8]) -> Result<Vec<u8>, MethodError> {
-        match method {
-            StatusRequest::NAME => Ok(serde_json::to_vec(&self.status)?),
-            other => Err(unanswered(other)),
-        }
     }
 }
 
@@ -286,17 +264,14 @@ pub(super) fn finished_name(index: u64) -> String {
 
 /// Spawns the running job's coordinator in the head's daemon.
 pub(super) async fn spawn_running(client: &ClusterClient) -> anyhow::Result<ActorRef> {
-    let args = serde_json::to_vec(&Init::Running)?;
-    let options = SpawnOptions::new(COORDINATOR_KIND)
-        .args(args)
-        .label(ActorLabel::new(RUNNING_JOB, 0));
+    let options = SpawnOptions::new(COORDINATOR_KIND).label(ActorLabel::new(RUNNING_JOB, 0));
     client
         .spawn(options)
         .await
         .context("spawning the synthetic running job")
 }
 
-/// How far the spawning of finished jobs went.
+/// How far the keeping of finished jobs went.
 #[derive(Debug)]
 pub(super) struct Spawned {
     pub count: u64,
@@ -305,10 +280,10 @@ pub(super) struct Spawned {
     pub stopped: Option<String>,
 }
 
-/// Spawns finished jobs number `indices`, `at_once` at a time; stops at the first failure
-/// or once `limit` has passed, saying which.
-pub(super) async fn spawn_finished(
-    client: &ClusterClient,
+/// Hands finished jobs number `indices` to the archive, `at_once` at a time; stops at
+/// the first failure or once `limit` has passed, saying which.
+pub(super) async fn keep_finished(
+    archive: &ActorRef,
     indices: std::ops::Range<u64>,
     at_once: usize,
     limit: Duration,
@@ -319,7 +294,7 @@ pub(super) async fn spawn_finished(
     let count = indices.end.saturating_sub(indices.start);
     while done < count && stopped.is_none() {
         while next < indices.end && tasks.len() < at_once && started.elapsed() < limit {
-            tasks.spawn(spawn_one(client.clone(), next));
+            tasks.spawn(keep_one(archive.clone(), next));
             next += 1;
         }
         match tasks.join_next().await {
@@ -329,7 +304,7 @@ pub(super) async fn spawn_finished(
             None => stopped = Some(format!("not done within {limit:?}")),
         }
     }
-    // Those in flight when it stopped still count once they are up.
+    // Those in flight when it stopped still count once they are kept.
     while let Some(joined) = tasks.join_next().await {
         done += u64::from(matches!(joined, Ok(Ok(()))));
     }
@@ -340,16 +315,37 @@ pub(super) async fn spawn_finished(
     }
 }
 
-async fn spawn_one(client: ClusterClient, index: u64) -> anyhow::Result<()> {
-    let args = serde_json::to_vec(&Init::Finished { index })?;
-    let options = SpawnOptions::new(COORDINATOR_KIND)
-        .args(args)
-        .label(ActorLabel::new(finished_name(index), 0));
-    client
-        .spawn(options)
+async fn keep_one(archive: ActorRef, index: u64) -> anyhow::Result<()> {
+    let request = KeepRequest {
+        status: finished_status(index),
+    };
+    archive
+        .call(
+            KeepRequest::NAME,
+            serde_json::to_vec(&request)?,
+            Duration::from_secs(30),
+        )
         .await
-        .with_context(|| format!("spawning finished job {index}"))?;
+        .with_context(|| format!("keeping finished job {index}"))?;
     Ok(())
+}
+
+/// Starts the cluster's job archive on the head's node, and its handle.
+pub(super) async fn start_archive(
+    client: &ClusterClient,
+    head: runtime::NodeId,
+) -> anyhow::Result<ActorRef> {
+    actors::job::start_archive(client, head)
+        .await
+        .context("starting the job archive")?;
+    let status = client.status().await.context("asking the head")?;
+    let id = status
+        .actors
+        .iter()
+        .find(|actor| actor.kind == actors::job::ARCHIVE_KIND)
+        .map(|actor| actor.id)
+        .context("the job archive is not among the head's actors")?;
+    Ok(client.actor(id).await?)
 }
 
 /// Writes a `job.log` of about `bytes` bytes into `run_dir`, lines as a job's log has

@@ -24,25 +24,6 @@ pub(super) fn rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The file descriptors this process has open (the entries of `/proc/self/fd`).
-pub(super) fn open_files() -> Option<u64> {
-    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
-}
-
-/// This process's soft limit on open files (`Max open files` of `/proc/self/limits`);
-/// `None` when unlimited or unreadable.
-pub(super) fn open_files_limit() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("Max open files"))?;
-    line.trim_start_matches("Max open files")
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// The process's CPU time and memory at one moment.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Reading {
@@ -160,7 +141,5 @@ mod tests {
         assert!(rss_bytes().is_some_and(|rss| rss > 0));
         assert!(thread_cpu_s().is_some());
         assert!(process_cpu_s().is_some());
-        assert!(open_files().is_some_and(|open| open > 0));
-        assert!(open_files_limit().is_some_and(|limit| limit > 0));
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use actors::job::{
     COORDINATOR_KIND, CancelRequest, CoordinatorInit, FollowRequest, HeadLost, Interrupted,
-    JobError, JobOutput, JobRequest, JobState, JobStatus, JobSummary, Progress, STOP_GRACE,
-    head_lost,
+    JobError, JobHandle, JobOutput, JobRequest, JobState, JobStatus, JobSummary, Progress,
+    STOP_GRACE, head_lost,
 };
 use anyhow::{Context, bail};
 use runtime::{ActorLabel, ActorRef, ClusterClient, SpawnOptions, Strategy};
@@ -86,6 +86,7 @@ pub(super) async fn run_attached(
 ) -> anyhow::Result<(JobSummary, Option<Vec<u8>>)> {
     let coordinator = spawn_coordinator(client, request, false).await?;
     let actor = &coordinator.actor;
+    let job = JobHandle::from(actor.clone());
     let terminal = Terminal::default();
     let mut after = 0;
     let mut asked: Option<&'static str> = None;
@@ -95,7 +96,7 @@ pub(super) async fn run_attached(
             after,
             wait_ms: FOLLOW_WAIT.as_millis() as u64,
         };
-        let follow = call(actor, &request);
+        let follow = call(&job, &request);
         tokio::select! {
             reply = follow => match reply {
                 Ok(reply) => {
@@ -120,7 +121,7 @@ pub(super) async fn run_attached(
                          most {} s; {signal} again stops at once)",
                         STOP_GRACE.as_secs()
                     );
-                    call(actor, &CancelRequest { by: signal.to_string() })
+                    call(&job, &CancelRequest { by: signal.to_string() })
                         .await
                         .context("asking the job to stop")?;
                     asked = Some(signal);
@@ -155,7 +156,7 @@ pub(super) async fn run_attached(
         Some(run)
             if status.state == JobState::Succeeded && !run.join("metrics.jsonl").is_file() =>
         {
-            crate::commands::jobs::fetch_metrics(actor).await.ok()
+            crate::commands::jobs::fetch_metrics(&job).await.ok()
         }
         _ => None,
     };
@@ -217,8 +218,10 @@ async fn spawn_coordinator(
     }
     let name = settings.name.clone();
     let run_dir = settings.runs_dir.join(&name);
-    let taken = crate::commands::jobs::coordinators(client).await?;
-    if taken.iter().any(|(job, _)| *job == name) {
+    let taken = actors::job::coordinator(client, &name)
+        .await
+        .context("looking for a job of the same name")?;
+    if taken.is_some() {
         bail!(
             "the cluster already has a job named `{name}` (`imgrun jobs` lists them; \
              `imgrun cancel {name}` removes it): choose another --name"
@@ -237,6 +240,7 @@ async fn spawn_coordinator(
     let init = CoordinatorInit {
         name: name.clone(),
         request,
+        detached,
     };
     let args = serde_json::to_vec(&init).context("encoding the job")?;
     let mut spawn = SpawnOptions::new(COORDINATOR_KIND)

@@ -97,6 +97,30 @@ impl Machine {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"))
     }
 
+    /// The reservations of `status --json` other than the cluster's job archive's (an
+    /// actor the head starts, which holds a place while the cluster runs).
+    pub fn job_reservations(&self) -> Vec<Value> {
+        let status = self.status();
+        let archives: Vec<String> = status["actors"]
+            .as_array()
+            .map(|actors| {
+                actors
+                    .iter()
+                    .filter(|a| a["kind"] == "job-archive")
+                    .map(|a| format!("actor:{}", a["id"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reservations = status["reservations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        reservations
+            .into_iter()
+            .filter(|r| !archives.iter().any(|owner| r["owner"] == owner.as_str()))
+            .collect()
+    }
+
     /// The pids of the daemons recorded in this machine's state folder.
     pub fn daemon_pids(&self) -> Vec<u32> {
         let Ok(entries) = std::fs::read_dir(self.state.join("daemons")) else {

@@ -178,8 +178,7 @@ impl TrainCluster {
     /// live daemon.
     pub fn assert_settled(&self) {
         wait_for(SETTLE_LIMIT, "no reservation left", || {
-            let status = self.head.status();
-            let left = status["reservations"].as_array().map_or(0, Vec::len);
+            let left = self.head.job_reservations().len();
             (left == 0).then_some(())
         });
         let daemons: Vec<u32> = self

@@ -370,7 +370,7 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
     cluster.wait_for_steps(&mut job, "interrupted", 1);
     let table = cluster.head.run_ok(&["status"]);
     let status = cluster.head.status();
-    let reserved = status["reservations"].as_array().map_or(0, Vec::len);
+    let reserved = cluster.head.job_reservations().len();
     // One per trainer holds CPUs (the coordinator and the monitors reserve a place only).
     let holding = status["reservations"].as_array().map_or(0, |r| {
         r.iter()
