@@ -12,6 +12,7 @@ chart image loaded.
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,8 @@ import websocket
 @contextlib.contextmanager
 def headless_chromium(*flags):
     """Starts headless Chromium with a profile of its own and yields a function that
-    calls one DevTools method of its page and returns the result; kills it at the end."""
+    calls one DevTools method of its page and returns the result; kills it and removes
+    its profile at the end."""
     profile = tempfile.mkdtemp(prefix="imgrun-chromium-")
     browser = subprocess.Popen(
         [
@@ -48,6 +50,7 @@ def headless_chromium(*flags):
     finally:
         browser.kill()
         browser.wait()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def devtools(profile):
