@@ -151,7 +151,9 @@ shards() {
     local per_class=100
     [ "$DRY" = 1 ] && per_class=4
     local dir=$DATA/train-$per_class
-    if [ ! -f "$dir.spec" ]; then
+    # A spec written where the folder was before it moved (a copied target folder) names
+    # shards that are not there: made again.
+    if [ ! -f "$dir.spec" ] || [[ $(cat "$dir.spec") != "$dir/"* ]]; then
         rm -rf "$dir"
         "$IMGRUN" shards synth "$dir" --classes 100 --per-class "$per_class" --size 256 \
             --maxcount 500 --seed 1 --prefix train | tail -1 >"$dir.spec.partial" ||

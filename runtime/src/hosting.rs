@@ -247,9 +247,10 @@ impl NodeActors {
         }
     }
 
-    /// The newest `count` lines of the output of an actor hosted here, and whether it has
-    /// a worker process of its own: one the daemon runs itself has no lines of its own
-    /// (they are the daemon's log).
+    /// The newest `count` lines of the output of an actor hosted here, or of one that
+    /// ended here lately in a worker process (the pool keeps the last ones), and whether
+    /// it has a worker process of its own: one the daemon runs itself has no lines of its
+    /// own (they are the daemon's log).
     pub(crate) fn output(
         &self,
         actor: ActorId,

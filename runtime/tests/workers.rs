@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use runtime::{
-    Actor, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit, ActorHosting, ActorId,
-    ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, ExitReason, FailureOrigin, MethodError,
-    PoolOptions, Resources, SpawnOptions, Strategy, WorkerCommand, WorkerPool, worker_main,
+    Actor, ActorCallError, ActorContext, ActorError, ActorEvent, ActorEventKind, ActorExit,
+    ActorHosting, ActorId, ActorRegistry, ActorSpec, ClusterAccess, ClusterClient, ExitReason,
+    FailureOrigin, MethodError, NodeId, PoolOptions, Resources, SpawnOptions, Strategy,
+    WorkerCommand, WorkerPool, worker_main,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -43,6 +44,7 @@ const CASES: &[(&str, Case)] = cases![
     sigkill_fails_every_actor_of_the_worker,
     an_exit_fails_with_its_code_and_last_stderr,
     a_workers_output_is_kept_for_whoever_asks,
+    an_ended_actors_output_is_kept_however_it_ended,
     a_panic_fails_only_that_actor,
     a_failure_caused_elsewhere_keeps_its_origin,
     starts_that_cannot_happen_say_why,
@@ -54,6 +56,7 @@ const CASES: &[(&str, Case)] = cases![
     frames_follow_the_pools_limit,
     a_killed_worker_fails_its_cluster_actor_for_the_owner,
     a_joined_nodes_worker_answers_calls_and_ends_with_the_node,
+    an_ended_actors_output_is_asked_of_its_node_by_id,
 ];
 
 fn main() -> ExitCode {
@@ -506,6 +509,70 @@ async fn a_workers_output_is_kept_for_whoever_asks() -> Result<()> {
     Ok(())
 }
 
+/// The newest lines of `actor`'s process once they number `count` (they arrive on a
+/// socket of their own, a little after a call's reply), or what there is at the limit.
+async fn output_of(pool: &WorkerPool, actor: u64, count: usize) -> Result<Vec<String>> {
+    let deadline = tokio::time::Instant::now() + LIMIT / 2;
+    loop {
+        let lines = pool.output(ActorId(actor), 1000)?;
+        if lines.len() >= count || tokio::time::Instant::now() > deadline {
+            return Ok(lines);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An actor's lines outlive it, however it ended (a graceful stop, a kill, its process's
+/// death), and can be asked for by its id until a later start of that id.
+async fn an_ended_actors_output_is_kept_however_it_ended() -> Result<()> {
+    let (pool, mut ended) = pool()?;
+    let printed: Vec<String> = (0..100).map(|i| format!("line {i} on stdout")).collect();
+    // (actor, how it ends, the reason reported, the lines kept beyond the printed ones)
+    let crashed = ["about to crash: checkpoint missing".to_string()];
+    let cases: [(u64, &str, &[String]); 3] =
+        [(1, "stop", &[]), (2, "kill", &[]), (3, "crash", &crashed)];
+    for (id, how, more) in cases {
+        start(&pool, &format!("e{id}"), id, "probe", &[]).await?;
+        call(&pool, id, "print", "").await?;
+        let pid = pid_of(&pool, id).await?;
+        ensure!(
+            output_of(&pool, id, 100).await? == printed,
+            "{how}: before its end"
+        );
+        match how {
+            "stop" => pool.stop(ActorId(id), false).await?,
+            "kill" => pool.stop(ActorId(id), true).await?,
+            _ => ensure!(call(&pool, id, "crash", "").await.is_err(), "a crash fails"),
+        }
+        let exit = exits(&mut ended, 1).await?.remove(0);
+        ensure!(exit.actor_id == ActorId(id), "{how}: {exit:?}");
+        gone(pid).await;
+        let mut want = printed.clone();
+        want.extend_from_slice(more);
+        let kept = output_of(&pool, id, want.len()).await?;
+        ensure!(
+            kept == want,
+            "{how}: kept after its end: {:?}",
+            &kept[kept.len().saturating_sub(3)..]
+        );
+        ensure!(
+            pool.output(ActorId(id), 1)? == want[want.len() - 1..],
+            "{how}: the newest"
+        );
+    }
+    // A later start under the same id has its own process's lines only.
+    start(&pool, "e1", 1, "probe", &[]).await?;
+    ensure!(
+        pool.output(ActorId(1), 1000)?.is_empty(),
+        "a fresh process has no lines"
+    );
+    ensure!(
+        matches!(pool.output(ActorId(9), 10), Err(ActorError::NotFound(_))),
+        "an actor that never ran here"
+    );
+    Ok(())
+}
+
 async fn a_panic_fails_only_that_actor() -> Result<()> {
     let (pool, mut ended) = pool()?;
     start(&pool, "p", 1, "probe", &[]).await?;
@@ -870,6 +937,65 @@ async fn a_joined_nodes_worker_answers_calls_and_ends_with_the_node() -> Result<
     node.stop().await;
     drop(node);
     gone(pid).await;
+    Ok(())
+}
+
+/// A client asks a node for the lines of an actor that ended there (killed by its owner,
+/// or its process died), by the actor's id, after the head has let the actor go; and is
+/// told, by a typed error, when the node keeps none or is not in the cluster.
+async fn an_ended_actors_output_is_asked_of_its_node_by_id() -> Result<()> {
+    let cluster = TestCluster::start(0, hosting()?).await;
+    let node = cluster.join("node", 0).await;
+    let client = cluster.client("head").await;
+    let on = node.node_id();
+    let newest = [
+        "line 97 on stdout",
+        "line 98 on stdout",
+        "line 99 on stdout",
+    ];
+    for (group, end) in [("killed", "kill"), ("crashed", "crash")] {
+        let options = SpawnOptions::new("probe")
+            .strategy(Strategy::Node(on))
+            .process_group(group);
+        let actor = client.spawn(options).await?;
+        actor.call("print", "", LIMIT).await?;
+        let pid: u32 = String::from_utf8_lossy(&actor.call("pid", "", LIMIT).await?).parse()?;
+        match end {
+            "kill" => actor.kill().await?,
+            _ => ensure!(
+                actor.call("crash", "", LIMIT).await.is_err(),
+                "a crash fails"
+            ),
+        }
+        gone(pid).await;
+        let want: Vec<&str> = match end {
+            "kill" => newest.to_vec(),
+            _ => vec![newest[1], newest[2], "about to crash: checkpoint missing"],
+        };
+        // Its end reaches the node's pool as the node learns it: wait for the lines.
+        let deadline = tokio::time::Instant::now() + LIMIT / 2;
+        let output = loop {
+            let output = client.actor_output_on(on, actor.id(), 3).await;
+            let done = matches!(&output, Ok(output) if output.lines == want);
+            if done || tokio::time::Instant::now() > deadline {
+                break output?;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        ensure!(
+            output.own_process && output.lines == want,
+            "{end}: {output:?}"
+        );
+    }
+    match client.actor_output_on(on, ActorId(9999), 3).await {
+        Err(ActorCallError::NoOutput { actor, node }) if actor == ActorId(9999) && node == on => {}
+        other => bail!("an actor that never ran there: {other:?}"),
+    }
+    match client.actor_output_on(NodeId(4242), ActorId(1), 3).await {
+        Err(ActorCallError::NodeNotLive { state, .. }) if state == "unknown" => {}
+        other => bail!("a node the head does not know: {other:?}"),
+    }
+    node.stop().await;
     Ok(())
 }
 

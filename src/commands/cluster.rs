@@ -413,7 +413,7 @@ async fn watch(client: &runtime::ClusterClient, args: &StatusArgs) -> anyhow::Re
             page.push('\n');
             page.push_str(&crate::commands::tables::jobs_table(&statuses));
         }
-        for job in &snapshot.jobs {
+        for job in snapshot.jobs.iter() {
             if let Some(problem) = &job.problem {
                 page.push_str(&format!("job {}: {problem}\n", job.name));
             }

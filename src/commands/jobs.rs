@@ -53,6 +53,11 @@ pub struct LogsArgs {
     /// How many of the rank's newest lines (at most 1,000 are kept).
     #[arg(long, default_value_t = 100, requires = "rank")]
     lines: u32,
+    /// Which of the trainers that have held the rank, from 0 (the first): an elastic
+    /// job's regroup or growth gives a rank a new trainer, and the node of one that ended
+    /// keeps its lines for a while. The current one by default.
+    #[arg(long, requires = "rank")]
+    attempt: Option<u32>,
     #[arg(long)]
     address: Option<String>,
 }
@@ -126,12 +131,14 @@ pub fn logs(loaded: &Loaded, args: LogsArgs) -> anyhow::Result<ExitCode> {
     Ok(exit_code(&status, args.follow))
 }
 
-/// `imgrun logs JOB --rank N`: the rank's newest output lines, asked of its node by the
-/// job's coordinator.
+/// `imgrun logs JOB --rank N [--attempt K]`: the rank's newest output lines, of its
+/// current trainer or of attempt K, asked of its node by the job's coordinator; which
+/// attempt of how many on stderr when the rank has had more than one.
 fn rank_log(loaded: &Loaded, args: &LogsArgs, rank: u32) -> anyhow::Result<ExitCode> {
     let request = actors::job::RankOutputRequest {
         rank,
         lines: args.lines,
+        attempt: args.attempt,
     };
     let output = in_cluster(loaded, args.address.as_deref(), |client| async move {
         let actor = find(&client, &args.job).await?;
@@ -139,6 +146,9 @@ fn rank_log(loaded: &Loaded, args: &LogsArgs, rank: u32) -> anyhow::Result<ExitC
             .await
             .with_context(|| format!("asking job {} for rank {rank}'s log", args.job))
     })?;
+    if let Some(line) = attempt_line(&output) {
+        eprintln!("{line}");
+    }
     if !output.own_process {
         eprintln!(
             "rank {rank}'s trainer runs in node {}'s daemon process: its lines are in that \
@@ -150,6 +160,25 @@ fn rank_log(loaded: &Loaded, args: &LogsArgs, rank: u32) -> anyhow::Result<ExitC
         println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which attempt of a rank's log is shown, when the rank has had more than one trainer.
+fn attempt_line(output: &actors::job::RankOutputReply) -> Option<String> {
+    (output.attempts > 1).then(|| {
+        let which = if output.attempt + 1 == output.attempts {
+            "the newest"
+        } else {
+            "an earlier trainer"
+        };
+        format!(
+            "rank {}: attempt {} of {} ({which}, on node {}; --attempt 0 to {} for the others)",
+            output.rank,
+            output.attempt,
+            output.attempts,
+            output.node,
+            output.attempts - 1
+        )
+    })
 }
 
 pub fn cancel(loaded: &Loaded, args: CancelArgs) -> anyhow::Result<ExitCode> {
@@ -352,4 +381,46 @@ where
             .context("connecting to the cluster (jobs run in a cluster: `imgrun start --head`)")?;
         work(client).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_log_says_which_attempt_when_there_are_several() {
+        let reply = |attempt, attempts| actors::job::RankOutputReply {
+            rank: 1,
+            node: 3,
+            lines: Vec::new(),
+            own_process: true,
+            attempt,
+            attempts,
+        };
+        let cases = [
+            (0, 0, None),
+            (0, 1, None),
+            (
+                0,
+                2,
+                Some(
+                    "rank 1: attempt 0 of 2 (an earlier trainer, on node 3; --attempt 0 to 1 for the others)",
+                ),
+            ),
+            (
+                2,
+                3,
+                Some(
+                    "rank 1: attempt 2 of 3 (the newest, on node 3; --attempt 0 to 2 for the others)",
+                ),
+            ),
+        ];
+        for (attempt, attempts, want) in cases {
+            assert_eq!(
+                attempt_line(&reply(attempt, attempts)).as_deref(),
+                want,
+                "{attempt} of {attempts}"
+            );
+        }
+    }
 }

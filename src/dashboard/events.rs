@@ -26,12 +26,21 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub(super) const MAX_STREAMS: usize = 16;
 
 /// What a page shows of `snapshot`, hashed: equal while nothing a page shows changed.
+/// Ended jobs count as the snapshot's one number for them (their status never changes),
+/// so a head of thousands of ended jobs hashes only its running ones.
 pub(super) fn version(snapshot: &ClusterSnapshot) -> u64 {
     let mut hash = DefaultHasher::new();
     for node in &snapshot.cluster.nodes {
         (node.id.0, node.state.to_string()).hash(&mut hash);
     }
-    for job in &snapshot.jobs {
+    snapshot.jobs.ended().hash(&mut hash);
+    let ended = |job: &&std::sync::Arc<actors::job::JobSnapshot>| {
+        job.job
+            .as_ref()
+            .is_some_and(|status| status.state.is_final())
+    };
+    let coordinated = snapshot.jobs.coordinated().iter();
+    for job in coordinated.filter(|job| !ended(job)) {
         job.name.hash(&mut hash);
         job.problem.hash(&mut hash);
         if let Some(status) = &job.job {
@@ -141,5 +150,60 @@ impl HttpBody for ChannelBody {
         self.receive
             .poll_recv(cx)
             .map(|piece| piece.map(|piece| piece.map(http_body::Frame::data)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use actors::job::{JobSnapshot, JobState, JobStatus, Jobs};
+    use runtime::ClusterStatus;
+
+    use super::*;
+
+    fn job(name: &str, state: JobState, position: u64) -> Arc<JobSnapshot> {
+        let mut status = JobStatus::new(name, state, None);
+        status.position = position;
+        Arc::new(JobSnapshot {
+            name: name.to_owned(),
+            job: Some(status),
+            ranks: Vec::new(),
+            problem: None,
+        })
+    }
+
+    fn snapshot(running_step: u64, ended_outcome: &str, ended: u64) -> ClusterSnapshot {
+        let mut done = JobStatus::new("done", JobState::Succeeded, None);
+        done.outcome = Some(ended_outcome.to_owned());
+        let done = Arc::new(JobSnapshot {
+            name: "done".to_owned(),
+            job: Some(done),
+            ranks: Vec::new(),
+            problem: None,
+        });
+        let running = vec![job("run", JobState::Running, running_step)];
+        ClusterSnapshot {
+            taken_at_unix_ms: 0,
+            cluster: ClusterStatus::new(1, Vec::new(), Vec::new()),
+            jobs: Jobs::new(running, Arc::new(vec![done]), ended),
+        }
+    }
+
+    #[test]
+    fn the_version_follows_running_jobs_and_the_ended_ones_number_only() {
+        let base = version(&snapshot(3, "a", 7));
+        assert_eq!(base, version(&snapshot(3, "a", 7)));
+        assert_ne!(base, version(&snapshot(4, "a", 7)), "a running job stepped");
+        assert_ne!(
+            base,
+            version(&snapshot(3, "a", 8)),
+            "an ended job came or went"
+        );
+        assert_eq!(
+            base,
+            version(&snapshot(3, "b", 7)),
+            "an ended job is not looked at one by one"
+        );
     }
 }

@@ -11,7 +11,10 @@
 //! (the trainer's and its loader's messages, libtorch's and NCCL's), which the job's
 //! coordinator asks of the rank's node; the rank is one the snapshot lists for the job.
 //! Its `?q=` shows the lines that hold a text, by the job log's rule
-//! ([`lines_holding`]); `job/NAME/rank/N/log.txt` downloads the lines it keeps.
+//! ([`lines_holding`]); `job/NAME/rank/N/log.txt` downloads the lines it keeps. Both take
+//! `?attempt=K`, an earlier trainer of the rank (an elastic job's regroup or growth gave
+//! it another): K is read as a number and checked against the coordinator's table of
+//! the rank's attempts, whose node keeps the lines; it names no path.
 
 use std::sync::Arc;
 
@@ -92,24 +95,39 @@ const RANK_LINES: u32 = 1000;
 /// The rank of the job `name` that `rank` names, when the snapshot lists the job with
 /// that rank: the path's text is compared, never used.
 pub(super) fn listed_rank(snapshot: &ClusterSnapshot, name: &str, rank: &str) -> Option<u32> {
-    let job = snapshot.jobs.iter().find(|job| job.name == name)?;
+    let job = snapshot.jobs.find(name)?;
     job.ranks
         .iter()
         .map(|view| view.rank)
         .find(|listed| listed.to_string() == rank)
 }
 
-/// A rank's log page's query.
+/// A rank's log page's (and download's) query.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct RankLogQuery {
     #[serde(default)]
     q: String,
+    /// As written: read by [`RankLogQuery::attempt`].
+    #[serde(default)]
+    attempt: Option<String>,
 }
 
 impl RankLogQuery {
     /// The text to find; empty for the newest lines.
     pub(super) fn text(&self) -> &str {
         self.q.trim()
+    }
+
+    /// The attempt asked for: `Ok(None)` for the current one (no `attempt`, or an empty
+    /// one), `Err(())` when it is not a number.
+    pub(super) fn attempt(&self) -> Result<Option<u32>, ()> {
+        match self.attempt.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(text) if text.bytes().all(|b| b.is_ascii_digit()) => {
+                text.parse().map(Some).map_err(|_| ())
+            }
+            Some(_) => Err(()),
+        }
     }
 }
 
@@ -137,27 +155,56 @@ pub(super) fn rank_file(output: &RankOutputReply) -> String {
     file
 }
 
-/// A rank's download's file name, `NAME-rank-N.log`, by [`file_name`]'s rule.
-pub(super) fn rank_file_name(name: &str, rank: u32) -> String {
-    file_name(&format!("{name}-rank-{rank}"))
+/// A rank's download's file name, `NAME-rank-N.log` (`NAME-rank-N-attempt-K.log` for
+/// an attempt asked by number), by [`file_name`]'s rule.
+pub(super) fn rank_file_name(name: &str, rank: u32, attempt: Option<u32>) -> String {
+    match attempt {
+        None => file_name(&format!("{name}-rank-{rank}")),
+        Some(attempt) => file_name(&format!("{name}-rank-{rank}-attempt-{attempt}")),
+    }
 }
 
-/// Rank `rank`'s newest output lines, asked of the job `name`'s coordinator; `None` when
-/// the cluster holds no such job.
+/// What the job's coordinator gave for a rank's log.
+pub(super) enum RankLog {
+    Lines(RankOutputReply),
+    NoSuchJob,
+    /// The attempt asked for is past the rank's last, by the coordinator's table.
+    NoSuchAttempt,
+}
+
+/// Rank `rank`'s newest output lines, of attempt `attempt` (the current one when
+/// `None`), asked of the job `name`'s coordinator. When an attempt asked for by number
+/// is refused, the coordinator's table says whether the rank has it.
 pub(super) async fn rank_output(
     client: &ClusterClient,
     name: &str,
     rank: u32,
-) -> anyhow::Result<Option<RankOutputReply>> {
+    attempt: Option<u32>,
+) -> anyhow::Result<RankLog> {
     let Some(actor) = coordinator(client, name).await.context("asking the head")? else {
-        return Ok(None);
+        return Ok(RankLog::NoSuchJob);
     };
     let request = RankOutputRequest {
         rank,
         lines: RANK_LINES,
+        attempt,
     };
-    let reply = call_coordinator(&actor, &request, COORDINATOR_CALL_TIMEOUT).await?;
-    Ok(Some(reply))
+    let refused = match call_coordinator(&actor, &request, COORDINATOR_CALL_TIMEOUT).await {
+        Ok(reply) => return Ok(RankLog::Lines(reply)),
+        Err(refused) => refused,
+    };
+    let Some(asked) = attempt else {
+        return Err(refused.into());
+    };
+    let current = RankOutputRequest {
+        rank,
+        lines: 0,
+        attempt: None,
+    };
+    match call_coordinator(&actor, &current, COORDINATOR_CALL_TIMEOUT).await {
+        Ok(current) if asked >= current.attempts => Ok(RankLog::NoSuchAttempt),
+        _ => Err(refused.into()),
+    }
 }
 
 /// The downloads' share of the server.
@@ -270,8 +317,8 @@ mod tests {
         ] {
             assert_eq!(file_name(name), file, "{name:?}");
         }
-        assert_eq!(rank_file_name("run1", 3), "run1-rank-3.log");
-        assert_eq!(rank_file_name("../a b", 0), "_a_b-rank-0.log");
+        assert_eq!(rank_file_name("run1", 3, None), "run1-rank-3.log");
+        assert_eq!(rank_file_name("../a b", 0, None), "_a_b-rank-0.log");
     }
 
     #[test]
@@ -305,7 +352,10 @@ mod tests {
     #[test]
     fn a_rank_query_is_trimmed_and_a_file_ends_each_line() {
         for (q, text) in [("", ""), ("  ", ""), (" ready \t", "ready"), ("a b", "a b")] {
-            let query = RankLogQuery { q: q.to_owned() };
+            let query = RankLogQuery {
+                q: q.to_owned(),
+                attempt: None,
+            };
             assert_eq!(query.text(), text, "{q:?}");
         }
         let output = |lines: &[&str]| RankOutputReply {
@@ -313,8 +363,39 @@ mod tests {
             node: 2,
             lines: lines.iter().map(|l| l.to_string()).collect(),
             own_process: true,
+            attempt: 0,
+            attempts: 1,
         };
         assert_eq!(rank_file(&output(&[])), "");
         assert_eq!(rank_file(&output(&["a", "", "b"])), "a\n\nb\n");
+    }
+
+    #[test]
+    fn an_attempt_is_a_number_or_refused() {
+        // (the query's `attempt`, as written; what it asks)
+        type Asked = Result<Option<u32>, ()>;
+        let cases: [(Option<&str>, Asked); 10] = [
+            (None, Ok(None)),
+            (Some(""), Ok(None)),
+            (Some("0"), Ok(Some(0))),
+            (Some(" 2 "), Ok(Some(2))),
+            (Some("007"), Ok(Some(7))),
+            (Some("-1"), Err(())),
+            (Some("+1"), Err(())),
+            (Some("1.0"), Err(())),
+            (Some("../../etc/passwd"), Err(())),
+            (Some("99999999999"), Err(())),
+        ];
+        for (attempt, want) in cases {
+            let query = RankLogQuery {
+                q: String::new(),
+                attempt: attempt.map(str::to_owned),
+            };
+            assert_eq!(query.attempt(), want, "{attempt:?}");
+        }
+        assert_eq!(
+            rank_file_name("run", 2, Some(0)),
+            "run-rank-2-attempt-0.log"
+        );
     }
 }

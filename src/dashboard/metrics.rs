@@ -118,7 +118,7 @@ fn gpu_use(metrics: &mut Metrics, snapshot: &ClusterSnapshot) {
     }
 }
 
-fn jobs(metrics: &mut Metrics, jobs: &[std::sync::Arc<JobSnapshot>]) {
+fn jobs(metrics: &mut Metrics, jobs: &actors::job::Jobs) {
     let state = metrics.gauge(
         "imgrun_job_state",
         "1 for the job's state (running, stopping, succeeded, failed, cancelled)",
@@ -153,7 +153,7 @@ fn jobs(metrics: &mut Metrics, jobs: &[std::sync::Arc<JobSnapshot>]) {
         "The newest step's gradient averaging, the ranks' mean",
     );
     let mut ranks = RankMetrics::new(metrics);
-    for job in jobs {
+    for job in jobs.iter() {
         let Some(status) = &job.job else {
             continue;
         };
@@ -534,7 +534,7 @@ mod tests {
         let snapshot = ClusterSnapshot {
             taken_at_unix_ms: 0,
             cluster,
-            jobs: vec![
+            jobs: actors::job::Jobs::from(vec![
                 std::sync::Arc::new(JobSnapshot {
                     name: "r50".to_owned(),
                     job: Some(status),
@@ -547,7 +547,7 @@ mod tests {
                     ranks: Vec::new(),
                     problem: Some("no answer".to_owned()),
                 }),
-            ],
+            ]),
         };
         let text = render(&snapshot);
         for line in [

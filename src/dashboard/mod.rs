@@ -412,25 +412,27 @@ async fn log_page(
 }
 
 /// `job/NAME/rank/N/log`: rank N's newest output lines, or those that hold `?q=`, for a
-/// rank the job lists now.
+/// rank the job lists now; of its attempt K with `?attempt=K`.
 async fn rank_log_page(
     State(shared): State<Arc<Shared>>,
     Path((name, rank)): Path<(String, String)>,
     Query(query): Query<logs::RankLogQuery>,
 ) -> Response {
-    match listed_rank_output(&shared, &name, &rank).await {
-        Ok(output) => html(pages::rank_log(&name, &output, query.text())),
+    match listed_rank_output(&shared, &name, &rank, &query).await {
+        Ok((output, asked)) => html(pages::rank_log(&name, &output, query.text(), asked)),
         Err(refused) => refused,
     }
 }
 
-/// `job/NAME/rank/N/log.txt`: the lines rank N's node keeps, as a file to save.
+/// `job/NAME/rank/N/log.txt`: the lines rank N's node keeps (of attempt K with
+/// `?attempt=K`), as a file to save.
 async fn rank_log_download(
     State(shared): State<Arc<Shared>>,
     Path((name, rank)): Path<(String, String)>,
+    Query(query): Query<logs::RankLogQuery>,
 ) -> Response {
-    let output = match listed_rank_output(&shared, &name, &rank).await {
-        Ok(output) => output,
+    let (output, asked) = match listed_rank_output(&shared, &name, &rank, &query).await {
+        Ok(found) => found,
         Err(refused) => return refused,
     };
     if !output.own_process {
@@ -447,7 +449,7 @@ async fn rank_log_download(
     }
     let disposition = format!(
         "attachment; filename=\"{}\"",
-        logs::rank_file_name(&name, output.rank)
+        logs::rank_file_name(&name, output.rank, asked)
     );
     let Ok(disposition) = HeaderValue::from_str(&disposition) else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
@@ -466,19 +468,26 @@ async fn rank_log_download(
 }
 
 /// The output of the job `name`'s rank that the path's `rank` names, when the snapshot
-/// lists the job with that rank; else the answer to send.
+/// lists the job with that rank, of the attempt `query` asks for (when the coordinator's
+/// table has it), with that attempt; else the answer to send.
 async fn listed_rank_output(
     shared: &Shared,
     name: &str,
     rank: &str,
-) -> Result<actors::job::RankOutputReply, Response> {
+    query: &logs::RankLogQuery,
+) -> Result<(actors::job::RankOutputReply, Option<u32>), Response> {
+    let not_found = |what: &'static str| (StatusCode::NOT_FOUND, what).into_response();
+    let Ok(attempt) = query.attempt() else {
+        return Err(not_found("no such attempt (a number from 0)\n"));
+    };
     let snapshot = shared.snapshots.get().await.map_err(|e| unavailable(&e))?;
     let Some(rank) = logs::listed_rank(&snapshot, name, rank) else {
-        return Err((StatusCode::NOT_FOUND, "no such job or rank\n").into_response());
+        return Err(not_found("no such job or rank\n"));
     };
-    match logs::rank_output(&shared.client, name, rank).await {
-        Ok(Some(output)) => Ok(output),
-        Ok(None) => Err((StatusCode::NOT_FOUND, "no such job\n").into_response()),
+    match logs::rank_output(&shared.client, name, rank, attempt).await {
+        Ok(logs::RankLog::Lines(output)) => Ok((output, attempt)),
+        Ok(logs::RankLog::NoSuchJob) => Err(not_found("no such job\n")),
+        Ok(logs::RankLog::NoSuchAttempt) => Err(not_found("no such attempt of that rank\n")),
         Err(error) => Err(unavailable(&error)),
     }
 }

@@ -8,7 +8,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use actors::job::{ClusterSnapshot, JobSnapshot, Moment, RankOutputReply};
+use actors::job::{ClusterSnapshot, JobSnapshot, Jobs, Moment, RankOutputReply};
 
 use super::logs::{LogView, lines_holding};
 
@@ -148,19 +148,27 @@ pub(super) const JOBS_PER_PAGE: usize = 50;
 
 /// The jobs of overview page `page` (from 0; past the last, the last): running ones
 /// first, then the others, each in name order; and how many pages there are.
-fn jobs_page(jobs: &[Arc<JobSnapshot>], page: usize) -> (Vec<&JobSnapshot>, usize) {
+fn jobs_page(jobs: &Jobs, page: usize) -> (Vec<&JobSnapshot>, usize) {
     let ended = |job: &&Arc<JobSnapshot>| job.job.as_ref().is_some_and(|s| s.state.is_final());
     let pages = jobs.len().div_ceil(JOBS_PER_PAGE).max(1);
     let first = page.min(pages - 1) * JOBS_PER_PAGE;
-    // Each group keeps the snapshot's name order.
-    let running = jobs.iter().filter(|job| !ended(job));
-    let shown = running
-        .chain(jobs.iter().filter(ended))
-        .skip(first)
-        .take(JOBS_PER_PAGE)
-        .map(|job| &**job)
-        .collect();
-    (shown, pages)
+    // Each group keeps the name order. Every running job has a coordinator.
+    let coordinated = jobs.coordinated();
+    let running: Vec<&Arc<JobSnapshot>> = coordinated.iter().filter(|j| !ended(j)).collect();
+    let shown: Vec<&Arc<JobSnapshot>> = if running.len() == coordinated.len() {
+        // Every ended job is the archive's: its page is reached by index, not a walk.
+        let archived = jobs
+            .archived()
+            .iter()
+            .skip(first.saturating_sub(running.len()));
+        let running = running.into_iter().skip(first);
+        running.chain(archived).take(JOBS_PER_PAGE).collect()
+    } else {
+        let over = jobs.iter().filter(ended);
+        let all = running.into_iter().chain(over);
+        all.skip(first).take(JOBS_PER_PAGE).collect()
+    };
+    (shown.into_iter().map(|job| &**job).collect(), pages)
 }
 
 /// One job's row, its name a link to its page when `up` (the way back to the
@@ -205,7 +213,7 @@ fn job_row(html: &mut String, job: &JobSnapshot, up: Option<&str>) {
 /// session's token, given when the head runs with `--dashboard-actions`), a running job
 /// has a button that cancels it.
 pub(super) fn job(snapshot: &ClusterSnapshot, name: &str, csrf: Option<&str>) -> Option<String> {
-    let job = snapshot.jobs.iter().find(|job| job.name == name)?;
+    let job = snapshot.jobs.find(name)?;
     let mut html = head(&format!("imgrun: {}", escape(name)), "../");
     let _ = write!(
         html,
@@ -372,8 +380,14 @@ pub(super) fn log(name: &str, view: &LogView) -> String {
 
 /// A rank's log page (at `job/NAME/rank/N/log`): the newest lines its trainer's process
 /// wrote, oldest first, or those of them that hold `text` when it is not empty; a search
-/// box, and the download of the lines (`log.txt`).
-pub(super) fn rank_log(name: &str, output: &RankOutputReply, text: &str) -> String {
+/// box, and the download of the lines (`log.txt`). Of the attempt `asked` (`?attempt=`),
+/// else the current one; a rank that has had several trainers links to each.
+pub(super) fn rank_log(
+    name: &str,
+    output: &RankOutputReply,
+    text: &str,
+    asked: Option<u32>,
+) -> String {
     let mut html = head(
         &format!("imgrun: {} rank {}", escape(name), output.rank),
         "../../../../",
@@ -386,6 +400,7 @@ pub(super) fn rank_log(name: &str, output: &RankOutputReply, text: &str) -> Stri
         name = escape(name),
         rank = output.rank,
     );
+    attempt_links(&mut html, output);
     if !output.own_process {
         let _ = write!(
             html,
@@ -396,7 +411,7 @@ pub(super) fn rank_log(name: &str, output: &RankOutputReply, text: &str) -> Stri
         html.push_str("</body></html>\n");
         return html;
     }
-    search_form(&mut html, text);
+    rank_search_form(&mut html, text, asked);
     let shown = if text.is_empty() {
         let _ = write!(
             html,
@@ -426,6 +441,48 @@ pub(super) fn rank_log(name: &str, output: &RankOutputReply, text: &str) -> Stri
     }
     html.push_str("</pre></body></html>\n");
     html
+}
+
+/// A rank's attempts as links (`log?attempt=K`), the one shown in bold, when it has had
+/// more than one trainer.
+fn attempt_links(html: &mut String, output: &RankOutputReply) {
+    if output.attempts < 2 {
+        return;
+    }
+    html.push_str("<p>its trainers (an elastic job's regroup or growth gives a rank another):");
+    for attempt in 0..output.attempts {
+        let last = if attempt + 1 == output.attempts {
+            " (newest)"
+        } else {
+            ""
+        };
+        if attempt == output.attempt {
+            let _ = write!(html, " <b>attempt {attempt}{last}</b>");
+        } else {
+            let _ = write!(
+                html,
+                " <a href=\"log?attempt={attempt}\">attempt {attempt}{last}</a>"
+            );
+        }
+    }
+    html.push_str("</p>");
+}
+
+/// A rank log page's search box, keeping the attempt asked for (`?attempt=`) in the
+/// search and the links.
+fn rank_search_form(html: &mut String, text: &str, asked: Option<u32>) {
+    let Some(attempt) = asked else {
+        search_form(html, text);
+        return;
+    };
+    let _ = write!(
+        html,
+        "<form method=get action=\"log\"><input type=hidden name=attempt value=\"{attempt}\">\
+         <input name=q value=\"{}\" placeholder=\"text to find\" size=40> <button>find\
+         </button> <a href=\"log?attempt={attempt}\">last lines</a> · <a \
+         href=\"log.txt?attempt={attempt}\" download>download</a></form>",
+        escape(text)
+    );
 }
 
 /// A log page's search box (`?q=`) with `text` in it, and its links to the last lines
@@ -649,6 +706,8 @@ mod tests {
                 .map(String::from)
                 .to_vec(),
             own_process,
+            attempt: 0,
+            attempts: 1,
         };
         let form = "<form method=get action=\"log\"><input name=q value=\"";
         let download = "<a href=\"log.txt\" download>download</a>";
@@ -685,7 +744,7 @@ mod tests {
             ),
         ];
         for (text, holds, lacks) in table {
-            let page = rank_log("a\"b", &output(true), text);
+            let page = rank_log("a\"b", &output(true), text, None);
             assert!(
                 page.contains("<h1>a&quot;b: rank 1</h1>"),
                 "{text:?}: {page}"
@@ -701,9 +760,71 @@ mod tests {
             }
         }
         // A trainer in its daemon's process: no lines here, so no search or download.
-        let page = rank_log("run", &output(false), "step");
+        let page = rank_log("run", &output(false), "step", None);
         assert!(page.contains("node 4's daemon process"), "{page}");
         assert!(!page.contains(form) && !page.contains("log.txt"), "{page}");
+    }
+
+    #[test]
+    fn a_rank_log_page_links_to_each_attempt_and_keeps_the_one_asked() {
+        let output = |attempt, attempts| RankOutputReply {
+            rank: 2,
+            node: 3,
+            lines: vec!["trainer ready rank=2 world=3".to_string()],
+            own_process: true,
+            attempt,
+            attempts,
+        };
+        // (shown, of, asked, the page holds, the page does not hold)
+        type Row<'a> = (u32, u32, Option<u32>, &'a [&'a str], &'a [&'a str]);
+        let table: [Row; 3] = [
+            (
+                0,
+                1,
+                None,
+                &["<a href=\"log.txt\" download>"],
+                &["attempt 0", "?attempt="],
+            ),
+            (
+                2,
+                3,
+                None,
+                &[
+                    "<a href=\"log?attempt=0\">attempt 0</a>",
+                    "<a href=\"log?attempt=1\">attempt 1</a>",
+                    "<b>attempt 2 (newest)</b>",
+                    "<a href=\"log.txt\" download>",
+                ],
+                &["name=attempt"],
+            ),
+            (
+                0,
+                3,
+                Some(0),
+                &[
+                    "<b>attempt 0</b>",
+                    "<a href=\"log?attempt=2\">attempt 2 (newest)</a>",
+                    "<input type=hidden name=attempt value=\"0\">",
+                    "<a href=\"log.txt?attempt=0\" download>",
+                ],
+                &["<a href=\"log?attempt=0\">attempt"],
+            ),
+        ];
+        for (shown, of, asked, holds, lacks) in table {
+            let page = rank_log("run", &output(shown, of), "", asked);
+            for wanted in holds {
+                assert!(
+                    page.contains(wanted),
+                    "{shown} of {of}: lacks {wanted:?}: {page}"
+                );
+            }
+            for unwanted in lacks {
+                assert!(
+                    !page.contains(unwanted),
+                    "{shown} of {of}: holds {unwanted:?}: {page}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -780,29 +901,39 @@ mod tests {
                 problem: None,
             })
         };
-        // 120 finished jobs, and 3 running ones whose names sort among them.
-        let mut jobs: Vec<Arc<JobSnapshot>> = (0..120)
+        // 120 finished jobs, and 3 running ones whose names sort among them; the finished
+        // ones all the archive's, or 10 of them still with their coordinators.
+        let done: Vec<Arc<JobSnapshot>> = (0..120)
             .map(|i| job(format!("done-{i:03}"), "succeeded"))
             .collect();
-        jobs.extend((0..3).map(|i| job(format!("a-run-{i}"), "running")));
-        jobs.push(job("z-run".to_string(), "stopping"));
-        jobs.sort_by(|a, b| a.name.cmp(&b.name));
-        let names = |page| -> (Vec<String>, usize) {
-            let (shown, pages) = jobs_page(&jobs, page);
-            (shown.iter().map(|j| j.name.clone()).collect(), pages)
-        };
-        let (first, pages) = names(0);
-        assert_eq!(pages, 3);
-        assert_eq!(first.len(), JOBS_PER_PAGE);
-        assert_eq!(
-            first[..5],
-            ["a-run-0", "a-run-1", "a-run-2", "z-run", "done-000"]
-        );
-        let (last, _) = names(2);
-        assert_eq!(last.len(), 124 - 2 * JOBS_PER_PAGE);
-        assert_eq!(last.last().map(String::as_str), Some("done-119"));
-        // Past the last page: the last.
-        assert_eq!(names(99).0, last);
-        assert_eq!(jobs_page(&[], 0).1, 1);
+        let mut running: Vec<Arc<JobSnapshot>> = (0..3)
+            .map(|i| job(format!("a-run-{i}"), "running"))
+            .collect();
+        running.push(job("z-run".to_string(), "stopping"));
+        for coordinated_done in [0, 10] {
+            let mut coordinated = running.clone();
+            coordinated.extend(done[..coordinated_done].iter().cloned());
+            let archived = Arc::new(done[coordinated_done..].to_vec());
+            let jobs = Jobs::new(coordinated, archived, 0);
+            let names = |page| -> (Vec<String>, usize) {
+                let (shown, pages) = jobs_page(&jobs, page);
+                (shown.iter().map(|j| j.name.clone()).collect(), pages)
+            };
+            let (first, pages) = names(0);
+            assert_eq!(pages, 3);
+            assert_eq!(first.len(), JOBS_PER_PAGE);
+            assert_eq!(
+                first[..5],
+                ["a-run-0", "a-run-1", "a-run-2", "z-run", "done-000"]
+            );
+            let (second, _) = names(1);
+            assert_eq!(second[0], format!("done-{:03}", JOBS_PER_PAGE - 4));
+            let (last, _) = names(2);
+            assert_eq!(last.len(), 124 - 2 * JOBS_PER_PAGE);
+            assert_eq!(last.last().map(String::as_str), Some("done-119"));
+            // Past the last page: the last.
+            assert_eq!(names(99).0, last);
+        }
+        assert_eq!(jobs_page(&Jobs::default(), 0).1, 1);
     }
 }

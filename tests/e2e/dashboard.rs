@@ -491,10 +491,32 @@ fn rank_logs(dash: &Dashboard, session: &str, cluster: &TrainCluster) {
         "/job/watched/rank/..%2F0/log.txt",
         "/job/watched/rank/0x/log.txt",
         "/job/elsewhere/rank/0/log.txt",
+        // An attempt is a number the coordinator's table has: this job's ranks have had
+        // one trainer each.
+        "/job/watched/rank/0/log?attempt=1",
+        "/job/watched/rank/0/log?attempt=-1",
+        "/job/watched/rank/0/log?attempt=..%2F0",
+        "/job/watched/rank/0/log.txt?attempt=1",
+        "/job/watched/rank/0/log.txt?attempt=x",
     ] {
         let answer = browse(dash, path, session);
         assert_eq!(answer.status, 404, "{path}: {}", answer.body);
     }
+    let first = browse(dash, "/job/watched/rank/0/log?attempt=0", session);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(
+        first.body.contains("trainer ready rank=0 world=2")
+            && first.body.contains("href=\"log.txt?attempt=0\"")
+            && !first.body.contains("log?attempt=1"),
+        "attempt 0, the only one: {}",
+        first.body
+    );
+    let saved = browse(dash, "/job/watched/rank/0/log.txt?attempt=0", session);
+    assert_eq!(saved.status, 200, "{}", saved.body);
+    assert_eq!(
+        saved.header("content-disposition"),
+        Some("attachment; filename=\"watched-rank-0-attempt-0.log\"")
+    );
     // Behind the same guard as every route: no session, no lines.
     let here = dash.addr.to_string();
     let anonymous = request(

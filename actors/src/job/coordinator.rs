@@ -300,10 +300,10 @@ impl Answers for Coordinator {
     /// A rank's newest output lines, asked of its node from the job's runtime.
     fn rank_output(&self, request: &RankOutputRequest) -> Result<RankOutputReply, MethodError> {
         let control = self.control.clone();
-        let (rank, lines) = (request.rank, request.lines);
-        let what = format!("rank {rank}'s node");
+        let request = request.clone();
+        let what = format!("rank {}'s node", request.rank);
         self.on_job_runtime(Duration::from_secs(15), &what, async move {
-            control.rank_output(rank, lines).await
+            control.rank_output(&request).await
         })?
         .map_err(|error| MethodError::new(error.to_string()))
     }

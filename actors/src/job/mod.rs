@@ -20,7 +20,8 @@
 //!    counts per rank), and the pure decisions: `due.rs` (what
 //!    is due at each step) and `recovery.rs` (what follows each end of the step loop),
 //!    `tensorboard.rs` (records as TensorBoard event files), `joblog.rs` (the job's
-//!    `job.log` and the reads of it);
+//!    `job.log` and the reads of it), `attempts.rs` (which trainers have held each
+//!    rank);
 //! 2. `world.rs` (where its ranks run), `metrics.rs` (`metrics.jsonl`, and its records as
 //!    TensorBoard events);
 //! 3. `calls.rs` (a rank's handle, the typed calls to ranks);
@@ -37,6 +38,7 @@
 //!     coordinators: what every view of a running cluster reads).
 
 mod archive;
+mod attempts;
 mod calls;
 mod coordinator;
 mod driver;
@@ -87,7 +89,7 @@ pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::{RankOutputError, RankOutputReply, RankOutputRequest, RankView};
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
-    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, FinishedJobs, JobLookupError, JobSnapshot,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, FinishedJobs, JobLookupError, JobSnapshot, Jobs,
     call_coordinator, coordinator, coordinators, job_names, snapshot, snapshot_keeping,
 };
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};

@@ -1,13 +1,17 @@
 //! The hang doctor: every rank's phase now (from its monitor, which answers while the
 //! trainer is busy), for `imgrun jobs JOB --ranks`, and the rank a call in flight waits
 //! for, named while it happens; and a rank's own log (the newest lines its trainer's
-//! process wrote, kept by its node).
+//! process wrote, kept by its node), of the trainer that holds the rank now or of an
+//! earlier attempt (`attempts.rs`), asked of that attempt's node by actor id.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use runtime::ActorCallError;
+
+use super::attempts::{Missing, RankAttempts, Trainer};
 use super::calls::{RankHandle, call_one};
 use crate::train::phase::{Phase, PhaseRequest, RankPhase};
 
@@ -157,9 +161,202 @@ fn reading_now(reading: &[crate::train::phase::ShardRead]) -> String {
     }
 }
 
+/// The newest lines rank `rank`'s trainer process wrote: its own log (the trainer's and
+/// its loader's messages) and its libraries' (libtorch, NCCL), kept by its node. Of the
+/// trainer that holds the rank now, or of an earlier one (`attempt`), which its node
+/// keeps for a while after it ended, as long as that node's daemon runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RankOutputRequest {
+    pub rank: u32,
+    /// How many of the newest lines; at most 1,000 are kept.
+    pub lines: u32,
+    /// Which of the trainers that held the rank, from 0 (the first); `None` for the one
+    /// that holds it now.
+    #[serde(default)]
+    pub attempt: Option<u32>,
+}
+
+/// The answer to a [`RankOutputRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankOutputReply {
+    pub rank: u32,
+    /// The node of the attempt shown.
+    pub node: u64,
+    /// Oldest first.
+    pub lines: Vec<String>,
+    /// False when the trainer runs in its node daemon's own process (its lines are in
+    /// the daemon's log), which leaves `lines` empty.
+    pub own_process: bool,
+    /// The attempt shown, from 0.
+    #[serde(default)]
+    pub attempt: u32,
+    /// How many attempts the rank has had (trainers that held it, the current one too).
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+/// Why a rank's output could not be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RankOutputError {
+    /// No trainer holds the rank now (`attempts`: how many once did).
+    #[error("the job has no rank {rank} now (its ranks: {ranks:?}){}", earlier(*attempts))]
+    NoSuchRank {
+        rank: u32,
+        ranks: Vec<u32>,
+        attempts: u32,
+    },
+    #[error("rank {rank} has no attempt {attempt} (it has had {attempts}{})", numbered(*attempts))]
+    NoSuchAttempt {
+        rank: u32,
+        attempt: u32,
+        attempts: u32,
+    },
+    /// The attempt's node keeps no lines of it, or is not in the cluster now.
+    #[error(
+        "the lines of rank {rank}'s attempt {attempt} (actor {actor} on node {node}) are gone: {reason}"
+    )]
+    Gone {
+        rank: u32,
+        attempt: u32,
+        actor: u64,
+        node: u64,
+        reason: String,
+    },
+    #[error("rank {rank}'s node did not give its output: {reason}")]
+    Unanswered { rank: u32, reason: String },
+}
+
+fn earlier(attempts: u32) -> String {
+    match attempts {
+        0 => String::new(),
+        1 => "; its one earlier trainer is attempt 0".to_string(),
+        n => format!("; its {n} earlier trainers are attempts 0 to {}", n - 1),
+    }
+}
+
+fn numbered(attempts: u32) -> String {
+    match attempts {
+        0 => String::new(),
+        1 => ": attempt 0".to_string(),
+        n => format!(": attempts 0 to {}", n - 1),
+    }
+}
+
+/// The newest `lines` lines of the process of the rank's attempt that `request` names:
+/// the current trainer's asked through its handle (and, should that fail, of its node by
+/// id: it may have just ended), an earlier one's of its node by actor id.
+pub(crate) async fn rank_output(
+    ranks: &[RankHandle],
+    attempts: &RankAttempts,
+    client: Option<&runtime::ClusterClient>,
+    request: &RankOutputRequest,
+) -> Result<RankOutputReply, RankOutputError> {
+    let (rank, lines) = (request.rank, request.lines);
+    let found = attempts
+        .find(rank, request.attempt)
+        .map_err(|missing| match missing {
+            Missing::Rank { ranks, attempts } => RankOutputError::NoSuchRank {
+                rank,
+                ranks,
+                attempts,
+            },
+            Missing::Attempt { attempts } => RankOutputError::NoSuchAttempt {
+                rank,
+                attempt: request.attempt.unwrap_or_default(),
+                attempts,
+            },
+        })?;
+    let Trainer { actor, node } = found.trainer;
+    let handle = ranks
+        .iter()
+        .find(|handle| found.current && handle.rank == rank && handle.actor.id() == actor);
+    let on_node = async {
+        match client {
+            Some(client) => client.actor_output_on(node, actor, lines).await,
+            None => Err(ActorCallError::NodeNotLive {
+                actor,
+                node,
+                state: "not known here (no cluster client)".to_string(),
+            }),
+        }
+    };
+    let output = match handle {
+        Some(handle) => match handle.actor.output(lines).await {
+            Ok(output) => Ok(output),
+            Err(error) => on_node.await.map_err(|_| error),
+        },
+        None => on_node.await,
+    };
+    let output = output.map_err(|error| match error {
+        ActorCallError::NoOutput { .. } | ActorCallError::NodeNotLive { .. } => {
+            RankOutputError::Gone {
+                rank,
+                attempt: found.attempt,
+                actor: actor.0,
+                node: node.0,
+                reason: error.to_string(),
+            }
+        }
+        error => RankOutputError::Unanswered {
+            rank,
+            reason: error.to_string(),
+        },
+    })?;
+    Ok(RankOutputReply {
+        rank,
+        node: node.0,
+        lines: output.lines,
+        own_process: output.own_process,
+        attempt: found.attempt,
+        attempts: found.attempts,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_rank_or_attempt_says_which_there_are() {
+        let cases = [
+            (
+                RankOutputError::NoSuchRank {
+                    rank: 2,
+                    ranks: vec![0, 1],
+                    attempts: 0,
+                },
+                "the job has no rank 2 now (its ranks: [0, 1])",
+            ),
+            (
+                RankOutputError::NoSuchRank {
+                    rank: 2,
+                    ranks: vec![0, 1],
+                    attempts: 2,
+                },
+                "the job has no rank 2 now (its ranks: [0, 1]); its 2 earlier trainers are \
+                 attempts 0 to 1",
+            ),
+            (
+                RankOutputError::NoSuchAttempt {
+                    rank: 1,
+                    attempt: 9,
+                    attempts: 2,
+                },
+                "rank 1 has no attempt 9 (it has had 2: attempts 0 to 1)",
+            ),
+            (
+                RankOutputError::NoSuchAttempt {
+                    rank: 1,
+                    attempt: 1,
+                    attempts: 1,
+                },
+                "rank 1 has no attempt 1 (it has had 1: attempt 0)",
+            ),
+        ];
+        for (error, want) in cases {
+            assert_eq!(error.to_string(), want);
+        }
+    }
 
     fn view(rank: u32, phase: Option<(Phase, f64)>) -> RankView {
         RankView {
@@ -237,62 +434,4 @@ mod tests {
             assert!(hold_ups(views, 3.0, &mut told).is_empty());
         }
     }
-}
-
-/// The newest lines rank `rank`'s trainer process wrote: its own log (the trainer's and
-/// its loader's messages) and its libraries' (libtorch, NCCL), kept by its node.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RankOutputRequest {
-    pub rank: u32,
-    /// How many of the newest lines; at most 1,000 are kept.
-    pub lines: u32,
-}
-
-/// The answer to a [`RankOutputRequest`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RankOutputReply {
-    pub rank: u32,
-    pub node: u64,
-    /// Oldest first.
-    pub lines: Vec<String>,
-    /// False when the trainer runs in its node daemon's own process (its lines are in
-    /// the daemon's log), which leaves `lines` empty.
-    pub own_process: bool,
-}
-
-/// Why a rank's output could not be given.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RankOutputError {
-    #[error("the job has no rank {rank} now (its ranks: {ranks:?})")]
-    NoSuchRank { rank: u32, ranks: Vec<u32> },
-    #[error("rank {rank}'s node did not give its output: {reason}")]
-    Unanswered { rank: u32, reason: String },
-}
-
-/// The newest `lines` lines of rank `rank`'s trainer process, asked of its node.
-pub(crate) async fn rank_output(
-    ranks: &[RankHandle],
-    rank: u32,
-    lines: u32,
-) -> Result<RankOutputReply, RankOutputError> {
-    let Some(handle) = ranks.iter().find(|handle| handle.rank == rank) else {
-        return Err(RankOutputError::NoSuchRank {
-            rank,
-            ranks: ranks.iter().map(|handle| handle.rank).collect(),
-        });
-    };
-    let output = handle
-        .actor
-        .output(lines)
-        .await
-        .map_err(|error| RankOutputError::Unanswered {
-            rank,
-            reason: error.to_string(),
-        })?;
-    Ok(RankOutputReply {
-        rank,
-        node: handle.place.node.0,
-        lines: output.lines,
-        own_process: output.own_process,
-    })
 }

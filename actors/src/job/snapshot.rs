@@ -38,9 +38,116 @@ pub struct ClusterSnapshot {
     /// `jobs`, as `imgrun status --json` has always printed them).
     #[serde(flatten)]
     pub cluster: ClusterStatus,
-    /// Every job the cluster holds, running or finished, by name (shared: a snapshot
-    /// of thousands of ended jobs copies none of them).
-    pub jobs: Vec<Arc<JobSnapshot>>,
+    /// Every job the cluster holds, running or finished, by name.
+    pub jobs: Jobs,
+}
+
+/// A snapshot's jobs: those whose coordinators run (running, or ended and not yet handed
+/// to the archive), and the archive's, one shared block that a snapshot of thousands of
+/// ended jobs neither copies nor looks into. Read, listed and encoded as one list by name.
+#[derive(Debug, Clone, Default)]
+pub struct Jobs {
+    /// By name.
+    coordinated: Vec<Arc<JobSnapshot>>,
+    /// By name, none named as a coordinated one.
+    archived: Arc<Vec<Arc<JobSnapshot>>>,
+    /// Which ended jobs these are, as one number: it changes when one ends, is handed to
+    /// the archive or is removed, and only then (an ended job's status never changes).
+    ended: u64,
+}
+
+impl Jobs {
+    /// `coordinated` and `archived` jobs (each sorted here by name; an archived one named
+    /// as a coordinated one is left out), and the number of the ended ones.
+    pub fn new(
+        mut coordinated: Vec<Arc<JobSnapshot>>,
+        archived: Arc<Vec<Arc<JobSnapshot>>>,
+        ended: u64,
+    ) -> Self {
+        coordinated.sort_by(|a, b| a.name.cmp(&b.name));
+        let sorted = archived.is_sorted_by(|a, b| a.name <= b.name);
+        let clash = coordinated
+            .iter()
+            .any(|job| find_by_name(&archived, &job.name).is_some());
+        let archived = if sorted && !clash {
+            archived
+        } else {
+            let mut kept: Vec<Arc<JobSnapshot>> = archived
+                .iter()
+                .filter(|job| find_by_name(&coordinated, &job.name).is_none())
+                .cloned()
+                .collect();
+            kept.sort_by(|a, b| a.name.cmp(&b.name));
+            Arc::new(kept)
+        };
+        Jobs {
+            coordinated,
+            archived,
+            ended,
+        }
+    }
+
+    /// Every job, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<JobSnapshot>> + '_ {
+        let mut coordinated = self.coordinated.iter().peekable();
+        let mut archived = self.archived.iter().peekable();
+        std::iter::from_fn(move || match (coordinated.peek(), archived.peek()) {
+            (Some(c), Some(a)) if a.name < c.name => archived.next(),
+            (Some(_), _) => coordinated.next(),
+            (None, _) => archived.next(),
+        })
+    }
+
+    /// The jobs whose coordinators run, by name: every running one.
+    pub fn coordinated(&self) -> &[Arc<JobSnapshot>] {
+        &self.coordinated
+    }
+
+    /// The archive's jobs, by name: all ended.
+    pub fn archived(&self) -> &[Arc<JobSnapshot>] {
+        &self.archived
+    }
+
+    /// Which ended jobs these are, as one number (see the field).
+    pub fn ended(&self) -> u64 {
+        self.ended
+    }
+
+    /// The job `name`.
+    pub fn find(&self, name: &str) -> Option<&Arc<JobSnapshot>> {
+        self.coordinated
+            .iter()
+            .find(|job| job.name == name)
+            .or_else(|| find_by_name(&self.archived, name))
+    }
+
+    pub fn len(&self) -> usize {
+        self.coordinated.len() + self.archived.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<Arc<JobSnapshot>>> for Jobs {
+    /// Jobs all of which have coordinators.
+    fn from(coordinated: Vec<Arc<JobSnapshot>>) -> Self {
+        Jobs::new(coordinated, Arc::default(), 0)
+    }
+}
+
+impl Serialize for Jobs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+/// The job `name` of `jobs`, which are sorted by name.
+fn find_by_name<'a>(jobs: &'a [Arc<JobSnapshot>], name: &str) -> Option<&'a Arc<JobSnapshot>> {
+    jobs.binary_search_by(|job| job.name.as_str().cmp(name))
+        .ok()
+        .map(|at| &jobs[at])
 }
 
 /// One job: its coordinator's status and, while it runs, its ranks.
@@ -201,7 +308,7 @@ impl FinishedJobs {
         &self,
         id: ActorId,
         archive: &runtime::ActorRef,
-    ) -> Result<Arc<Vec<Arc<JobSnapshot>>>, CoordinatorCallError> {
+    ) -> Result<(u64, Arc<Vec<Arc<JobSnapshot>>>), CoordinatorCallError> {
         let known = self.archived_lock().get(&id).cloned();
         let request = ListRequest {
             known: known.as_ref().map(|kept| kept.generation),
@@ -210,9 +317,9 @@ impl FinishedJobs {
         let first = call_archive(archive, &request).await?;
         let (generation, Some(mut statuses)) = (first.generation, first.jobs) else {
             if let Some(known) = known {
-                return Ok(known.jobs);
+                return Ok((known.generation, known.jobs));
             }
-            return Ok(Arc::default());
+            return Ok((first.generation, Arc::default()));
         };
         let mut more = first.more;
         while more {
@@ -242,7 +349,7 @@ impl FinishedJobs {
             jobs: Arc::clone(&jobs),
         };
         self.archived_lock().insert(id, kept);
-        Ok(jobs)
+        Ok((generation, jobs))
     }
 
     fn archived_lock(&self) -> std::sync::MutexGuard<'_, HashMap<ActorId, ArchivedJobs>> {
@@ -264,20 +371,18 @@ pub async fn snapshot_keeping(
 ) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;
     let taken_at_unix_ms = super::unix_ms(SystemTime::now());
-    let mut jobs = running_jobs(client, &cluster, finished).await;
-    let live: HashSet<String> = jobs.iter().map(|job| job.name.clone()).collect();
+    let (jobs, mut ended) = running_jobs(client, &cluster, finished).await;
+    let mut archived: Vec<Arc<Vec<Arc<JobSnapshot>>>> = Vec::new();
+    let mut problems = Vec::new();
     let mut held = HashSet::new();
     for (id, archive) in archives(client, &cluster).await {
         held.insert(id);
         match finished.archived(id, &archive).await {
-            // A job handed over as this snapshot was taken is listed once, as running.
-            Ok(ended) => jobs.extend(
-                ended
-                    .iter()
-                    .filter(|job| !live.contains(&job.name))
-                    .map(Arc::clone),
-            ),
-            Err(error) => jobs.push(Arc::new(JobSnapshot {
+            Ok((generation, kept)) => {
+                ended.push((id, generation));
+                archived.push(kept);
+            }
+            Err(error) => problems.push(Arc::new(JobSnapshot {
                 name: format!("(ended jobs of archive {id})"),
                 job: None,
                 ranks: Vec::new(),
@@ -286,22 +391,33 @@ pub async fn snapshot_keeping(
         }
     }
     finished.archived_lock().retain(|id, _| held.contains(id));
-    // Two runs, each by name: the sort only merges them.
-    jobs.sort_by(|a, b| a.name.cmp(&b.name));
+    // One archive, as a cluster has: its block, shared; more are put together.
+    let archived = match archived.len() {
+        0 => Arc::default(),
+        1 => archived.remove(0),
+        _ => Arc::new(
+            archived
+                .iter()
+                .flat_map(|kept| kept.iter().cloned())
+                .collect(),
+        ),
+    };
+    let coordinated = jobs.into_iter().chain(problems).collect();
     Ok(ClusterSnapshot {
         taken_at_unix_ms,
         cluster,
-        jobs,
+        jobs: Jobs::new(coordinated, archived, fingerprint(&ended)),
     })
 }
 
 /// The jobs of the coordinators in `cluster`, by name: those `finished` holds as it
-/// holds them, every other asked now, all at once.
+/// holds them, every other asked now, all at once; and the ended ones' coordinators, each
+/// with generation 0.
 async fn running_jobs(
     client: &ClusterClient,
     cluster: &ClusterStatus,
     finished: &FinishedJobs,
-) -> Vec<Arc<JobSnapshot>> {
+) -> (Vec<Arc<JobSnapshot>>, Vec<(ActorId, u64)>) {
     let mut listed: Vec<(String, ActorId)> = cluster
         .actors
         .iter()
@@ -315,7 +431,8 @@ async fn running_jobs(
         })
         .collect();
     listed.sort();
-    let present: HashSet<ActorId> = listed.iter().map(|(_, id)| *id).collect();
+    let ids: Vec<ActorId> = listed.iter().map(|(_, id)| *id).collect();
+    let present: HashSet<ActorId> = ids.iter().copied().collect();
     let mut kept = finished.kept(&present);
     let mut jobs: Vec<Option<Arc<JobSnapshot>>> = Vec::with_capacity(listed.len());
     let mut tasks = tokio::task::JoinSet::new();
@@ -336,7 +453,32 @@ async fn running_jobs(
         finished.keep(id, &job);
         jobs[index] = Some(job);
     }
-    jobs.into_iter().flatten().collect()
+    let mut ended = Vec::new();
+    let jobs = (jobs.into_iter().zip(ids))
+        .filter_map(|(job, id)| {
+            let job = job?;
+            if job
+                .job
+                .as_ref()
+                .is_some_and(|status| status.state.is_final())
+            {
+                ended.push((id, 0));
+            }
+            Some(job)
+        })
+        .collect();
+    (jobs, ended)
+}
+
+/// One number for the ended jobs that `ended` names: each an actor (an ended job's
+/// coordinator, or an archive) and its generation.
+fn fingerprint(ended: &[(ActorId, u64)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    for (id, generation) in ended {
+        (id.0, generation).hash(&mut hash);
+    }
+    hash.finish()
 }
 
 /// One job's status and, while it runs, its ranks.
@@ -366,5 +508,66 @@ async fn job_snapshot(name: String, actor: &ActorRef) -> JobSnapshot {
         job: Some(status),
         ranks,
         problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobState;
+
+    fn job(name: &str, state: JobState) -> Arc<JobSnapshot> {
+        Arc::new(JobSnapshot {
+            name: name.to_owned(),
+            job: Some(JobStatus::new(name, state, None)),
+            ranks: Vec::new(),
+            problem: None,
+        })
+    }
+
+    fn names<'a>(jobs: impl Iterator<Item = &'a Arc<JobSnapshot>>) -> Vec<&'a str> {
+        jobs.map(|job| job.name.as_str()).collect()
+    }
+
+    #[test]
+    fn jobs_read_as_one_list_by_name_and_a_handed_over_job_once() {
+        let coordinated = vec![job("m", JobState::Running), job("c", JobState::Succeeded)];
+        let archived = Arc::new(vec![
+            job("a", JobState::Succeeded),
+            job("c", JobState::Succeeded),
+            job("z", JobState::Failed),
+        ]);
+        let jobs = Jobs::new(coordinated, archived, 7);
+        assert_eq!(names(jobs.iter()), ["a", "c", "m", "z"]);
+        assert_eq!(names(jobs.coordinated().iter()), ["c", "m"]);
+        assert_eq!(names(jobs.archived().iter()), ["a", "z"]);
+        assert_eq!(jobs.len(), 4);
+        assert_eq!(jobs.ended(), 7);
+        assert_eq!(
+            jobs.find("c")
+                .and_then(|job| job.job.as_ref())
+                .map(|s| s.state),
+            Some(JobState::Succeeded)
+        );
+        assert!(jobs.find("z").is_some() && jobs.find("b").is_none());
+        let json = serde_json::to_value(&jobs).expect("encodes");
+        let listed: Vec<&str> = json
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|job| job["name"].as_str())
+            .collect();
+        assert_eq!(listed, ["a", "c", "m", "z"]);
+        assert!(Jobs::default().is_empty());
+    }
+
+    #[test]
+    fn an_archive_block_is_shared_as_it_is_when_nothing_clashes() {
+        let archived = Arc::new(vec![
+            job("a", JobState::Succeeded),
+            job("b", JobState::Failed),
+        ]);
+        let jobs = Jobs::new(vec![job("m", JobState::Running)], Arc::clone(&archived), 0);
+        assert!(std::ptr::eq(jobs.archived(), archived.as_slice()));
     }
 }

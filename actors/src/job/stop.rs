@@ -11,10 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::JobSummary;
+use super::attempts::{RankAttempts, Trainer};
 use super::calls::RankHandle;
 use super::error::{Interrupted, JobError, Progress};
 use super::rank_totals::{RankTally, RankTotals};
-use super::ranks::{RankOutputError, RankOutputReply, RankView, rank_output, rank_views};
+use super::ranks::{
+    RankOutputError, RankOutputReply, RankOutputRequest, RankView, rank_output, rank_views,
+};
 
 /// How whoever runs the job tells the step loop to stop (a signal's name, or `cancel`),
 /// and what the loop tells it back.
@@ -22,8 +25,9 @@ use super::ranks::{RankOutputError, RankOutputReply, RankView, rank_output, rank
 pub struct StopControl {
     requested: tokio::sync::watch::Receiver<Option<&'static str>>,
     progress: Arc<Mutex<Progress>>,
-    /// The job's ranks, once spawned, and the cluster they run on, for the hang doctor.
-    ranks: Arc<Mutex<(Vec<RankHandle>, Option<runtime::ClusterClient>)>>,
+    /// The job's ranks, once spawned, the cluster they run on, and each rank's attempts,
+    /// for the hang doctor and the ranks' logs.
+    ranks: Arc<Mutex<RanksNow>>,
     /// What the step loop counts per rank.
     tally: Arc<Mutex<RankTally>>,
 }
@@ -35,6 +39,14 @@ impl std::fmt::Debug for StopControl {
             .field("progress", &*self.progress())
             .finish_non_exhaustive()
     }
+}
+
+/// The job's ranks as the step loop last set them, and every rank's attempts so far.
+#[derive(Clone, Default)]
+struct RanksNow {
+    handles: Vec<RankHandle>,
+    client: Option<runtime::ClusterClient>,
+    attempts: RankAttempts,
 }
 
 /// The sending half of a [`StopControl`]: asks the job to stop.
@@ -76,31 +88,47 @@ impl StopControl {
         self.tally().totals()
     }
 
+    /// The job's world is `ranks` now (its first, or one after a regroup or a growth, or
+    /// the same again): each rank whose trainer changed has a new attempt.
     pub(crate) fn set_ranks(&self, ranks: &[RankHandle], client: &runtime::ClusterClient) {
-        *self.ranks.lock().unwrap_or_else(|e| e.into_inner()) =
-            (ranks.to_vec(), Some(client.clone()));
+        let world: Vec<(u32, Trainer)> = ranks
+            .iter()
+            .map(|handle| {
+                let trainer = Trainer {
+                    actor: handle.actor.id(),
+                    node: handle.place.node,
+                };
+                (handle.rank, trainer)
+            })
+            .collect();
+        let mut now = self.ranks_now();
+        now.attempts = now.attempts.with_world(&world);
+        now.handles = ranks.to_vec();
+        now.client = Some(client.clone());
+    }
+
+    fn ranks_now(&self) -> std::sync::MutexGuard<'_, RanksNow> {
+        self.ranks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every rank's phase now, from its monitor, with its node's last heartbeat (none
     /// before the ranks are up).
     pub async fn rank_views(&self) -> Vec<RankView> {
-        let (ranks, client) = self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (ranks, client) = {
+            let now = self.ranks_now();
+            (now.handles.clone(), now.client.clone())
+        };
         rank_views(&ranks, client.as_ref()).await
     }
 
-    /// The newest `lines` lines of rank `rank`'s trainer process, from its node.
+    /// The newest lines of the process of the rank's attempt that `request` names (the
+    /// current one by default), from its node.
     pub async fn rank_output(
         &self,
-        rank: u32,
-        lines: u32,
+        request: &RankOutputRequest,
     ) -> Result<RankOutputReply, RankOutputError> {
-        let ranks = self
-            .ranks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .clone();
-        rank_output(&ranks, rank, lines).await
+        let now = self.ranks_now().clone();
+        rank_output(&now.handles, &now.attempts, now.client.as_ref(), request).await
     }
 
     pub(super) fn requested(&self) -> Option<&'static str> {

@@ -16,6 +16,11 @@
 //! [`PoolOptions::retire_grace`]). When its last actor is killed, or the pool dropped, it
 //! is killed at once (SIGKILL). A worker that exits or dies fails each of its actors with
 //! how it ended and the last lines of its output.
+//!
+//! Output: each process's newest lines are kept ([`WorkerPool::output`]), and after an
+//! actor ended (however it ended) the lines of its process stay with its id, for the
+//! last [`ENDED_OUTPUTS`](process::ENDED_OUTPUTS) actors that ended: a replaced rank's
+//! log. They live in the daemon's memory: a daemon that dies or restarts has none.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -31,7 +36,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::ActorId;
 use super::error::{ActorError, ActorExit, ExitReason, FailureOrigin, Tombstones};
 use super::local::{ActorSpec, join};
-use super::process::{self, Control, PoolOptions, ReadEnd, WorkerCommand};
+use super::process::{self, Control, EndedOutputs, PoolOptions, ReadEnd, WorkerCommand};
 use crate::wire::{self, Message, WireError};
 
 /// Frames that may wait to be written to one worker; senders wait beyond that.
@@ -63,7 +68,6 @@ struct PoolInner {
     next_generation: AtomicU64,
 }
 
-#[derive(Default)]
 struct PoolState {
     /// The processes taking new actors, by group name.
     groups: HashMap<String, Arc<Group>>,
@@ -72,6 +76,21 @@ struct PoolState {
     actors: HashMap<ActorId, PoolActor>,
     calls: HashMap<u64, PendingReply>,
     tombstones: Tombstones,
+    /// The output of the last actors that ended.
+    ended: EndedOutputs,
+}
+
+impl Default for PoolState {
+    fn default() -> Self {
+        PoolState {
+            groups: HashMap::new(),
+            controls: HashMap::new(),
+            actors: HashMap::new(),
+            calls: HashMap::new(),
+            tombstones: Tombstones::default(),
+            ended: EndedOutputs::new(process::ENDED_OUTPUTS),
+        }
+    }
 }
 
 /// One worker process. Its frame channel closes, and with it the worker's input, once no
@@ -166,6 +185,7 @@ impl WorkerPool {
             let (started, outcome) = oneshot::channel();
             let outgoing = process.outgoing.clone();
             state.tombstones.remove(id);
+            state.ended.remove(id);
             state.actors.insert(
                 id,
                 PoolActor {
@@ -312,12 +332,17 @@ impl WorkerPool {
     }
 
     /// The newest `count` lines the worker process of `actor` wrote, oldest first (an
-    /// actor starting or stopping too: its process is there).
+    /// actor starting or stopping too: its process is there), or, for one of the last
+    /// [`ENDED_OUTPUTS`](process::ENDED_OUTPUTS) actors that ended, the newest lines its
+    /// process wrote until it exited. For another actor, why it does not run here.
     pub fn output(&self, actor: ActorId, count: usize) -> Result<Vec<String>, ActorError> {
         let state = self.inner.lock();
         match state.actors.get(&actor) {
             Some(entry) => Ok(entry.group.output.last(count)),
-            None => Err(state.tombstones.missing(actor)),
+            None => state
+                .ended
+                .last(actor, count)
+                .ok_or_else(|| state.tombstones.missing(actor)),
         }
     }
 
@@ -581,6 +606,7 @@ impl PoolState {
         exits: &mpsc::UnboundedSender<ActorExit>,
     ) -> Option<Arc<Group>> {
         let entry = self.actors.remove(&actor)?;
+        self.ended.insert(actor, Arc::clone(&entry.group.output));
         let error = reason.error(actor);
         let calls: Vec<u64> = self
             .calls

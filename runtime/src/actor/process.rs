@@ -4,14 +4,16 @@
 //! both directions, so that the worker's stdout stays free for whatever actor code prints
 //! (libtorch does): stdout and stderr go to one other socket, whose lines are logged at
 //! debug level, the last [`PoolOptions::stderr_lines`] kept for the failure reason and the
-//! last 1,000 for whoever asks (`WorkerPool::output`: a rank's log).
+//! last 1,000 for whoever asks (`WorkerPool::output`: a rank's log), while an actor of
+//! the process runs and, for the last [`ENDED_OUTPUTS`] actors that ended
+//! ([`EndedOutputs`]), after it ended, as long as the node daemon itself runs.
 //!
 //! Below the pool (`pool.rs`): with [`WorkerCommand`] and [`PoolOptions`], what the pool
 //! is told about its processes.
 //!
 //! [`PoolOptions::stderr_lines`]: PoolOptions::stderr_lines
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
@@ -29,6 +31,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::ActorId;
 use crate::wire::DEFAULT_MAX_FRAME;
 
 /// The program a worker process runs: the `imgrun` binary passes its own executable and
@@ -381,6 +384,56 @@ impl LineRing {
     }
 }
 
+/// How many ended actors' output a pool keeps ([`EndedOutputs`]).
+pub(crate) const ENDED_OUTPUTS: usize = 64;
+
+/// The output of the last `capacity` actors that ended (stopped, killed, failed, or their
+/// process died), by actor: the [`LineRing`] of the process each ran in, which takes that
+/// process's lines until it has exited. Several actors of one process share its ring. The
+/// oldest end is forgotten first; an actor that starts again under its id is forgotten
+/// at its start.
+#[derive(Debug)]
+pub(crate) struct EndedOutputs {
+    capacity: usize,
+    rings: HashMap<ActorId, Arc<LineRing>>,
+    order: VecDeque<ActorId>,
+}
+
+impl EndedOutputs {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            rings: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// `actor` ended; `ring` holds its process's lines.
+    pub(crate) fn insert(&mut self, actor: ActorId, ring: Arc<LineRing>) {
+        if self.rings.insert(actor, ring).is_some() {
+            self.order.retain(|id| *id != actor);
+        }
+        self.order.push_back(actor);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.rings.remove(&old);
+            }
+        }
+    }
+
+    /// Forgets `actor` (it starts again under the same id).
+    pub(crate) fn remove(&mut self, actor: ActorId) {
+        if self.rings.remove(&actor).is_some() {
+            self.order.retain(|id| *id != actor);
+        }
+    }
+
+    /// The newest `count` lines of `actor`'s process, oldest first, if it is kept.
+    pub(crate) fn last(&self, actor: ActorId, count: usize) -> Option<Vec<String>> {
+        self.rings.get(&actor).map(|ring| ring.last(count))
+    }
+}
+
 /// Reads the worker's output to its end, line by line.
 async fn collect_output(mut output: UnixStream, ring: Arc<LineRing>) {
     let mut splitter = LineSplitter::default();
@@ -492,6 +545,70 @@ mod tests {
         let empty = LineRing::new(0);
         empty.push("x".into());
         assert!(empty.last(10).is_empty());
+    }
+
+    #[test]
+    fn the_last_ended_actors_keep_their_lines() {
+        let ring = |line: &str| {
+            let ring = Arc::new(LineRing::new(2));
+            ring.push(line.to_string());
+            ring
+        };
+        let mut ended = EndedOutputs::new(3);
+        for id in 1..=4 {
+            ended.insert(ActorId(id), ring(&format!("actor {id}")));
+        }
+        // (actor, what is kept) after each step below.
+        let kept = |ended: &EndedOutputs| -> Vec<(u64, Option<Vec<String>>)> {
+            (1..=5)
+                .map(|id| (id, ended.last(ActorId(id), 10)))
+                .collect()
+        };
+        let lines = |id: u64| Some(vec![format!("actor {id}")]);
+        assert_eq!(
+            kept(&ended),
+            [
+                (1, None),
+                (2, lines(2)),
+                (3, lines(3)),
+                (4, lines(4)),
+                (5, None)
+            ],
+            "the oldest of four forgotten"
+        );
+        // Ended again: now the newest, so 3 goes first.
+        ended.insert(ActorId(2), ring("actor 2"));
+        ended.insert(ActorId(5), ring("actor 5"));
+        assert_eq!(
+            kept(&ended),
+            [
+                (1, None),
+                (2, lines(2)),
+                (3, None),
+                (4, lines(4)),
+                (5, lines(5))
+            ]
+        );
+        ended.remove(ActorId(4));
+        assert_eq!(ended.last(ActorId(4), 10), None, "started again");
+        assert_eq!(ended.order.len(), ended.rings.len());
+        // A shared ring: lines its process writes after the end are kept too.
+        let shared = ring("before");
+        ended.insert(ActorId(9), Arc::clone(&shared));
+        shared.push("after".to_string());
+        assert_eq!(
+            ended.last(ActorId(9), 10),
+            Some(vec!["before".to_string(), "after".to_string()])
+        );
+        assert_eq!(ended.last(ActorId(9), 1), Some(vec!["after".to_string()]));
+        assert!(EndedOutputs::new(0).last(ActorId(1), 1).is_none());
+        let mut none = EndedOutputs::new(0);
+        none.insert(ActorId(1), ring("x"));
+        assert_eq!(
+            none.last(ActorId(1), 1),
+            None,
+            "a capacity of 0 keeps nothing"
+        );
     }
 
     #[test]

@@ -84,6 +84,22 @@ pub enum ActorCallError {
     /// The head knows no such actor (never spawned, or ended long ago and forgotten).
     #[error("unknown actor {actor}")]
     Unknown { actor: ActorId },
+    /// The node asked for an actor's output is not in the cluster now (`state`: `dead`,
+    /// `left`, or `unknown` to the head): what it kept is out of reach.
+    #[error("node {node}, asked for the output of actor {actor}, is {state}")]
+    NodeNotLive {
+        actor: ActorId,
+        node: NodeId,
+        state: String,
+    },
+    /// The node keeps no output of the actor: it never ran there, it ended too long ago
+    /// (a node keeps the lines of its last ended actors only), or the node daemon
+    /// restarted since.
+    #[error(
+        "node {node} keeps no output of actor {actor} (it never ran there, ended too long \
+         ago, or the node restarted since)"
+    )]
+    NoOutput { actor: ActorId, node: NodeId },
     /// The head could not be asked, or refused.
     #[error(transparent)]
     Head(#[from] DaemonError),

@@ -485,6 +485,86 @@ impl std::fmt::Debug for ActorRef {
     }
 }
 
+impl super::ClusterClient {
+    /// The newest `lines` lines (at most 1,000) of actor `actor`'s worker process, asked
+    /// of node `node` itself, whether the actor runs there or ended there lately: a node
+    /// keeps the lines of its last 64 ended actors (stopped, killed, failed, or their
+    /// process died) while its daemon runs. The head is asked where the node is, not
+    /// where the actor is: it may have forgotten the actor. Not followed elsewhere.
+    pub async fn actor_output_on(
+        &self,
+        node: NodeId,
+        actor: ActorId,
+        lines: u32,
+    ) -> Result<ActorOutput, ActorCallError> {
+        let status = self.status().await?;
+        let member = status.nodes.iter().find(|member| member.id == node);
+        let address = match member {
+            Some(member) if member.state.is_live() => member.address.clone(),
+            _ => {
+                let state = member.map_or("unknown".to_owned(), |m| m.state.to_string());
+                return Err(ActorCallError::NodeNotLive { actor, node, state });
+            }
+        };
+        let connection = match self.inner.node(&address, OUTPUT_TIMEOUT, true).await {
+            Ok(connection) => connection,
+            Err(NodeLink::Closed) => {
+                return Err(ActorCallError::NodeGone {
+                    actor,
+                    node,
+                    address,
+                });
+            }
+            Err(NodeLink::Failed(reason)) => {
+                return Err(ActorCallError::Unreachable {
+                    actor,
+                    node,
+                    address,
+                    reason,
+                    sent: false,
+                });
+            }
+        };
+        let request = Message::ActorOutput {
+            actor_id: actor.0,
+            lines,
+        };
+        let answer = connection
+            .request(&request, OUTPUT_TIMEOUT)
+            .await
+            .map_err(|source| ActorCallError::Unreachable {
+                actor,
+                node,
+                address,
+                reason: source.to_string(),
+                sent: true,
+            })?;
+        match answer {
+            Message::ActorOutputLines {
+                lines, own_process, ..
+            } => Ok(ActorOutput { lines, own_process }),
+            // Not running there, and no lines kept.
+            Message::ActorError { cause, .. }
+                if matches!(cause.as_str(), "unknown" | "failed" | "stopped" | "killed") =>
+            {
+                Err(ActorCallError::NoOutput { actor, node })
+            }
+            Message::ActorError { message, .. }
+            | Message::Error { message }
+            | Message::Refused { reason: message } => Err(ActorCallError::Rejected {
+                actor,
+                node,
+                message,
+            }),
+            other => Err(ActorCallError::Rejected {
+                actor,
+                node,
+                message: format!("unexpected {}", message_name(&other)),
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -280,7 +280,8 @@ pub enum Message {
         /// Where the failure started ([`ORIGIN_HERE`] and the other `ORIGIN_` codes).
         origin: u8,
     },
-    /// The last lines an actor's worker process wrote (anyone to the actor's node).
+    /// The last lines an actor's worker process wrote (anyone to the actor's node): of
+    /// an actor hosted there, or of one of the last that ended there.
     ActorOutput {
         /// The actor.
         actor_id: u64,

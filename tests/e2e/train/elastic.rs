@@ -51,7 +51,8 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_e
     assert_eq!(workers.len(), 1, "one trainer on the node: {workers:?}");
     let killed_at = Instant::now();
     kill_process(pid_of(workers[0]).expect("pid"), Signal::KILL).expect("kill -9");
-    assert_timeline_of_a_loss_and_a_growth(&cluster, &mut job);
+    let lost = assert_timeline_of_a_loss_and_a_growth(&cluster, &mut job);
+    assert_a_replaced_trainers_lines_are_kept(&cluster, &mut job, lost);
     let out = job.finish(JOB_LIMIT);
     eprintln!(
         "trainer killed: the job ended {:?} later",
@@ -90,8 +91,8 @@ fn an_elastic_job_that_loses_a_trainer_mid_epoch_goes_on_grows_back_and_serves_e
 /// The running job's timeline, as its coordinator keeps it for `imgrun jobs --json` and
 /// the dashboard (an attached job's coordinator ends with it, so it is read while the
 /// job runs): the ring of three, one rank lost, the shrink to two and the growth back to
-/// three (checkpoints between them left out).
-fn assert_timeline_of_a_loss_and_a_growth(cluster: &TrainCluster, job: &mut Job) {
+/// three (checkpoints between them left out). Returns the rank lost.
+fn assert_timeline_of_a_loss_and_a_growth(cluster: &TrainCluster, job: &mut Job) -> u64 {
     let listed = wait_for(JOB_LIMIT, "the timeline's growth back to three", || {
         assert!(
             job.running(),
@@ -134,6 +135,63 @@ fn assert_timeline_of_a_loss_and_a_growth(cluster: &TrainCluster, job: &mut Job)
     ]
     .map(|(kind, a, b)| (kind.to_owned(), a, b));
     assert_eq!(moments, expected, "{listed}");
+    timeline
+        .iter()
+        .find(|moment| moment["kind"] == "lost")
+        .and_then(|moment| moment["ranks"][0].as_u64())
+        .unwrap_or_else(|| panic!("the lost rank: {listed}"))
+}
+
+/// A rank's log by attempt, while the job runs on: the lost rank's trainer was killed
+/// (its process, SIGKILL) on a node whose daemon lives on, and its rank is held by another
+/// trainer since the regroup and the growth; `imgrun logs --rank R --attempt 0` still
+/// shows what the killed one wrote (its `trainer ready` in the world of three), its
+/// current attempt other lines, and an attempt the rank never had is a clear error.
+fn assert_a_replaced_trainers_lines_are_kept(cluster: &TrainCluster, job: &mut Job, rank: u64) {
+    assert!(
+        job.running(),
+        "the job ended before its ranks' logs were read:\n{}",
+        job.finish(JOB_LIMIT).describe()
+    );
+    let rank = rank.to_string();
+    let logs = |attempt: Option<&str>| {
+        let mut args = vec!["logs", "elastic", "--rank", &rank, "--lines", "1000"];
+        args.extend(
+            attempt
+                .map(|attempt| ["--attempt", attempt])
+                .into_iter()
+                .flatten(),
+        );
+        let out = cluster.head.run(&args);
+        assert!(out.status.success(), "{args:?}: {}", common::describe(&out));
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), said)
+    };
+    let (first, said) = logs(Some("0"));
+    let ready = format!("trainer ready rank={rank} world=3");
+    assert!(
+        first.contains(&ready),
+        "attempt 0 of rank {rank} lacks {ready:?}:\n{first}"
+    );
+    assert!(
+        said.contains(&format!("rank {rank}: attempt 0 of ")),
+        "which attempt: {said}"
+    );
+    let (current, said) = logs(None);
+    assert!(
+        said.contains(&format!("rank {rank}: attempt ")) && !said.contains("attempt 0 of"),
+        "the current attempt is a later one: {said}"
+    );
+    assert_ne!(first, current, "the current trainer's lines are its own");
+    let out = cluster
+        .head
+        .run(&["logs", "elastic", "--rank", &rank, "--attempt", "9"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains(&format!("rank {rank} has no attempt 9")),
+        "{}",
+        common::describe(&out)
+    );
 }
 
 /// A trainer that crashes right after a gradient average (a failpoint: its process
