@@ -401,10 +401,10 @@ async fn watch(client: &runtime::ClusterClient, args: &StatusArgs) -> anyhow::Re
     use std::io::IsTerminal;
     let terminal = std::io::stdout().is_terminal();
     let mut drawn = 0;
-    // Finished jobs are asked of their coordinators once.
-    let finished = actors::job::FinishedJobs::default();
+    // Finished jobs are asked of their coordinators (or the archive) once.
+    let cache = actors::job::SnapshotCache::default();
     loop {
-        let snapshot = actors::job::snapshot_keeping(client, &finished)
+        let snapshot = actors::job::snapshot_keeping(client, &cache)
             .await
             .context("asking for the cluster's status")?;
         let mut page = format!("{}", snapshot.cluster);

@@ -631,8 +631,9 @@ fn unavailable(error: &anyhow::Error) -> Response {
 struct Snapshots {
     client: ClusterClient,
     newest: tokio::sync::Mutex<Option<Taken>>,
-    /// Finished jobs, asked of their coordinators (or the job archive) once.
-    finished: actors::job::FinishedJobs,
+    /// Finished jobs, asked of their coordinators (or the job archive) once, and the
+    /// handles of the actors asked.
+    cache: actors::job::SnapshotCache,
 }
 
 /// A snapshot, when it was taken, and its version once a stream asked.
@@ -648,7 +649,7 @@ impl Snapshots {
         Snapshots {
             client,
             newest: tokio::sync::Mutex::new(None),
-            finished: actors::job::FinishedJobs::default(),
+            cache: actors::job::SnapshotCache::default(),
         }
     }
 
@@ -672,7 +673,7 @@ impl Snapshots {
             return Ok(taken.clone());
         }
         let snapshot = Arc::new(
-            actors::job::snapshot_keeping(&self.client, &self.finished)
+            actors::job::snapshot_keeping(&self.client, &self.cache)
                 .await
                 .context("asking the head")?,
         );

@@ -89,7 +89,7 @@ pub use rank_totals::{RankTally, RankTotals};
 pub use ranks::{RankOutputError, RankOutputReply, RankOutputRequest, RankView};
 pub use rules::{JobChoices, RuleError, check_choices};
 pub use snapshot::{
-    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, FinishedJobs, JobLookupError, JobSnapshot, Jobs,
+    COORDINATOR_CALL_TIMEOUT, ClusterSnapshot, JobLookupError, JobSnapshot, Jobs, SnapshotCache,
     call_coordinator, coordinator, coordinators, job_names, snapshot, snapshot_keeping,
 };
 pub use stop::{STOP_GRACE, StopControl, StopRequest, run_to_end_or_stop};

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use runtime::{ActorId, ActorRef, ClusterClient, ClusterStatus, DaemonError};
 use serde::Serialize;
 
-use super::archive::{HasRequest, JobHandle, ListRequest, archives, call_archive};
+use super::archive::{ARCHIVE_KIND, HasRequest, JobHandle, ListRequest, archives, call_archive};
 use super::methods::{
     COORDINATOR_KIND, CoordinatorCallError, CoordinatorMethod, JobStatus, RanksRequest,
     StatusRequest,
@@ -268,14 +268,22 @@ async fn archived(archive: &runtime::ActorRef) -> Result<Vec<JobStatus>, Coordin
     }
 }
 
-/// Finished jobs as earlier snapshots found them: a finished job's status never changes,
-/// so [`snapshot_keeping`] asks its coordinator once, and the archive's list again only
-/// when it has changed; a head that holds thousands of finished jobs costs a snapshot
-/// only its running ones.
-#[derive(Debug, Default)]
-pub struct FinishedJobs {
+/// What snapshots keep between them: finished jobs as earlier snapshots found them (a
+/// finished job's status never changes, so [`snapshot_keeping`] asks its coordinator
+/// once, and the archive's list again only when it has changed), and the handles of the
+/// actors they ask (each found once, not at every snapshot). A head that holds thousands
+/// of finished jobs costs a snapshot only its running ones.
+#[derive(Default)]
+pub struct SnapshotCache {
     by_actor: std::sync::Mutex<HashMap<ActorId, Arc<JobSnapshot>>>,
     archived: std::sync::Mutex<HashMap<ActorId, ArchivedJobs>>,
+    handles: std::sync::Mutex<HashMap<ActorId, ActorRef>>,
+}
+
+impl std::fmt::Debug for SnapshotCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotCache").finish_non_exhaustive()
+    }
 }
 
 /// An archive's jobs at one generation of it.
@@ -285,7 +293,7 @@ struct ArchivedJobs {
     jobs: Arc<Vec<Arc<JobSnapshot>>>,
 }
 
-impl FinishedJobs {
+impl SnapshotCache {
     /// Those of `present`'s jobs it holds; it forgets every other (a job the head no
     /// longer holds).
     fn kept(&self, present: &HashSet<ActorId>) -> HashMap<ActorId, Arc<JobSnapshot>> {
@@ -352,6 +360,26 @@ impl FinishedJobs {
         Ok((generation, jobs))
     }
 
+    /// The handle of the actor `id`, found once; `None` when it is not running.
+    async fn handle(&self, client: &ClusterClient, id: ActorId) -> Option<ActorRef> {
+        if let Some(handle) = self.handles_lock().get(&id) {
+            return Some(handle.clone());
+        }
+        let handle = client.actor(id).await.ok()?;
+        self.handles_lock().insert(id, handle.clone());
+        Some(handle)
+    }
+
+    /// Forgets the handles of actors the head no longer lists.
+    fn forget_handles(&self, cluster: &ClusterStatus) {
+        let listed: HashSet<ActorId> = cluster.actors.iter().map(|actor| actor.id).collect();
+        self.handles_lock().retain(|id, _| listed.contains(id));
+    }
+
+    fn handles_lock(&self) -> std::sync::MutexGuard<'_, HashMap<ActorId, ActorRef>> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn archived_lock(&self) -> std::sync::MutexGuard<'_, HashMap<ActorId, ArchivedJobs>> {
         self.archived.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -359,25 +387,37 @@ impl FinishedJobs {
 
 /// The cluster and every job in it, now.
 pub async fn snapshot(client: &ClusterClient) -> Result<ClusterSnapshot, DaemonError> {
-    snapshot_keeping(client, &FinishedJobs::default()).await
+    snapshot_keeping(client, &SnapshotCache::default()).await
 }
 
 /// The cluster and every job in it, now, asking only the coordinators of jobs that
-/// `finished` does not hold (and keeping there those that have ended since), and the
-/// archive only for what it holds that `finished` has not seen.
+/// `cache` does not hold (and keeping there those that have ended since), and the
+/// archive only for what it holds that `cache` has not seen.
 pub async fn snapshot_keeping(
     client: &ClusterClient,
-    finished: &FinishedJobs,
+    cache: &SnapshotCache,
 ) -> Result<ClusterSnapshot, DaemonError> {
     let cluster = client.status().await?;
     let taken_at_unix_ms = super::unix_ms(SystemTime::now());
-    let (jobs, mut ended) = running_jobs(client, &cluster, finished).await;
+    cache.forget_handles(&cluster);
+    let (jobs, mut ended) = running_jobs(client, &cluster, cache).await;
     let mut archived: Vec<Arc<Vec<Arc<JobSnapshot>>>> = Vec::new();
     let mut problems = Vec::new();
     let mut held = HashSet::new();
-    for (id, archive) in archives(client, &cluster).await {
+    let mut archive_ids: Vec<ActorId> = cluster
+        .actors
+        .iter()
+        .filter(|actor| actor.kind == ARCHIVE_KIND)
+        .map(|actor| actor.id)
+        .collect();
+    archive_ids.sort();
+    for id in archive_ids {
+        // An archive that ended between the status and here holds no jobs.
+        let Some(archive) = cache.handle(client, id).await else {
+            continue;
+        };
         held.insert(id);
-        match finished.archived(id, &archive).await {
+        match cache.archived(id, &archive).await {
             Ok((generation, kept)) => {
                 ended.push((id, generation));
                 archived.push(kept);
@@ -390,7 +430,7 @@ pub async fn snapshot_keeping(
             })),
         }
     }
-    finished.archived_lock().retain(|id, _| held.contains(id));
+    cache.archived_lock().retain(|id, _| held.contains(id));
     // One archive, as a cluster has: its block, shared; more are put together.
     let archived = match archived.len() {
         0 => Arc::default(),
@@ -410,13 +450,13 @@ pub async fn snapshot_keeping(
     })
 }
 
-/// The jobs of the coordinators in `cluster`, by name: those `finished` holds as it
+/// The jobs of the coordinators in `cluster`, by name: those `cache` holds as it
 /// holds them, every other asked now, all at once; and the ended ones' coordinators, each
 /// with generation 0.
 async fn running_jobs(
     client: &ClusterClient,
     cluster: &ClusterStatus,
-    finished: &FinishedJobs,
+    cache: &SnapshotCache,
 ) -> (Vec<Arc<JobSnapshot>>, Vec<(ActorId, u64)>) {
     let mut listed: Vec<(String, ActorId)> = cluster
         .actors
@@ -433,7 +473,7 @@ async fn running_jobs(
     listed.sort();
     let ids: Vec<ActorId> = listed.iter().map(|(_, id)| *id).collect();
     let present: HashSet<ActorId> = ids.iter().copied().collect();
-    let mut kept = finished.kept(&present);
+    let mut kept = cache.kept(&present);
     let mut jobs: Vec<Option<Arc<JobSnapshot>>> = Vec::with_capacity(listed.len());
     let mut tasks = tokio::task::JoinSet::new();
     for (index, (name, id)) in listed.into_iter().enumerate() {
@@ -442,15 +482,14 @@ async fn running_jobs(
             continue;
         }
         jobs.push(None);
-        let client = client.clone();
-        tasks.spawn(async move {
-            // An actor that ended between the status and here is no longer a job.
-            let actor = client.actor(id).await.ok()?;
-            Some((index, id, Arc::new(job_snapshot(name, &actor).await)))
-        });
+        // An actor that ended between the status and here is no longer a job.
+        let Some(actor) = cache.handle(client, id).await else {
+            continue;
+        };
+        tasks.spawn(async move { Some((index, id, Arc::new(job_snapshot(name, &actor).await))) });
     }
     for (index, id, job) in tasks.join_all().await.into_iter().flatten() {
-        finished.keep(id, &job);
+        cache.keep(id, &job);
         jobs[index] = Some(job);
     }
     let mut ended = Vec::new();
