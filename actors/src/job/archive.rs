@@ -23,7 +23,8 @@ use tracing::{info, warn};
 
 use super::joblog::{self, LogFrom, LogRequest};
 use super::methods::{
-    Answers, CoordinatorCallError, CoordinatorMethod, FollowReply, FollowRequest, JobStatus, answer,
+    Answers, CoordinatorCallError, CoordinatorMethod, FollowReply, FollowRequest, JobStatus,
+    answer, decode_request, encode, typed_methods,
 };
 use super::ranks::{RankOutputReply, RankOutputRequest, RankView};
 use super::{JobEvent, Level};
@@ -105,18 +106,8 @@ pub trait ArchiveMethod: Serialize + DeserializeOwned {
     type Reply: Serialize + DeserializeOwned;
 }
 
-macro_rules! archive_methods {
-    ($($request:ty => $name:literal, $reply:ty;)*) => {
-        $(impl ArchiveMethod for $request {
-            const NAME: &'static str = $name;
-            type Reply = $reply;
-        })*
-        /// Every method's name, for the error that names them.
-        const METHODS: &[&str] = &[$($name),*];
-    };
-}
-
-archive_methods! {
+typed_methods! {
+    ArchiveMethod:
     KeepRequest => "keep", bool;
     ListRequest => "list", ListReply;
     HasRequest => "has", bool;
@@ -235,11 +226,7 @@ impl Archive {
 impl Actor for Archive {
     fn call(&mut self, method: &str, payload: &[u8]) -> Result<Vec<u8>, MethodError> {
         fn decode<M: ArchiveMethod>(payload: &[u8]) -> Result<M, MethodError> {
-            serde_json::from_slice(payload)
-                .map_err(|error| MethodError::new(format!("{}: bad request: {error}", M::NAME)))
-        }
-        fn encode<T: Serialize>(reply: &T) -> Result<Vec<u8>, MethodError> {
-            serde_json::to_vec(reply).map_err(|error| MethodError::new(error.to_string()))
+            decode_request(M::NAME, payload)
         }
         match method {
             KeepRequest::NAME => encode(&self.keep(decode::<KeepRequest>(payload)?)),
@@ -437,13 +424,7 @@ pub(super) async fn archives(
     client: &ClusterClient,
     status: &ClusterStatus,
 ) -> Vec<(ActorId, ActorRef)> {
-    let mut ids: Vec<ActorId> = status
-        .actors
-        .iter()
-        .filter(|actor| actor.kind == ARCHIVE_KIND)
-        .map(|actor| actor.id)
-        .collect();
-    ids.sort();
+    let ids = archive_ids(status);
     let mut found = Vec::with_capacity(ids.len());
     for id in ids {
         if let Ok(handle) = client.actor(id).await {
@@ -453,6 +434,18 @@ pub(super) async fn archives(
     found
 }
 
+/// The archives `status` lists, oldest first.
+pub fn archive_ids(status: &ClusterStatus) -> Vec<ActorId> {
+    let mut ids: Vec<ActorId> = status
+        .actors
+        .iter()
+        .filter(|actor| actor.kind == ARCHIVE_KIND)
+        .map(|actor| actor.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// Starts the cluster's archive on the node `head` (the head's), owned by no connection,
 /// unless the cluster has one.
 pub async fn start_archive(
@@ -460,7 +453,7 @@ pub async fn start_archive(
     head: runtime::NodeId,
 ) -> Result<(), ActorCallError> {
     if let Ok(status) = client.status().await
-        && status.actors.iter().any(|actor| actor.kind == ARCHIVE_KIND)
+        && !archive_ids(&status).is_empty()
     {
         return Ok(());
     }

@@ -178,10 +178,13 @@ pub struct MetricsReply {
 /// The most one [`MetricsRequest`] returns.
 const MAX_METRICS_PIECE: u64 = 4 << 20;
 
-/// Each method's request type, name and reply type, fixed once.
-macro_rules! coordinator_methods {
-    ($($request:ty => $name:literal, $reply:ty;)*) => {
-        $(impl CoordinatorMethod for $request {
+/// Each method's request type, name and reply type, fixed once, as implementations of
+/// `$method` (a trait with `NAME` and `Reply`), and every name in `METHODS`, for the
+/// error that names them. The coordinator's and the archive's methods are both declared
+/// with it.
+macro_rules! typed_methods {
+    ($method:ident: $($request:ty => $name:literal, $reply:ty;)*) => {
+        $(impl $method for $request {
             const NAME: &'static str = $name;
             type Reply = $reply;
         })*
@@ -189,8 +192,10 @@ macro_rules! coordinator_methods {
         const METHODS: &[&str] = &[$($name),*];
     };
 }
+pub(super) use typed_methods;
 
-coordinator_methods! {
+typed_methods! {
+    CoordinatorMethod:
     FollowRequest => "follow", FollowReply;
     CancelRequest => "cancel", JobStatus;
     StatusRequest => "status", JobStatus;
@@ -239,11 +244,7 @@ pub(super) fn answer(
     payload: &[u8],
 ) -> Result<Vec<u8>, MethodError> {
     fn decode<M: CoordinatorMethod>(payload: &[u8]) -> Result<M, MethodError> {
-        serde_json::from_slice(payload)
-            .map_err(|error| MethodError::new(format!("{}: bad request: {error}", M::NAME)))
-    }
-    fn encode<T: Serialize>(reply: &T) -> Result<Vec<u8>, MethodError> {
-        serde_json::to_vec(reply).map_err(|error| MethodError::new(error.to_string()))
+        decode_request(M::NAME, payload)
     }
     match method {
         FollowRequest::NAME => encode(&job.follow(&decode::<FollowRequest>(payload)?)),
@@ -261,6 +262,20 @@ pub(super) fn answer(
             METHODS.join(", ")
         ))),
     }
+}
+
+/// The request of method `name`, from its JSON.
+pub(super) fn decode_request<M: DeserializeOwned>(
+    name: &str,
+    payload: &[u8],
+) -> Result<M, MethodError> {
+    serde_json::from_slice(payload)
+        .map_err(|error| MethodError::new(format!("{name}: bad request: {error}")))
+}
+
+/// A method's reply, as JSON.
+pub(super) fn encode<T: Serialize>(reply: &T) -> Result<Vec<u8>, MethodError> {
+    serde_json::to_vec(reply).map_err(|error| MethodError::new(error.to_string()))
 }
 
 /// Up to `request.max_bytes` of `run_dir`'s `metrics.jsonl` from `request.offset`.

@@ -69,8 +69,8 @@ use serde::{Deserialize, Serialize};
 use crate::train::JobSpec;
 pub use archive::{
     ARCHIVE_KIND, Archive, ArchiveMethod, AskRequest, ForgetRequest, HasRequest, JobHandle,
-    KeepRequest, LINGER, ListReply, ListRequest, MAX_ARCHIVED, register as register_archive,
-    start_archive,
+    KeepRequest, LINGER, ListReply, ListRequest, MAX_ARCHIVED, archive_ids,
+    register as register_archive, start_archive,
 };
 pub use coordinator::{CoordinatorInit, job_end};
 pub use driver::{compute_line, elastic_line, newest_run, run, sync_lines};

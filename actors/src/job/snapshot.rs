@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use runtime::{ActorId, ActorRef, ClusterClient, ClusterStatus, DaemonError};
 use serde::Serialize;
 
-use super::archive::{ARCHIVE_KIND, HasRequest, JobHandle, ListRequest, archives, call_archive};
+use super::archive::{HasRequest, JobHandle, ListRequest, archive_ids, archives, call_archive};
 use super::methods::{
     COORDINATOR_KIND, CoordinatorCallError, CoordinatorMethod, JobStatus, RanksRequest,
     StatusRequest,
@@ -244,28 +244,35 @@ pub async fn job_names(client: &ClusterClient) -> Result<Vec<String>, JobLookupE
         .map(|(name, _)| name)
         .collect();
     for (_, archive) in archives(client, &status).await {
-        let jobs = archived(&archive).await?;
-        names.extend(jobs.into_iter().map(|job| job.name));
+        let (_, jobs) = archived(&archive, None).await?;
+        names.extend(jobs.unwrap_or_default().into_iter().map(|job| job.name));
     }
     names.sort();
     names.dedup();
     Ok(names)
 }
 
-/// Every job `archive` holds, by name, a reply at a time.
-async fn archived(archive: &runtime::ActorRef) -> Result<Vec<JobStatus>, CoordinatorCallError> {
-    let mut jobs: Vec<JobStatus> = Vec::new();
-    loop {
+/// Every job `archive` holds, by name, a reply at a time, and its generation; no jobs
+/// when it is still at generation `known`.
+async fn archived(
+    archive: &runtime::ActorRef,
+    known: Option<u64>,
+) -> Result<(u64, Option<Vec<JobStatus>>), CoordinatorCallError> {
+    let first = call_archive(archive, &ListRequest { known, after: None }).await?;
+    let (generation, Some(mut jobs)) = (first.generation, first.jobs) else {
+        return Ok((first.generation, None));
+    };
+    let mut more = first.more;
+    while more {
         let request = ListRequest {
             known: None,
             after: jobs.last().map(|job| job.name.clone()),
         };
         let reply = call_archive(archive, &request).await?;
         jobs.extend(reply.jobs.unwrap_or_default());
-        if !reply.more {
-            return Ok(jobs);
-        }
+        more = reply.more;
     }
+    Ok((generation, Some(jobs)))
 }
 
 /// What snapshots keep between them: finished jobs as earlier snapshots found them (a
@@ -318,27 +325,14 @@ impl SnapshotCache {
         archive: &runtime::ActorRef,
     ) -> Result<(u64, Arc<Vec<Arc<JobSnapshot>>>), CoordinatorCallError> {
         let known = self.archived_lock().get(&id).cloned();
-        let request = ListRequest {
-            known: known.as_ref().map(|kept| kept.generation),
-            after: None,
+        let (generation, Some(statuses)) =
+            archived(archive, known.as_ref().map(|kept| kept.generation)).await?
+        else {
+            return Ok(match known {
+                Some(known) => (known.generation, known.jobs),
+                None => (0, Arc::default()),
+            });
         };
-        let first = call_archive(archive, &request).await?;
-        let (generation, Some(mut statuses)) = (first.generation, first.jobs) else {
-            if let Some(known) = known {
-                return Ok((known.generation, known.jobs));
-            }
-            return Ok((first.generation, Arc::default()));
-        };
-        let mut more = first.more;
-        while more {
-            let request = ListRequest {
-                known: None,
-                after: statuses.last().map(|job| job.name.clone()),
-            };
-            let reply = call_archive(archive, &request).await?;
-            statuses.extend(reply.jobs.unwrap_or_default());
-            more = reply.more;
-        }
         let jobs: Arc<Vec<Arc<JobSnapshot>>> = Arc::new(
             statuses
                 .into_iter()
@@ -404,14 +398,7 @@ pub async fn snapshot_keeping(
     let mut archived: Vec<Arc<Vec<Arc<JobSnapshot>>>> = Vec::new();
     let mut problems = Vec::new();
     let mut held = HashSet::new();
-    let mut archive_ids: Vec<ActorId> = cluster
-        .actors
-        .iter()
-        .filter(|actor| actor.kind == ARCHIVE_KIND)
-        .map(|actor| actor.id)
-        .collect();
-    archive_ids.sort();
-    for id in archive_ids {
+    for id in archive_ids(&cluster) {
         // An archive that ended between the status and here holds no jobs.
         let Some(archive) = cache.handle(client, id).await else {
             continue;

@@ -339,11 +339,9 @@ pub(super) async fn start_archive(
         .await
         .context("starting the job archive")?;
     let status = client.status().await.context("asking the head")?;
-    let id = status
-        .actors
-        .iter()
-        .find(|actor| actor.kind == actors::job::ARCHIVE_KIND)
-        .map(|actor| actor.id)
+    let id = actors::job::archive_ids(&status)
+        .into_iter()
+        .next()
         .context("the job archive is not among the head's actors")?;
     Ok(client.actor(id).await?)
 }
