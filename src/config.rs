@@ -18,6 +18,7 @@ pub const DEFAULTS: &str = include_str!("../cluster.toml");
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub shards: ShardsConfig,
+    pub s3: S3Config,
     pub serve: ServeConfig,
     pub cluster: ClusterConfig,
     pub launch: LaunchConfig,
@@ -239,6 +240,51 @@ pub struct ShardsConfig {
     pub cache_dir: String,
     /// Most the cache keeps, as a size (`100GB`).
     pub cache_max_size: String,
+}
+
+/// `[s3]`: how `s3://` URLs are reached (AWS S3 or a store that speaks its API) and
+/// read. Credentials are never configuration: each process finds its own, as the AWS
+/// tools do.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// The store's URL; empty: the environment's or the profile's, else AWS.
+    pub endpoint: String,
+    /// Empty: the environment's or the profile's, else `us-east-1`.
+    pub region: String,
+    /// The AWS profile; empty: `AWS_PROFILE`, else `default`.
+    pub profile: String,
+    /// Unsigned requests, for public buckets.
+    pub anonymous: bool,
+    /// Bytes of one ranged GET, as a size (`8MiB`).
+    pub chunk_size: String,
+    /// Ranged GETs of one shard requested ahead of its reader.
+    pub chunks_in_flight: usize,
+    /// Most ranged GETs in flight in one process.
+    pub max_requests: usize,
+    /// One request, its body included, must end within this many seconds; one that
+    /// stalls is resumed at its byte offset.
+    pub request_timeout_secs: u64,
+    /// Tries of one request, resumes of its body included.
+    pub attempts: u32,
+}
+
+impl S3Config {
+    pub fn options(&self) -> pipelines::S3Options {
+        let text = |value: &str| (!value.is_empty()).then(|| value.to_string());
+        pipelines::S3Options {
+            endpoint: text(&self.endpoint),
+            region: text(&self.region),
+            profile: text(&self.profile),
+            anonymous: self.anonymous,
+            // Invariant: `validate` checked the size when the config was loaded.
+            chunk_bytes: crate::units::parse_size(&self.chunk_size).unwrap_or(8 << 20),
+            chunks_in_flight: self.chunks_in_flight,
+            max_requests: self.max_requests,
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            attempts: self.attempts,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -625,6 +671,35 @@ fn invalid(key: &'static str, message: impl std::fmt::Display) -> Invalid {
     }
 }
 
+/// `[s3]`'s checks.
+fn validate_s3(s3: &S3Config) -> Result<(), Invalid> {
+    let is_url = ["http://", "https://"]
+        .iter()
+        .any(|scheme| s3.endpoint.starts_with(scheme));
+    if !s3.endpoint.is_empty() && !is_url {
+        return Err(invalid(
+            "s3.endpoint",
+            format!("`{}` is not an http:// or https:// URL", s3.endpoint),
+        ));
+    }
+    let chunk =
+        crate::units::parse_size(&s3.chunk_size).map_err(|e| invalid("s3.chunk_size", e))?;
+    if chunk < 64 << 10 {
+        return Err(invalid("s3.chunk_size", "must be at least 64KiB"));
+    }
+    for (key, value) in [
+        ("s3.chunks_in_flight", s3.chunks_in_flight as u64),
+        ("s3.max_requests", s3.max_requests as u64),
+        ("s3.request_timeout_secs", s3.request_timeout_secs),
+        ("s3.attempts", u64::from(s3.attempts)),
+    ] {
+        if value == 0 {
+            return Err(invalid(key, "must be at least 1"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks what parsing alone cannot; the error names the key so that its origin can be
 /// found.
 fn validate(config: &Config) -> Result<(), Invalid> {
@@ -637,6 +712,7 @@ fn validate(config: &Config) -> Result<(), Invalid> {
     }
     crate::units::parse_size(&shards.cache_max_size)
         .map_err(|e| invalid("shards.cache_max_size", e))?;
+    validate_s3(&config.s3)?;
     if config.serve.max_in_flight == 0 {
         return Err(invalid("serve.max_in_flight", "must be positive"));
     }
@@ -830,8 +906,10 @@ fn check_job_ranges(config: &Config) -> Result<(), Invalid> {
 }
 
 impl ShardsConfig {
-    pub fn source_options(&self) -> pipelines::SourceOptions {
+    /// The sources' settings of `[shards]`, with `[s3]`'s `s3`.
+    pub fn source_options(&self, s3: &S3Config) -> pipelines::SourceOptions {
         pipelines::SourceOptions {
+            s3: s3.options(),
             read_buffer: self.read_buffer,
             http_timeout: Duration::from_secs(self.http_timeout_secs),
             http_attempts: self.http_attempts,
@@ -846,12 +924,19 @@ impl ShardsConfig {
             preloaded: None,
         }
     }
+}
+
+impl Config {
+    /// The shard sources' settings (`[shards]` and `[s3]`).
+    pub fn source_options(&self) -> pipelines::SourceOptions {
+        self.shards.source_options(&self.s3)
+    }
 
     /// A reader with these settings; `policy` overrides the configured error policy.
     pub fn reader(&self, policy: Option<pipelines::ErrorPolicy>) -> pipelines::SampleReader {
         pipelines::SampleReader::new(pipelines::Sources::new(self.source_options()))
-            .with_policy(policy.unwrap_or(self.error_policy))
-            .with_max_member(self.max_member)
+            .with_policy(policy.unwrap_or(self.shards.error_policy))
+            .with_max_member(self.shards.max_member)
     }
 }
 
@@ -882,12 +967,25 @@ mod tests {
         for (text, want) in cases {
             std::fs::write(&path, text).expect("write config");
             let loaded = load(Some(&path)).expect(text);
-            assert_eq!(
-                loaded.config.shards.source_options().cache,
-                want,
-                "{text:?}"
-            );
+            assert_eq!(loaded.config.source_options().cache, want, "{text:?}");
         }
+    }
+
+    #[test]
+    fn s3_settings_reach_the_sources() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cluster.toml");
+        let text = "[s3]\nendpoint = \"http://127.0.0.1:9000\"\nregion = \"\"\n\
+                    anonymous = true\nchunk_size = \"16MiB\"\nrequest_timeout_secs = 5\n";
+        std::fs::write(&path, text).expect("write config");
+        let loaded = load(Some(&path)).expect(text);
+        let s3 = loaded.config.source_options().s3;
+        assert_eq!(s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(s3.region, None, "empty is the environment's");
+        assert!(s3.anonymous);
+        assert_eq!(s3.chunk_bytes, 16 << 20);
+        assert_eq!(s3.request_timeout, Duration::from_secs(5));
+        assert_eq!(s3.attempts, 10);
     }
 
     #[test]
@@ -947,6 +1045,12 @@ mod tests {
                 "shards.cache_max_size",
             ),
             ("[shards\n", "cluster.toml"),
+            ("[s3]\nendpoint = \"minio:9000\"\n", "s3.endpoint"),
+            ("[s3]\nchunk_size = \"4KiB\"\n", "s3.chunk_size"),
+            ("[s3]\nchunk_size = \"big\"\n", "s3.chunk_size"),
+            ("[s3]\nattempts = 0\n", "s3.attempts"),
+            ("[s3]\nmax_requests = 0\n", "s3.max_requests"),
+            ("[s3]\naccess_key = \"AKI\"\n", "access_key"),
             ("[cluster]\nbind = \"everywhere\"\n", "cluster.bind"),
             (
                 "[cluster]\ndashboard_bind = \"my-laptop\"\n",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prints the path of a Python that has the `webdataset` library, creating the cached
 # virtual environment on first use. The interop tests and the read benchmark use it to
-# check imgrun against the real Python library.
+# check imgrun against the real Python library; the s3:// tests run moto's S3 server and
+# the `aws` CLI from the same venv (`bin/aws`, beside the printed Python).
 #
 #   python=$(tools/pytools.sh)
 #
@@ -14,8 +15,12 @@
 set -euo pipefail
 
 # prometheus-client: its parser reads the dashboard's `/metrics` in the tests;
-# websocket-client: drives headless Chromium through its DevTools protocol.
-packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0" "websocket-client==1.9.2")
+# websocket-client: drives headless Chromium through its DevTools protocol;
+# moto[server]: a real S3 API on loopback (`python -m moto.server`) for the s3:// tests;
+# awscli: `aws s3 cp`, what Python webdataset users pipe their shards through, for the
+# interop tests and the benchmark (it also fills and reads moto's buckets in the tests).
+packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0" "websocket-client==1.9.2"
+    "moto[server]==5.2.5" "awscli==1.46.3")
 
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
 venv=$cache/pytools

@@ -97,6 +97,10 @@ pub struct SourceSpec {
     /// Where shards are preloaded (`data.preload`), read from there once copied.
     #[serde(default)]
     pub preload_dir: Option<String>,
+    /// How `s3://` shards are reached and read (`[s3]`; each process finds its own
+    /// credentials).
+    #[serde(default)]
+    pub s3: pipelines::S3Options,
 }
 
 impl SourceSpec {
@@ -113,6 +117,7 @@ impl SourceSpec {
                 max_bytes: self.cache_max_bytes,
             }),
             preloaded: self.preload_dir.as_ref().map(std::path::PathBuf::from),
+            s3: self.s3.clone(),
         }
     }
 }
@@ -412,6 +417,7 @@ mod tests {
                 cache_dir: None,
                 cache_max_bytes: 0,
                 preload_dir: None,
+                s3: pipelines::S3Options::default(),
             },
         }
     }

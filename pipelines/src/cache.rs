@@ -103,7 +103,10 @@ impl CacheStats {
 
 /// Whether shards at `url` are cached: remote ones only.
 pub(crate) fn is_cacheable(url: &str) -> bool {
-    url.starts_with("http://") || url.starts_with("https://") || url.starts_with("pipe:")
+    url.starts_with("http://")
+        || url.starts_with("https://")
+        || url.starts_with("s3://")
+        || url.starts_with("pipe:")
 }
 
 /// The cache folder with its limit and counters.
@@ -556,6 +559,7 @@ mod tests {
             ("x.tar", false),
             ("/data/x.tar", false),
             ("file:/data/x.tar", false),
+            ("s3://bucket/x.tar", true),
             ("-", false),
         ];
         for (url, want) in cases {

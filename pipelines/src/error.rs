@@ -1,7 +1,7 @@
 //! Errors of the shard data path, the policy that says what to do with them, and the
 //! escaping of outside bytes that go into their messages.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::io;
 
 /// What the data path does when a shard or a sample is bad.
@@ -87,6 +87,55 @@ pub enum ShardError {
     },
     #[error("{url}: unsupported shard URL: {reason}")]
     BadUrl { url: String, reason: String },
+    #[error("{url}: {problem} (bucket `{bucket}`, key `{key}`)")]
+    Object {
+        url: String,
+        bucket: String,
+        key: String,
+        problem: ObjectProblem,
+    },
+}
+
+/// Why an `s3://` object could not be read, from the store's last answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectProblem {
+    /// 404: no such bucket or key.
+    Missing,
+    /// 401 or 403: the credentials (or their absence) are refused.
+    Denied { status: u16 },
+    /// 503 Slow Down until the attempts ran out.
+    Throttled { attempts: u32 },
+    /// The object's ETag is no longer the one it had when the shard was opened.
+    Changed { etag: String },
+    /// Another status the store answered last.
+    Status { status: u16 },
+    /// No answer (connection, timeout, TLS), or an answer that makes no sense.
+    Failed { reason: String },
+}
+
+impl fmt::Display for ObjectProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Missing => f.write_str("no such object (404 Not Found)"),
+            Self::Denied { status } => write!(
+                f,
+                "access denied ({status}): check the credentials (AWS_ACCESS_KEY_ID, \
+                 AWS_PROFILE), or set s3.anonymous for a public bucket"
+            ),
+            Self::Throttled { attempts } => write!(
+                f,
+                "the store answered 503 Slow Down (throttled) to the end, after {attempts} \
+                 attempts"
+            ),
+            Self::Changed { etag } => write!(
+                f,
+                "the object changed while it was read (its ETag is no longer {etag}); a \
+                 shard must not be replaced during an epoch"
+            ),
+            Self::Status { status } => write!(f, "the store answered HTTP {status}"),
+            Self::Failed { reason } => f.write_str(reason),
+        }
+    }
 }
 
 impl ShardError {
@@ -101,7 +150,8 @@ impl ShardError {
             | Self::Pipe { url, .. }
             | Self::HttpStatus { url, .. }
             | Self::Http { url, .. }
-            | Self::BadUrl { url, .. } => url,
+            | Self::BadUrl { url, .. }
+            | Self::Object { url, .. } => url,
         }
     }
 

@@ -35,6 +35,7 @@ mod preload;
 mod produce;
 mod profile;
 mod reader;
+mod s3;
 mod sample;
 mod shard_name;
 mod source;
@@ -45,7 +46,7 @@ mod writer;
 
 pub use brace::{BraceError, expand_braces, expand_spec, summarize_names};
 pub use cache::{CacheCounts, CacheStats};
-pub use error::{ErrorPolicy, ShardError, escaped};
+pub use error::{ErrorPolicy, ObjectProblem, ShardError, escaped};
 pub use folder::{CreateOptions, ImageFolder, create_from_folder};
 pub use index::{IndexError, IndexOptions, index_shards};
 pub use inspect::{
@@ -73,8 +74,8 @@ pub use source::{
     ShardList, ShardListError, Sources, local_folder, local_path, preloaded_copy, preloaded_path,
 };
 pub use stream::{
-    CacheOptions, DEFAULT_READ_BUFFER, ShardSource, ShardStream, SourceCounts, SourceKind,
-    SourceOptions,
+    CacheOptions, DEFAULT_READ_BUFFER, S3Options, ShardSource, ShardStream, SourceCounts,
+    SourceKind, SourceOptions,
 };
 pub use synth::{SynthOptions, generate_synthetic};
 pub use transform::{

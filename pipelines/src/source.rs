@@ -16,6 +16,7 @@ use crate::error::{ShardError, escaped};
 use crate::http::HttpSource;
 use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
+use crate::s3::{ObjectFailure, S3Source};
 use crate::shard_name::shard_name;
 use crate::stream::{ShardSource, ShardStream, SourceCounts, SourceKind, SourceOptions, Stored};
 
@@ -98,13 +99,15 @@ impl Default for Sources {
 }
 
 impl Sources {
-    /// The built-in sources: `pipe:`, `http(s)://`, `-` (stdin), `file:` and paths.
+    /// The built-in sources: `pipe:`, `http(s)://`, `s3://`, `-` (stdin), `file:` and
+    /// paths.
     /// With a cache configured, its folder is created and stale partial files from dead
     /// fills are removed here.
     pub fn new(options: SourceOptions) -> Self {
         let sources: Vec<Box<dyn ShardSource>> = vec![
             Box::new(PipeSource::new(&options)),
             Box::new(HttpSource::new(&options)),
+            Box::new(S3Source::new(&options)),
             Box::new(StdinSource),
             Box::new(FileSource),
         ];
@@ -222,10 +225,36 @@ impl Sources {
             })?;
         source.open_sized(url)
     }
+
+    /// `urls` with every `s3://` pattern (`*` or `?` in the key's last part:
+    /// `s3://bucket/train/shard-*.tar`) replaced by the objects it matches, in key order.
+    /// A pattern that matches nothing is an error naming it.
+    pub fn expand_patterns(&self, urls: Vec<String>) -> Result<Vec<String>, ShardError> {
+        if !urls.iter().any(|url| crate::s3::is_pattern(url)) {
+            return Ok(urls);
+        }
+        let s3 = S3Source::new(&self.options);
+        let mut expanded = Vec::with_capacity(urls.len());
+        for url in urls {
+            if !crate::s3::is_pattern(&url) {
+                expanded.push(url);
+                continue;
+            }
+            let matched = s3.list(&url)?;
+            if matched.is_empty() {
+                return Err(ShardError::BadUrl {
+                    url,
+                    reason: "the pattern matches no object".to_string(),
+                });
+            }
+            expanded.extend(matched);
+        }
+        Ok(expanded)
+    }
 }
 
 /// The local file a shard URL names: a plain path, or a `file:` / `file://` URL. None
-/// for `http(s)://`, `pipe:` and standard input (`-`). The one rule for which shards are
+/// for `http(s)://`, `s3://`, `pipe:` and standard input (`-`). The one rule for which shards are
 /// local, for every command.
 pub fn local_path(url: &str) -> Option<&std::path::Path> {
     if url == "-" || url.starts_with("pipe:") {
@@ -439,6 +468,9 @@ pub(crate) fn source_failure(error: &io::Error) -> Option<ShardError> {
         }
         if let Some(http) = e.downcast_ref::<crate::http::HttpFailure>() {
             return Some(http.to_shard_error());
+        }
+        if let Some(object) = e.downcast_ref::<ObjectFailure>() {
+            return Some(object.to_shard_error());
         }
         current = match e.downcast_ref::<io::Error>() {
             Some(inner) => inner
@@ -678,7 +710,7 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_refused() {
-        let err = Sources::default().open("s3://bucket/x.tar").err();
+        let err = Sources::default().open("gs://bucket/x.tar").err();
         assert!(matches!(err, Some(ShardError::BadUrl { .. })), "{err:?}");
     }
 
@@ -694,7 +726,7 @@ mod tests {
         assert!(sources.open(&format!("{shard}.missing")).is_err());
         assert!(sources.open("pipe:true").is_ok());
         // A URL no source handles is no source's open.
-        assert!(sources.open("s3://bucket/x.tar").is_err());
+        assert!(sources.open("gs://bucket/x.tar").is_err());
         let counts = sources.counts();
         let named = |pairs: &[(&str, u64)]| -> std::collections::BTreeMap<String, u64> {
             pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()

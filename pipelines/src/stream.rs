@@ -1,7 +1,7 @@
 //! What every shard source shares, and nothing else: the stream a source opens
 //! ([`ShardStream`], [`Stored`]), the [`ShardSource`] trait, and the [`SourceOptions`]
-//! every source reads (with the cache's [`CacheOptions`]). The leaf below `source.rs`,
-//! `http.rs`, `pipe.rs` and `cache.rs`.
+//! every source reads (with the cache's [`CacheOptions`] and `s3://`'s [`S3Options`]).
+//! The leaf below `source.rs`, `http.rs`, `s3.rs`, `pipe.rs` and `cache.rs`.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -39,6 +39,8 @@ pub struct SourceOptions {
     /// The folder of preloaded copies (`data.preload_dir`): a shard with a copy there,
     /// made from its URL, is read from it.
     pub preloaded: Option<std::path::PathBuf>,
+    /// How `s3://` shards are reached and read.
+    pub s3: S3Options,
 }
 
 impl Default for SourceOptions {
@@ -51,6 +53,53 @@ impl Default for SourceOptions {
             pipe_idle_timeout: Some(Duration::from_secs(60)),
             cache: None,
             preloaded: None,
+            s3: S3Options::default(),
+        }
+    }
+}
+
+/// How `s3://` shards are reached and read (`[s3]` of the configuration). Credentials
+/// are not here: each process finds its own, as the AWS tools do (see `s3.rs`), so none
+/// travels in a job's settings.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct S3Options {
+    /// The store's URL (`http://127.0.0.1:9000`, `https://storage.googleapis.com`).
+    /// `None`: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's `endpoint_url`,
+    /// else AWS itself.
+    pub endpoint: Option<String>,
+    /// `None`: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`, else
+    /// `us-east-1`.
+    pub region: Option<String>,
+    /// The profile of the AWS credentials and config files; `None`: `AWS_PROFILE`, else
+    /// `default`.
+    pub profile: Option<String>,
+    /// Unsigned requests, for public buckets: no credentials are looked for.
+    pub anonymous: bool,
+    /// Bytes of one ranged GET.
+    pub chunk_bytes: u64,
+    /// Ranged GETs of one shard requested ahead of the reader.
+    pub chunks_in_flight: usize,
+    /// Most ranged GETs in flight in one process, over all its shards.
+    pub max_requests: usize,
+    /// One request, its body included, must end within this; one that stalls is
+    /// resumed at its byte offset.
+    pub request_timeout: Duration,
+    /// Tries of one request (first try and retries, resumes of its body included).
+    pub attempts: u32,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: None,
+            profile: None,
+            anonymous: false,
+            chunk_bytes: 8 << 20,
+            chunks_in_flight: 4,
+            max_requests: 64,
+            request_timeout: Duration::from_secs(60),
+            attempts: 10,
         }
     }
 }
@@ -64,6 +113,8 @@ pub enum SourceKind {
     Http,
     /// `pipe:` a command's standard output.
     Pipe,
+    /// `s3://`: an object in AWS S3 or a store that speaks its API.
+    S3,
     /// `-`: this process's standard input.
     Stdin,
     /// The node-local copy `data.preload` made.
@@ -71,10 +122,11 @@ pub enum SourceKind {
 }
 
 impl SourceKind {
-    pub const ALL: [SourceKind; 5] = [
+    pub const ALL: [SourceKind; 6] = [
         SourceKind::File,
         SourceKind::Http,
         SourceKind::Pipe,
+        SourceKind::S3,
         SourceKind::Stdin,
         SourceKind::Preloaded,
     ];
@@ -85,6 +137,7 @@ impl SourceKind {
             SourceKind::File => "file",
             SourceKind::Http => "http",
             SourceKind::Pipe => "pipe",
+            SourceKind::S3 => "s3",
             SourceKind::Stdin => "stdin",
             SourceKind::Preloaded => "preloaded",
         }

@@ -139,16 +139,17 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    fn urls(&self) -> anyhow::Result<Vec<String>> {
-        spec_urls(&self.spec, self.base.as_deref())
+    fn urls(&self, loaded: &Loaded) -> anyhow::Result<Vec<String>> {
+        spec_urls(loaded, &self.spec, self.base.as_deref())
     }
 }
 
-/// The shards of a spec under `--base`.
-fn spec_urls(spec: &str, base: Option<&str>) -> anyhow::Result<Vec<String>> {
-    Ok(ShardList::from_spec_with_base(spec, base.unwrap_or(""))
+/// The shards of a spec under `--base`, with `s3://` patterns listed.
+fn spec_urls(loaded: &Loaded, spec: &str, base: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let urls = ShardList::from_spec_with_base(spec, base.unwrap_or(""))
         .with_context(|| format!("shard spec `{spec}`"))?
-        .urls)
+        .urls;
+    Ok(pipelines::Sources::new(loaded.config.source_options()).expand_patterns(urls)?)
 }
 
 pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> {
@@ -236,10 +237,10 @@ pub fn print_report(report: &CreateReport) {
 }
 
 fn ls(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {
-    let reader = loaded.config.shards.reader(Some(ErrorPolicy::Fail));
+    let reader = loaded.config.reader(Some(ErrorPolicy::Fail));
     let mut failed = false;
     let (mut samples, mut bytes) = (0, 0);
-    for url in spec.urls()? {
+    for url in spec.urls(loaded)? {
         match summarize_shard(&reader, &url) {
             Ok(s) => {
                 let keys = match (&s.first_key, &s.last_key) {
@@ -289,7 +290,7 @@ fn sum(names: Vec<String>) -> anyhow::Result<ExitCode> {
 }
 
 fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
-    let urls = spec_urls(&args.spec, args.base.as_deref())?;
+    let urls = spec_urls(loaded, &args.spec, args.base.as_deref())?;
     anyhow::ensure!(
         !urls.is_empty(),
         "shard spec `{}` names no shards",
@@ -303,7 +304,7 @@ fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
              -o FILE"
         })?,
     };
-    let reader = loaded.config.shards.reader(Some(ErrorPolicy::Fail));
+    let reader = loaded.config.reader(Some(ErrorPolicy::Fail));
     let options = IndexOptions {
         jobs: args.jobs,
         label_field: args.label,
@@ -345,8 +346,8 @@ fn verify(
     label: String,
     classes: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let reader = loaded.config.shards.reader(spec.on_error);
-    let urls = spec.urls()?;
+    let reader = loaded.config.reader(spec.on_error);
+    let urls = spec.urls(loaded)?;
     let classes = match classes {
         Some(n) => Some(n),
         None => classes_beside(&urls)?,
@@ -405,11 +406,11 @@ fn classes_beside(urls: &[String]) -> anyhow::Result<Option<u64>> {
 fn dump(loaded: &Loaded, spec: &SpecArgs) -> anyhow::Result<ExitCode> {
     use sha2::{Digest, Sha256};
     use std::io::Write;
-    let reader = loaded.config.shards.reader(spec.on_error);
+    let reader = loaded.config.reader(spec.on_error);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut write_error = None;
-    let stats = reader.read_all(&spec.urls()?, &mut |sample| {
+    let stats = reader.read_all(&spec.urls(loaded)?, &mut |sample| {
         let mut fields: Vec<_> = sample.fields.iter().collect();
         fields.sort_by(|a, b| a.0.cmp(&b.0));
         for (extension, bytes) in fields {

@@ -17,4 +17,6 @@ mod jobs;
 mod launch;
 mod loaders;
 mod preload;
+mod s3;
+mod s3_harness;
 mod train;

@@ -79,7 +79,7 @@ pub(super) fn run(loaded: &Loaded, args: LoaderArgs) -> anyhow::Result<ExitCode>
         data.image_size
     );
 
-    let reader = config.shards.reader(None);
+    let reader = config.reader(None);
     let stages = profile_stages(&reader, &urls, &data.image_fields, &transform, 2000, 10.0)
         .context("reading the shards")?;
     anyhow::ensure!(
@@ -146,7 +146,7 @@ pub(super) fn run(loaded: &Loaded, args: LoaderArgs) -> anyhow::Result<ExitCode>
             errors: config.shards.error_policy,
             ..LoaderConfig::default()
         },
-        pipelines::Sources::new(config.shards.source_options()),
+        pipelines::Sources::new(config.source_options()),
     )
     .context("starting the loader")?;
     let limit = Duration::from_secs_f64(args.seconds);

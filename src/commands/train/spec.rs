@@ -113,7 +113,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
     // Manifests are read fresh every time, never from the shard cache.
     let sources = pipelines::Sources::new(pipelines::SourceOptions {
         cache: None,
-        ..config.shards.source_options()
+        ..config.source_options()
     });
     let manifest = (!data.manifest.is_empty()).then_some(data.manifest.as_str());
     let (train_set, manifest) =
@@ -201,6 +201,7 @@ pub(crate) fn data_spec(config: &Config) -> anyhow::Result<(DataSpec, Option<Man
             } else {
                 None
             },
+            s3: config.s3.options(),
         },
     };
     Ok((spec, manifest))
@@ -243,6 +244,9 @@ pub(crate) fn shard_set(
     let urls = ShardList::from_spec_with_base(spec, base)
         .with_context(|| format!("shard spec `{spec}`"))?
         .urls;
+    let urls = sources
+        .expand_patterns(urls)
+        .with_context(|| format!("shard spec `{spec}`"))?;
     anyhow::ensure!(!urls.is_empty(), "shard spec `{spec}` names no shards");
     let missing: Vec<&String> = urls
         .iter()
@@ -297,10 +301,13 @@ fn named_manifest(
 
 /// The manifest.json beside the first shard: in its folder for local files, at the same
 /// URL path for `http(s)://` shards (as `imgrun serve` and any static file server give
-/// it); none for `pipe:` commands.
+/// it) and under the same prefix for `s3://` ones; none for `pipe:` commands.
 pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> Option<Manifest> {
     let first = urls.first()?;
-    if first.starts_with("http://") || first.starts_with("https://") {
+    if ["http://", "https://", "s3://"]
+        .iter()
+        .any(|scheme| first.starts_with(scheme))
+    {
         let (folder, _) = first.rsplit_once('/')?;
         let url = format!("{folder}/{}", pipelines::MANIFEST_FILE);
         let read = sources

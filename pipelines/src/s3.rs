@@ -1,0 +1,1084 @@
+//! `s3://` shards: AWS S3 and the stores that speak its API (MinIO, Ceph, AIStore,
+//! Cloudflare R2, GCS's XML API with HMAC keys), read through the `object_store` crate.
+//!
+//! A shard is read as ranged GETs of `chunk_bytes`, `chunks_in_flight` of them ahead of
+//! the tar reader and at most `max_requests` at once in the process, handed to the reader
+//! in order: the bytes, and so the samples, are those of one plain GET. Every range names
+//! the ETag the object had when the shard was opened (`If-Match`), so an object replaced
+//! mid-read fails its shard with [`ObjectProblem::Changed`] rather than mixing two
+//! versions. object_store retries a request that fails (5xx, 503 Slow Down, a reset) with
+//! backoff, and resumes a body that breaks off or stalls (no end within
+//! `request_timeout`) at its byte offset under the same ETag: `attempts` tries in all.
+//! What still fails is told apart by the last status the store answered (missing,
+//! denied, throttled), with bucket and key in the message.
+//!
+//! Credentials are found as the AWS tools find them: `AWS_ACCESS_KEY_ID` and
+//! `AWS_SECRET_ACCESS_KEY` (with `AWS_SESSION_TOKEN`), else the profile's keys in the
+//! shared credentials and config files, else what object_store finds itself (a web
+//! identity token, a container's or an instance's role). They are never logged: no
+//! `Debug` here shows them, and no message holds them.
+//!
+//! The sources are synchronous and the store is not: one small runtime per process runs
+//! every request, and a reader waits on a channel for its next range.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::io::{self, Read};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, ClientOptions, Extensions, GetOptions, GetRange, ObjectStore, RetryConfig,
+};
+use tokio::sync::Semaphore;
+
+use crate::error::{ObjectProblem, ShardError};
+use crate::stream::{S3Options, ShardSource, ShardStream, SourceKind, SourceOptions};
+
+/// Threads of the process's request runtime: requests wait on the network, not the CPU.
+const RUNTIME_THREADS: usize = 2;
+
+/// The bucket and key of an `s3://bucket/key` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct S3Url {
+    pub bucket: String,
+    pub key: String,
+}
+
+impl S3Url {
+    pub(crate) fn parse(url: &str) -> Result<Self, ShardError> {
+        let bad = |reason: &str| ShardError::BadUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("not an s3:// URL"))?;
+        let (bucket, key) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no key after the bucket (s3://BUCKET/KEY)"))?;
+        if bucket.is_empty() {
+            return Err(bad("no bucket (s3://BUCKET/KEY)"));
+        }
+        if key.is_empty() {
+            return Err(bad("no key after the bucket (s3://BUCKET/KEY)"));
+        }
+        Ok(Self {
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+        })
+    }
+}
+
+/// An object's failure carried through `io::Error` by a reader, recovered as a
+/// [`ShardError::Object`] (see `source::source_failure`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{url}: {problem} (bucket `{bucket}`, key `{key}`)")]
+pub(crate) struct ObjectFailure {
+    url: String,
+    bucket: String,
+    key: String,
+    problem: ObjectProblem,
+}
+
+impl ObjectFailure {
+    pub(crate) fn to_shard_error(&self) -> ShardError {
+        ShardError::Object {
+            url: self.url.clone(),
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            problem: self.problem.clone(),
+        }
+    }
+}
+
+/// Reads `s3://` shards; one store client per bucket, made on first use.
+pub(crate) struct S3Source {
+    options: S3Options,
+    stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+impl fmt::Debug for S3Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Source")
+            .field("endpoint", &self.options.endpoint)
+            .field("region", &self.options.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Source {
+    pub(crate) fn new(options: &SourceOptions) -> Self {
+        Self {
+            options: options.s3.clone(),
+            stores: Mutex::default(),
+        }
+    }
+
+    /// The client of `bucket`, made on first use.
+    fn store(&self, url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, ShardError> {
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(store) = stores.get(bucket) {
+            return Ok(Arc::clone(store));
+        }
+        let settings =
+            Settings::resolve(&self.options, &|name| std::env::var(name).ok(), &|path| {
+                std::fs::read_to_string(path).ok()
+            })
+            .map_err(|reason| ShardError::BadUrl {
+                url: url.to_string(),
+                reason,
+            })?;
+        let store: Arc<dyn ObjectStore> = Arc::new(
+            settings
+                .builder(bucket, &self.options)
+                .build()
+                .map_err(|error| ShardError::BadUrl {
+                    url: url.to_string(),
+                    reason: format!("cannot make a client for bucket `{bucket}`: {error}"),
+                })?,
+        );
+        stores.insert(bucket.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
+    /// The object of `url`, found with a HEAD request: its size and ETag.
+    fn object(&self, url: &str) -> Result<Object, ShardError> {
+        let location = S3Url::parse(url)?;
+        let store = self.store(url, &location.bucket)?;
+        let path = ObjectPath::parse(&location.key).map_err(|error| ShardError::BadUrl {
+            url: url.to_string(),
+            reason: format!("the key is not a valid object path: {error}"),
+        })?;
+        let last = LastStatus::default();
+        let options = GetOptions {
+            head: true,
+            extensions: last.extensions(),
+            ..GetOptions::default()
+        };
+        let (head_store, head_path) = (Arc::clone(&store), path.clone());
+        let head = wait(&self.options, async move {
+            head_store.get_opts(&head_path, options).await
+        });
+        let meta = match head {
+            Ok(result) => result.meta,
+            Err(error) => {
+                let problem = problem_of(&error, &last, self.options.attempts, None);
+                return Err(failure(url, &location, problem).to_shard_error());
+            }
+        };
+        Ok(Object {
+            url: url.to_string(),
+            location,
+            store,
+            path,
+            size: meta.size,
+            etag: meta.e_tag,
+            attempts: self.options.attempts,
+        })
+    }
+
+    /// The `s3://` URLs of the objects that `pattern` matches, in key order: `*` and `?`
+    /// in its key's last part (`s3://bucket/train/shard-*.tar`), listed under the part
+    /// before the first of them.
+    pub(crate) fn list(&self, pattern: &str) -> Result<Vec<String>, ShardError> {
+        let location = S3Url::parse(pattern)?;
+        let store = self.store(pattern, &location.bucket)?;
+        let prefix = list_prefix(&location.key);
+        let last = LastStatus::default();
+        let listing = Arc::clone(&store);
+        let folder = prefix
+            .rsplit_once('/')
+            .map(|(folder, _)| folder.to_string());
+        let listed = wait(&self.options, async move {
+            let prefix = folder.map(ObjectPath::from);
+            listing.list(prefix.as_ref()).try_collect::<Vec<_>>().await
+        });
+        let objects = listed.map_err(|error| {
+            let problem = problem_of(&error, &last, self.options.attempts, None);
+            failure(pattern, &location, problem).to_shard_error()
+        })?;
+        let mut urls: Vec<String> = objects
+            .into_iter()
+            .map(|meta| meta.location.to_string())
+            .filter(|key| glob_match(&location.key, key))
+            .map(|key| format!("s3://{}/{key}", location.bucket))
+            .collect();
+        urls.sort();
+        Ok(urls)
+    }
+}
+
+impl ShardSource for S3Source {
+    fn kind(&self) -> SourceKind {
+        SourceKind::S3
+    }
+
+    fn handles(&self, url: &str) -> bool {
+        url.starts_with("s3://")
+    }
+
+    fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
+        self.open_sized(url).map(|(stream, _)| stream)
+    }
+
+    fn open_sized(&self, url: &str) -> Result<(ShardStream, Option<u64>), ShardError> {
+        let object = Arc::new(self.object(url)?);
+        let size = object.size;
+        let reader = RangedReader::new(object, &self.options);
+        Ok((Box::new(reader), Some(size)))
+    }
+}
+
+/// Whether `url` names objects by a pattern to be listed (`*` or `?` in its key).
+pub(crate) fn is_pattern(url: &str) -> bool {
+    url.starts_with("s3://")
+        && url
+            .strip_prefix("s3://")
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(_, key)| key.contains(['*', '?']))
+}
+
+/// The part of a key pattern before its first wildcard.
+fn list_prefix(pattern: &str) -> &str {
+    let end = pattern.find(['*', '?']).unwrap_or(pattern.len());
+    &pattern[..end]
+}
+
+/// Whether `key` matches `pattern`: `*` is any run of characters but `/`, `?` one
+/// character but `/`; everything else stands for itself.
+fn glob_match(pattern: &str, key: &str) -> bool {
+    let (pattern, key): (Vec<char>, Vec<char>) = (pattern.chars().collect(), key.chars().collect());
+    // The classic two-pointer match, with the last `*` to fall back to.
+    let (mut p, mut k) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while k < key.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                star = Some((p, k));
+                p += 1;
+            }
+            Some('?') if key[k] != '/' => {
+                p += 1;
+                k += 1;
+            }
+            Some(c) if *c != '?' && *c == key[k] => {
+                p += 1;
+                k += 1;
+            }
+            _ => match star {
+                Some((star_p, star_k)) if key[star_k] != '/' => {
+                    star = Some((star_p, star_k + 1));
+                    p = star_p + 1;
+                    k = star_k + 1;
+                }
+                _ => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|c| *c == '*')
+}
+
+/// What a process's `s3://` reads share: the runtime that runs every request, and the
+/// cap on requests in flight.
+struct Shared {
+    runtime: tokio::runtime::Runtime,
+    requests: Arc<Semaphore>,
+}
+
+/// The process's [`Shared`], made on first use with that use's cap.
+fn shared(options: &S3Options) -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| Shared {
+        runtime: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("imgrun-s3")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|error| panic!("cannot start the s3 request runtime: {error}")),
+        requests: Arc::new(Semaphore::new(options.max_requests.max(1))),
+    })
+}
+
+/// Runs `future` on the process's runtime and waits for its result, from any thread (a
+/// runtime's too: the wait is on a plain channel).
+fn wait<T: Send + 'static>(
+    options: &S3Options,
+    future: impl Future<Output = Result<T, object_store::Error>> + Send + 'static,
+) -> Result<T, object_store::Error> {
+    let (send, receive) = mpsc::sync_channel(1);
+    shared(options).runtime.spawn(async move {
+        let _ = send.send(future.await);
+    });
+    receive.recv().unwrap_or_else(|_| {
+        Err(object_store::Error::Generic {
+            store: "S3",
+            source: "the request runtime dropped the request".into(),
+        })
+    })
+}
+
+/// An [`ObjectFailure`] of the object at `location`, read as `url`.
+fn failure(url: &str, location: &S3Url, problem: ObjectProblem) -> ObjectFailure {
+    ObjectFailure {
+        url: url.to_string(),
+        bucket: location.bucket.clone(),
+        key: location.key.clone(),
+        problem,
+    }
+}
+
+/// One object being read: where it is, and what HEAD said of it.
+struct Object {
+    url: String,
+    location: S3Url,
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    size: u64,
+    /// `None` where the store gives none; its ranges then go unchecked.
+    etag: Option<String>,
+    attempts: u32,
+}
+
+impl Object {
+    /// Fetches `range` of the object, as one request (retried and resumed inside
+    /// object_store), under the cap on requests in flight.
+    async fn fetch(
+        self: Arc<Self>,
+        range: Range<u64>,
+        requests: Arc<Semaphore>,
+    ) -> Result<Bytes, ObjectFailure> {
+        let _permit = requests.acquire_owned().await.map_err(|_| {
+            self.failure(ObjectProblem::Failed {
+                reason: "the request runtime is shutting down".to_string(),
+            })
+        })?;
+        let last = LastStatus::default();
+        let options = GetOptions {
+            if_match: self.etag.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            extensions: last.extensions(),
+            ..GetOptions::default()
+        };
+        let fetched = match self.store.get_opts(&self.path, options).await {
+            Ok(result) => result.bytes().await,
+            Err(error) => Err(error),
+        };
+        let bytes = fetched.map_err(|error| {
+            self.failure(problem_of(
+                &error,
+                &last,
+                self.attempts,
+                self.etag.as_deref(),
+            ))
+        })?;
+        let want = range.end - range.start;
+        if bytes.len() as u64 != want {
+            return Err(self.failure(ObjectProblem::Failed {
+                reason: format!(
+                    "the {want} bytes at offset {} came back as {} bytes",
+                    range.start,
+                    bytes.len()
+                ),
+            }));
+        }
+        Ok(bytes)
+    }
+
+    fn failure(&self, problem: ObjectProblem) -> ObjectFailure {
+        failure(&self.url, &self.location, problem)
+    }
+}
+
+/// A range requested ahead of the reader: its answer comes on `answer`.
+struct Pending {
+    answer: mpsc::Receiver<Result<Bytes, ObjectFailure>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// An object's bytes in order, from ranged GETs requested ahead. A failure sticks: once
+/// a range failed, every later read reports it again instead of an early end.
+struct RangedReader {
+    object: Arc<Object>,
+    chunk: u64,
+    ahead: usize,
+    requests: Arc<Semaphore>,
+    runtime: tokio::runtime::Handle,
+    /// Where the next range to request starts.
+    next: u64,
+    pending: VecDeque<Pending>,
+    /// What is left of the range being read.
+    current: Bytes,
+    failure: Option<ObjectFailure>,
+}
+
+impl RangedReader {
+    fn new(object: Arc<Object>, options: &S3Options) -> Self {
+        let shared = shared(options);
+        let mut reader = Self {
+            object,
+            chunk: options.chunk_bytes.max(1),
+            ahead: options.chunks_in_flight.max(1),
+            requests: Arc::clone(&shared.requests),
+            runtime: shared.runtime.handle().clone(),
+            next: 0,
+            pending: VecDeque::new(),
+            current: Bytes::new(),
+            failure: None,
+        };
+        reader.request_ahead();
+        reader
+    }
+
+    /// Requests ranges until `ahead` are pending or the object is all requested.
+    fn request_ahead(&mut self) {
+        while self.pending.len() < self.ahead && self.next < self.object.size {
+            let end = (self.next + self.chunk).min(self.object.size);
+            let (send, answer) = mpsc::sync_channel(1);
+            let fetch = Arc::clone(&self.object).fetch(self.next..end, Arc::clone(&self.requests));
+            let task = self.runtime.spawn(async move {
+                let _ = send.send(fetch.await);
+            });
+            self.pending.push_back(Pending { answer, task });
+            self.next = end;
+        }
+    }
+}
+
+impl Read for RangedReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            if let Some(failure) = &self.failure {
+                return Err(io::Error::other(failure.clone()));
+            }
+            let Some(pending) = self.pending.pop_front() else {
+                return Ok(0);
+            };
+            let answer = pending.answer.recv().unwrap_or_else(|_| {
+                Err(self.object.failure(ObjectProblem::Failed {
+                    reason: "a range request ended without an answer".to_string(),
+                }))
+            });
+            match answer {
+                Ok(bytes) => self.current = bytes,
+                Err(failure) => self.failure = Some(failure),
+            }
+            self.request_ahead();
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+impl Drop for RangedReader {
+    /// A shard left early (a skipped shard, a stopped epoch) cancels what it requested.
+    fn drop(&mut self) {
+        for pending in &self.pending {
+            pending.task.abort();
+        }
+    }
+}
+
+/// The status of the last answer to one request, over all its retries: object_store's
+/// errors keep it in a type of their own that they do not export. Travels to the HTTP
+/// layer in the request's extensions, where [`Observed`] writes it.
+#[derive(Debug, Clone, Default)]
+struct LastStatus(Arc<AtomicU16>);
+
+impl LastStatus {
+    fn extensions(&self) -> Extensions {
+        let mut extensions = Extensions::new();
+        extensions.insert(self.clone());
+        extensions
+    }
+
+    /// The last status answered; 0 when nothing was.
+    fn get(&self) -> u16 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// object_store's reqwest client, seen through [`Observed`].
+#[derive(Debug)]
+struct ObservingConnector;
+
+impl HttpConnector for ObservingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Observed { inner }))
+    }
+}
+
+/// Writes each answer's status into the request's [`LastStatus`].
+#[derive(Debug)]
+struct Observed {
+    inner: HttpClient,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Observed {
+    async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let last = request.extensions().get::<LastStatus>().cloned();
+        let response = self.inner.execute(request).await?;
+        if let Some(last) = last {
+            last.0.store(response.status().as_u16(), Ordering::Relaxed);
+        }
+        Ok(response)
+    }
+}
+
+/// What went wrong, from object_store's error kind and the last status answered. A
+/// failed `If-Match` is [`ObjectProblem::Changed`], also where object_store wrapped it
+/// (a resumed body whose retry found another ETag).
+fn problem_of(
+    error: &object_store::Error,
+    last: &LastStatus,
+    attempts: u32,
+    etag: Option<&str>,
+) -> ObjectProblem {
+    let changed = || ObjectProblem::Changed {
+        etag: etag.unwrap_or("unknown").to_string(),
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(object_store::Error::Precondition { .. }) =
+            e.downcast_ref::<object_store::Error>()
+        {
+            return changed();
+        }
+        cause = e.source();
+    }
+    match (error, last.get()) {
+        (object_store::Error::NotFound { .. }, _) | (_, 404) => ObjectProblem::Missing,
+        (object_store::Error::PermissionDenied { .. }, _) => ObjectProblem::Denied { status: 403 },
+        (object_store::Error::Unauthenticated { .. }, _) => ObjectProblem::Denied { status: 401 },
+        (_, status @ (401 | 403)) => ObjectProblem::Denied { status },
+        (_, 412) => changed(),
+        (_, 503) => ObjectProblem::Throttled { attempts },
+        (_, status) if status >= 300 => ObjectProblem::Status { status },
+        _ => ObjectProblem::Failed {
+            reason: chain(error),
+        },
+    }
+}
+
+/// An error and its causes in one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+/// Where a bucket is and who reads it, resolved from the configuration, the environment
+/// and the AWS files, in the AWS tools' order.
+#[derive(Clone, PartialEq, Eq)]
+struct Settings {
+    region: String,
+    endpoint: Option<String>,
+    keys: Keys,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+/// Whose keys sign the requests.
+#[derive(Clone, PartialEq, Eq)]
+enum Keys {
+    /// Unsigned requests (`s3.anonymous`).
+    Anonymous,
+    /// From `AWS_ACCESS_KEY_ID` and the rest, which object_store reads itself.
+    Environment,
+    /// A profile's keys from the shared credentials or config file.
+    Profile {
+        id: String,
+        secret: String,
+        token: Option<String>,
+    },
+    /// None found here: object_store's own chain (web identity, container, instance).
+    Chain,
+}
+
+impl fmt::Debug for Keys {
+    /// Never the keys themselves.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Anonymous => "Anonymous",
+            Self::Environment => "Environment",
+            Self::Profile { .. } => "Profile",
+            Self::Chain => "Chain",
+        })
+    }
+}
+
+impl Settings {
+    /// Resolves the settings from `options`, the environment (`env`) and the files
+    /// (`read`; `None` for a file that is not there). Only a profile named explicitly
+    /// (`s3.profile`, `AWS_PROFILE`) must exist.
+    fn resolve(
+        options: &S3Options,
+        env: &dyn Fn(&str) -> Option<String>,
+        read: &dyn Fn(&Path) -> Option<String>,
+    ) -> Result<Self, String> {
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        let home = var("HOME").map(PathBuf::from).unwrap_or_default();
+        let file = |variable: &str, default: &str| {
+            var(variable)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".aws").join(default))
+        };
+        let credentials_file = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+        let config_file = file("AWS_CONFIG_FILE", "config");
+        let named = options.profile.clone().or_else(|| var("AWS_PROFILE"));
+        let profile_name = named.clone().unwrap_or_else(|| "default".to_string());
+        let credentials = read(&credentials_file)
+            .map(|text| parse_ini(&text))
+            .unwrap_or_default();
+        let config = read(&config_file)
+            .map(|text| parse_ini(&text))
+            .unwrap_or_default();
+        let config_section = if profile_name == "default" {
+            "default".to_string()
+        } else {
+            format!("profile {profile_name}")
+        };
+        let from_credentials = credentials.get(&profile_name);
+        let from_config = config.get(&config_section);
+        if named.is_some() && from_credentials.is_none() && from_config.is_none() {
+            return Err(format!(
+                "AWS profile `{profile_name}` is in neither {} nor {}",
+                credentials_file.display(),
+                config_file.display()
+            ));
+        }
+        let profile = |key: &str| {
+            from_credentials
+                .and_then(|section| section.get(key))
+                .or_else(|| from_config.and_then(|section| section.get(key)))
+                .cloned()
+        };
+        let region = options
+            .region
+            .clone()
+            .or_else(|| var("AWS_REGION"))
+            .or_else(|| var("AWS_DEFAULT_REGION"))
+            .or_else(|| profile("region"))
+            .unwrap_or_else(|| "us-east-1".to_string());
+        let endpoint = options
+            .endpoint
+            .clone()
+            .or_else(|| var("AWS_ENDPOINT_URL_S3"))
+            .or_else(|| var("AWS_ENDPOINT_URL"))
+            .or_else(|| profile("endpoint_url"));
+        let keys = if options.anonymous {
+            Keys::Anonymous
+        } else if var("AWS_ACCESS_KEY_ID").is_some() {
+            if var("AWS_SECRET_ACCESS_KEY").is_none() {
+                return Err("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not".into());
+            }
+            Keys::Environment
+        } else {
+            match (
+                profile("aws_access_key_id"),
+                profile("aws_secret_access_key"),
+            ) {
+                (Some(id), Some(secret)) => Keys::Profile {
+                    id,
+                    secret,
+                    token: profile("aws_session_token"),
+                },
+                (Some(_), None) => {
+                    return Err(format!(
+                        "AWS profile `{profile_name}` has aws_access_key_id but no \
+                         aws_secret_access_key"
+                    ));
+                }
+                _ => Keys::Chain,
+            }
+        };
+        Ok(Self {
+            region,
+            endpoint,
+            keys,
+        })
+    }
+
+    /// A client builder for `bucket` with these settings, on top of what object_store
+    /// reads from the environment itself (the credential chain's variables).
+    fn builder(&self, bucket: &str, options: &S3Options) -> AmazonS3Builder {
+        let client = ClientOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(
+                options
+                    .request_timeout
+                    .min(std::time::Duration::from_secs(10)),
+            )
+            .with_allow_http(
+                self.endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
+        let retry = RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: options.attempts.saturating_sub(1) as usize,
+            retry_timeout: options
+                .request_timeout
+                .saturating_mul(options.attempts.max(1)),
+        };
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_region(&self.region)
+            .with_client_options(client)
+            .with_retry(retry)
+            .with_http_connector(ObservingConnector);
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        match &self.keys {
+            Keys::Anonymous => builder = builder.with_skip_signature(true),
+            Keys::Profile { id, secret, token } => {
+                builder = builder
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret);
+                if let Some(token) = token {
+                    builder = builder.with_token(token);
+                }
+            }
+            Keys::Environment | Keys::Chain => {}
+        }
+        builder
+    }
+}
+
+/// The sections of an AWS credentials or config file: `[name]` headers, `key = value`
+/// lines, `#` and `;` comments. Keys are lower-cased, as the AWS tools read them.
+fn parse_ini(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut sections: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let name = name.trim().to_string();
+            sections.entry(name.clone()).or_default();
+            current = Some(name);
+        } else if let (Some(section), Some((key, value))) = (&current, line.split_once('=')) {
+            sections
+                .entry(section.clone())
+                .or_default()
+                .insert(key.trim().to_ascii_lowercase(), value.trim().to_string());
+        }
+    }
+    sections
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::PutPayload;
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    #[test]
+    fn urls_name_a_bucket_and_a_key() {
+        let good = [
+            (
+                "s3://shards/train/a-000000.tar",
+                "shards",
+                "train/a-000000.tar",
+            ),
+            ("s3://b.example/x.tar", "b.example", "x.tar"),
+        ];
+        for (url, bucket, key) in good {
+            let parsed = S3Url::parse(url).expect(url);
+            assert_eq!((parsed.bucket.as_str(), parsed.key.as_str()), (bucket, key));
+        }
+        for url in [
+            "s3://",
+            "s3://bucket",
+            "s3://bucket/",
+            "s3:///key",
+            "http://b/k",
+        ] {
+            let error = S3Url::parse(url).expect_err(url);
+            assert!(matches!(error, ShardError::BadUrl { .. }), "{url}: {error}");
+            assert!(error.to_string().contains(url), "{error}");
+        }
+    }
+
+    #[test]
+    fn patterns_match_keys_within_their_folder() {
+        let cases = [
+            ("train/a-*.tar", "train/a-000001.tar", true),
+            ("train/a-*.tar", "train/a-.tar", true),
+            ("train/a-*.tar", "train/b-000001.tar", false),
+            ("train/a-*.tar", "train/a-000001.tar.gz", false),
+            ("train/a-*.tar", "train/sub/a-1.tar", false),
+            ("train/*", "train/x", true),
+            ("train/*", "train/sub/x", false),
+            ("train/a-??.tar", "train/a-01.tar", true),
+            ("train/a-??.tar", "train/a-001.tar", false),
+            ("*.tar", "a.tar", true),
+            ("*-*.tar", "a-b-c.tar", true),
+            ("exact.tar", "exact.tar", true),
+        ];
+        for (pattern, key, want) in cases {
+            assert_eq!(glob_match(pattern, key), want, "{pattern} against {key}");
+        }
+        assert_eq!(list_prefix("train/a-*.tar"), "train/a-");
+        assert!(is_pattern("s3://b/train/*.tar"));
+        assert!(!is_pattern("s3://b/train/a.tar"));
+        assert!(!is_pattern("/data/*.tar"));
+        assert!(!is_pattern("s3://b*/x.tar"));
+    }
+
+    /// The environment and files of one case, and what resolves from them.
+    fn resolve(
+        options: &S3Options,
+        env: &[(&str, &str)],
+        files: &[(&str, &str)],
+    ) -> Result<Settings, String> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let files: HashMap<PathBuf, String> = files
+            .iter()
+            .map(|(k, v)| (PathBuf::from(k), v.to_string()))
+            .collect();
+        Settings::resolve(options, &|name| env.get(name).cloned(), &|path| {
+            files.get(path).cloned()
+        })
+    }
+
+    #[test]
+    fn settings_come_from_config_then_environment_then_profile() {
+        let home = [("HOME", "/home/u")];
+        let credentials = "[default]\naws_access_key_id = AKIDEFAULT\naws_secret_access_key = s3cret\n\
+             # a comment\n[work]\naws_access_key_id=AKIWORK\naws_secret_access_key=w0rk\n\
+             aws_session_token = tok\n";
+        let config = "[default]\nregion = eu-west-1\n[profile work]\nregion = us-west-2\n\
+                      endpoint_url = http://minio:9000\n";
+        let files = [
+            ("/home/u/.aws/credentials", credentials),
+            ("/home/u/.aws/config", config),
+        ];
+        let defaults = S3Options::default();
+
+        let from_files = resolve(&defaults, &home, &files).expect("default profile");
+        assert_eq!(from_files.region, "eu-west-1");
+        assert_eq!(from_files.endpoint, None);
+        assert!(
+            matches!(&from_files.keys, Keys::Profile { id, token: None, .. } if id == "AKIDEFAULT")
+        );
+
+        let work = [("HOME", "/home/u"), ("AWS_PROFILE", "work")];
+        let from_work = resolve(&defaults, &work, &files).expect("work profile");
+        assert_eq!(from_work.region, "us-west-2");
+        assert_eq!(from_work.endpoint.as_deref(), Some("http://minio:9000"));
+        assert!(
+            matches!(&from_work.keys, Keys::Profile { id, token: Some(t), .. }
+            if id == "AKIWORK" && t == "tok")
+        );
+
+        let env = [
+            ("HOME", "/home/u"),
+            ("AWS_ACCESS_KEY_ID", "AKIENV"),
+            ("AWS_SECRET_ACCESS_KEY", "e"),
+            ("AWS_DEFAULT_REGION", "ap-south-1"),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:5000"),
+        ];
+        let from_env = resolve(&defaults, &env, &files).expect("environment");
+        assert_eq!(from_env.keys, Keys::Environment);
+        assert_eq!(from_env.region, "ap-south-1");
+        assert_eq!(from_env.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+
+        let configured = S3Options {
+            endpoint: Some("https://storage.googleapis.com".into()),
+            region: Some("auto".into()),
+            anonymous: true,
+            ..S3Options::default()
+        };
+        let set = resolve(&configured, &env, &files).expect("configured");
+        assert_eq!(set.keys, Keys::Anonymous);
+        assert_eq!(set.region, "auto");
+        assert_eq!(
+            set.endpoint.as_deref(),
+            Some("https://storage.googleapis.com")
+        );
+
+        let bare = resolve(&defaults, &home, &[]).expect("nothing at all");
+        assert_eq!(
+            (bare.region.as_str(), bare.keys),
+            ("us-east-1", Keys::Chain)
+        );
+
+        let missing = [("HOME", "/home/u"), ("AWS_PROFILE", "nope")];
+        let error = resolve(&defaults, &missing, &files).expect_err("missing profile");
+        assert!(
+            error.contains("`nope`") && error.contains("/home/u/.aws/credentials"),
+            "{error}"
+        );
+        let half = [("AWS_ACCESS_KEY_ID", "AKI")];
+        let error = resolve(&defaults, &half, &[]).expect_err("half the keys");
+        assert!(error.contains("AWS_SECRET_ACCESS_KEY"), "{error}");
+    }
+
+    #[test]
+    fn no_debug_output_holds_a_secret() {
+        let files = [(
+            "/h/.aws/credentials",
+            "[default]\naws_access_key_id=AKIDSECRETID\naws_secret_access_key=VerySecret\n",
+        )];
+        let settings = resolve(&S3Options::default(), &[("HOME", "/h")], &files).expect("ok");
+        let shown = format!("{settings:?}");
+        assert!(
+            !shown.contains("AKIDSECRETID") && !shown.contains("VerySecret"),
+            "{shown}"
+        );
+    }
+
+    /// An object of `len` bytes in a store in memory, opened as the source opens one.
+    fn object_in_memory(len: usize) -> (Arc<InMemory>, Arc<Object>, Vec<u8>) {
+        let store = Arc::new(InMemory::new());
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+        let path = ObjectPath::from("train/a.tar");
+        let (put_store, put_path, payload) = (
+            Arc::clone(&store),
+            path.clone(),
+            PutPayload::from(bytes.clone()),
+        );
+        let options = S3Options::default();
+        let put = wait(
+            &options,
+            async move { put_store.put(&put_path, payload).await },
+        )
+        .expect("put");
+        let object = Object {
+            url: "s3://shards/train/a.tar".into(),
+            location: S3Url::parse("s3://shards/train/a.tar").expect("url"),
+            store: store.clone(),
+            path,
+            size: len as u64,
+            etag: put.e_tag,
+            attempts: 1,
+        };
+        (store, Arc::new(object), bytes)
+    }
+
+    fn small_chunks() -> S3Options {
+        S3Options {
+            chunk_bytes: 1000,
+            chunks_in_flight: 3,
+            ..S3Options::default()
+        }
+    }
+
+    #[test]
+    fn ranges_come_back_in_order_as_the_whole_object() {
+        for len in [0, 1, 999, 1000, 1001, 12_345] {
+            let (_store, object, bytes) = object_in_memory(len);
+            let mut reader = RangedReader::new(object, &small_chunks());
+            let mut read = Vec::new();
+            // Small reads, so that ranges are split across them.
+            let mut buf = [0; 333];
+            loop {
+                let n = reader.read(&mut buf).expect("read");
+                if n == 0 {
+                    break;
+                }
+                read.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(read, bytes, "an object of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn an_object_replaced_mid_read_fails_with_its_etag() {
+        let (store, object, _) = object_in_memory(10_000);
+        let etag = object.etag.clone().expect("the memory store gives ETags");
+        let mut reader = RangedReader::new(Arc::clone(&object), &small_chunks());
+        let mut buf = vec![0; 4000];
+        reader.read_exact(&mut buf).expect("the first ranges");
+        let (path, payload) = (object.path.clone(), PutPayload::from(vec![1u8; 10_000]));
+        wait(&S3Options::default(), async move {
+            store.put(&path, payload).await
+        })
+        .expect("replace");
+        let error = std::io::copy(&mut reader, &mut std::io::sink()).expect_err("changed");
+        let shard = crate::source::source_failure(&error).expect("an object failure");
+        match &shard {
+            ShardError::Object {
+                problem: ObjectProblem::Changed { etag: was },
+                bucket,
+                key,
+                ..
+            } => {
+                assert_eq!(
+                    (was, bucket.as_str(), key.as_str()),
+                    (&etag, "shards", "train/a.tar")
+                );
+            }
+            other => panic!("not a change: {other}"),
+        }
+        assert!(
+            shard.to_string().contains("s3://shards/train/a.tar"),
+            "{shard}"
+        );
+        // The failure sticks.
+        let again = reader.read(&mut buf).expect_err("still failed");
+        assert!(crate::source::source_failure(&again).is_some());
+    }
+
+    #[test]
+    fn a_missing_object_is_missing() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let last = LastStatus::default();
+        let error = wait(&S3Options::default(), async move {
+            store.head(&ObjectPath::from("nope.tar")).await
+        })
+        .expect_err("missing");
+        assert_eq!(problem_of(&error, &last, 3, None), ObjectProblem::Missing);
+        last.0.store(503, Ordering::Relaxed);
+        let generic = object_store::Error::Generic {
+            store: "S3",
+            source: "gave up".into(),
+        };
+        assert_eq!(
+            problem_of(&generic, &last, 3, None),
+            ObjectProblem::Throttled { attempts: 3 }
+        );
+        last.0.store(0, Ordering::Relaxed);
+        assert!(matches!(
+            problem_of(&generic, &last, 3, None),
+            ObjectProblem::Failed { .. }
+        ));
+    }
+}

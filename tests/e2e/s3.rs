@@ -1,0 +1,268 @@
+//! `s3://` shards end to end, against a real S3 API on loopback (moto, started by the
+//! test: `common::s3::Moto`) and through a fault proxy in front of it
+//! (`common::s3::FaultProxy`): listing, indexing and verifying shards in a bucket, a job
+//! that trains from the bucket as from the same shards on disk, reads that resume
+//! through cut, stalled and throttled answers with the very same samples, and the errors
+//! of a missing object, refused credentials, throttling to the end and an object
+//! replaced mid-read. Each `imgrun` gets the AWS environment of its test's server alone.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::s3::{FaultProxy, Moto};
+use crate::common::train::{
+    Dataset, JOB_LIMIT, Job, logged_samples, metrics, replica_digest, synth_shards,
+};
+use crate::common::{Machine, describe, path_str, wait_for};
+
+const BUCKET: &str = "shards";
+
+/// A bucket holding the tiny training and validation shards of `common::train`, and a
+/// machine whose `imgrun` reaches it at `endpoint`.
+struct Site {
+    moto: Moto,
+    machine: Machine,
+    data: Dataset,
+    root: tempfile::TempDir,
+}
+
+impl Site {
+    /// `None` (after `skip_or_fail`) where moto cannot be installed here.
+    fn start() -> Option<Site> {
+        let moto = Moto::start()?;
+        let root = tempfile::tempdir().expect("temp dir");
+        let data = Dataset::synth(root.path());
+        moto.create_bucket(BUCKET);
+        moto.upload_dir(BUCKET, "train", &data.train_dir);
+        let val_dir = Path::new(data.val.split_once("val-").map_or("", |(dir, _)| dir));
+        moto.upload_dir(BUCKET, "val", val_dir);
+        let mut machine = Machine::new(root.path(), "reader");
+        machine.env = moto.env();
+        Some(Site {
+            moto,
+            machine,
+            data,
+            root,
+        })
+    }
+
+    /// The same shards as `data.train` and `data.val`, in the bucket.
+    fn sets(&self) -> [String; 2] {
+        let name = |spec: &str| spec.rsplit('/').next().unwrap_or(spec).to_string();
+        [
+            format!(
+                "data.train=\"s3://{BUCKET}/train/{}\"",
+                name(&self.data.train)
+            ),
+            format!("data.val=\"s3://{BUCKET}/val/{}\"", name(&self.data.val)),
+        ]
+    }
+
+    /// Starts the tiny job `name` with `sets`, logging every step's samples.
+    fn job(&self, name: &str, sets: &[&str]) -> Job {
+        let runs = self.root.path().join("runs");
+        let mut sets = sets.to_vec();
+        sets.push("train.sample_log=true");
+        let args = self
+            .data
+            .job_args(&runs, name, 2, &sets, false, &[] as &[&str]);
+        Job::start(&self.machine, &args, self.root.path())
+    }
+
+    /// The samples of every step of the run `name`, each as `SHARD-NAME#KEY` (the URL's
+    /// folder, which differs between a bucket and a disk, left out), with their epochs.
+    fn samples(&self, name: &str) -> Vec<(u64, Vec<String>)> {
+        let records = metrics(&self.root.path().join("runs").join(name));
+        logged_samples(&records)
+            .map(|(epoch, ids)| {
+                let ids = ids
+                    .iter()
+                    .map(|id| id.rsplit('/').next().unwrap_or(id).to_string())
+                    .collect();
+                (epoch, ids)
+            })
+            .collect()
+    }
+}
+
+/// `imgrun shards ls/index/verify` on `s3://` shards, by pattern and by brace spec; a job
+/// trains from the bucket exactly as from the same shards on disk: the same samples in
+/// every step and the same final replicas.
+#[test]
+fn shards_in_a_bucket_list_index_verify_and_train_as_on_disk() {
+    let Some(site) = Site::start() else {
+        return;
+    };
+    let pattern = format!("s3://{BUCKET}/train/*.tar");
+    let listed = site.machine.run_ok(&["shards", "ls", &pattern]);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 5, "five shards listed:\n{listed}");
+    assert!(
+        lines[0].starts_with(&format!("s3://{BUCKET}/train/train-000000.tar\t50 samples")),
+        "{listed}"
+    );
+    let local = site.machine.run_ok(&["shards", "ls", &site.data.train]);
+    let columns = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(|l| l.split_once('\t').map_or("", |(_, rest)| rest).to_string())
+            .collect()
+    };
+    assert_eq!(
+        columns(&listed),
+        columns(&local),
+        "the same shards as on disk"
+    );
+
+    let manifest = site.root.path().join("s3-manifest.json");
+    let printed = site
+        .machine
+        .run_ok(&["shards", "index", &pattern, "-o", path_str(&manifest)]);
+    assert!(printed.contains("indexed 5 shards"), "{printed}");
+    let verified = site.machine.run(&["shards", "verify", &pattern]);
+    assert!(verified.status.success(), "{}", describe(&verified));
+
+    let [train, val] = site.sets();
+    let from_disk = site.job("disk", &[]).finish(JOB_LIMIT);
+    assert!(from_disk.status.success(), "{}", from_disk.describe());
+    let from_bucket = site.job("bucket", &[&train, &val]).finish(JOB_LIMIT);
+    assert!(from_bucket.status.success(), "{}", from_bucket.describe());
+    let samples = site.samples("bucket");
+    assert!(!samples.is_empty(), "no samples logged");
+    assert_eq!(
+        samples,
+        site.samples("disk"),
+        "the same samples in every step"
+    );
+    assert_eq!(
+        replica_digest(&from_bucket.stdout),
+        replica_digest(&from_disk.stdout),
+        "the same final replicas"
+    );
+    drop(site.moto);
+}
+
+/// Through a proxy that answers 503 Slow Down, cuts bodies short and stalls one past the
+/// request timeout, a job reads the bucket in 64 KiB ranges, resumes every range, and
+/// serves the very same samples in every step, with the same replicas, as a fault-free
+/// run from disk.
+#[test]
+fn cut_stalled_and_throttled_reads_resume_with_the_same_samples() {
+    let Some(mut site) = Site::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(site.moto.address());
+    site.machine.env = site.moto.env_via(&proxy.endpoint());
+    proxy.slow_down(3);
+    proxy.cut_after(3, 10_000);
+    proxy.stall(1, 5_000, Duration::from_secs(5));
+    proxy.cut_after(2, 0);
+    let [train, val] = site.sets();
+    let small_ranges = [
+        train.as_str(),
+        val.as_str(),
+        "s3.chunk_size=\"64KiB\"",
+        "s3.request_timeout_secs=2",
+    ];
+    let faulty = site.job("faulty", &small_ranges).finish(JOB_LIMIT);
+    assert!(faulty.status.success(), "{}", faulty.describe());
+    assert_eq!(
+        proxy.faults_applied(),
+        9,
+        "every planned fault met a request"
+    );
+    assert!(
+        proxy.ranged_gets_seen() > 20,
+        "the shards were read in many ranges ({})",
+        proxy.ranged_gets_seen()
+    );
+    let clean = site.job("clean", &[]).finish(JOB_LIMIT);
+    assert!(clean.status.success(), "{}", clean.describe());
+    assert_eq!(
+        site.samples("faulty"),
+        site.samples("clean"),
+        "the same samples in every step"
+    );
+    assert_eq!(
+        replica_digest(&faulty.stdout),
+        replica_digest(&clean.stdout)
+    );
+}
+
+/// A missing object, refused credentials and throttling to the end each fail with their
+/// own words and the bucket and key; an object replaced while a read of it is stalled
+/// fails with its ETag rather than mixing two versions.
+#[test]
+fn object_errors_name_bucket_key_and_cause() {
+    let Some(mut site) = Site::start() else {
+        return;
+    };
+    let missing = format!("s3://{BUCKET}/train/nope.tar");
+    let out = site.machine.run(&["shards", "ls", &missing]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        said.contains("no such object (404 Not Found)")
+            && said.contains("bucket `shards`, key `train/nope.tar`"),
+        "{}",
+        describe(&out)
+    );
+    let out = site
+        .machine
+        .run(&["shards", "ls", "s3://shards/train/none-*.tar"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the pattern matches no object"),
+        "{}",
+        describe(&out)
+    );
+
+    let proxy = FaultProxy::start(site.moto.address());
+    site.machine.env = site.moto.env_via(&proxy.endpoint());
+    let shard = format!("s3://{BUCKET}/train/train-000000.tar");
+    let few_tries = [("IMGRUN_S3__ATTEMPTS", "3")];
+    let ls = |env: &[(&str, &str)]| {
+        let mut command = site.machine.command(&["shards", "ls", &shard]);
+        command.envs(env.iter().copied());
+        command.output().expect("run imgrun shards ls")
+    };
+    proxy.status(1, 403, "AccessDenied");
+    let out = ls(&few_tries);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("access denied (403)"),
+        "{}",
+        describe(&out)
+    );
+    proxy.slow_down(3);
+    let out = ls(&few_tries);
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("503 Slow Down (throttled) to the end, after 3 attempts"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(proxy.faults_applied(), 4);
+
+    // A read stalls in its first range; meanwhile the object is replaced, so the resumed
+    // range finds another ETag.
+    let (_, replacement) = synth_shards(site.root.path(), "other", 10, 50, 7, 32);
+    let other = Path::new(replacement.split_once("other-").map_or("", |(dir, _)| dir))
+        .join("other-000000.tar");
+    proxy.stall(1, 1_000, Duration::from_secs(10));
+    let mut command = site.machine.command(&["shards", "ls", &shard]);
+    command.envs([
+        ("IMGRUN_S3__REQUEST_TIMEOUT_SECS", "4"),
+        ("IMGRUN_S3__CHUNK_SIZE", "64KiB"),
+    ]);
+    let mut reading = Job::spawn(command, site.root.path());
+    wait_for(Duration::from_secs(30), "the stalled range", || {
+        (proxy.faults_applied() == 5).then_some(())
+    });
+    site.moto.put_file(BUCKET, "train/train-000000.tar", &other);
+    let out = reading.finish(JOB_LIMIT);
+    assert!(!out.status.success(), "{}", out.describe());
+    assert!(
+        out.stdout.contains("the object changed while it was read")
+            && out.stdout.contains("key `train/train-000000.tar`"),
+        "{}",
+        out.describe()
+    );
+}
