@@ -113,6 +113,27 @@ fn shards_in_a_bucket_list_index_verify_and_train_as_on_disk() {
         "the same shards as on disk"
     );
 
+    // With a shard cache, a second read needs no store: its endpoint is gone.
+    let cache = site.root.path().join("cache");
+    let brace = format!("s3://{BUCKET}/train/train-{{000000..000004}}.tar");
+    let cached_ls = |endpoint: &str| {
+        let mut command = site.machine.command(&["shards", "ls", &brace]);
+        command.envs([
+            ("IMGRUN_SHARDS__CACHE_DIR", path_str(&cache)),
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("IMGRUN_S3__ATTEMPTS", "1"),
+        ]);
+        let out = command.output().expect("run imgrun shards ls");
+        assert!(out.status.success(), "{}", describe(&out));
+        columns(&String::from_utf8_lossy(&out.stdout))
+    };
+    assert_eq!(cached_ls(&site.moto.endpoint()), columns(&local));
+    assert_eq!(
+        cached_ls("http://127.0.0.1:9"),
+        columns(&local),
+        "read from the cache"
+    );
+
     let manifest = site.root.path().join("s3-manifest.json");
     let printed = site
         .machine
