@@ -103,6 +103,8 @@ pub struct CreateOptions {
     pub threads: usize,
     /// JPEG quality (1-100) of resized images.
     pub quality: u8,
+    /// How an `s3://bucket/prefix/` output is reached.
+    pub s3: crate::stream::S3Options,
 }
 
 impl Default for CreateOptions {
@@ -115,6 +117,7 @@ impl Default for CreateOptions {
             resize: None,
             threads: available_cores(),
             quality: 90,
+            s3: crate::stream::S3Options::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ pub fn create_from_folder(
         max_count: options.max_count,
         max_size: options.max_size,
         threads: options.threads,
+        s3: &options.s3,
     };
     let make = |index: usize| -> Result<Sample, CreateError> {
         let (path, class) = order[index];

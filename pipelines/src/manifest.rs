@@ -84,11 +84,16 @@ impl Manifest {
     /// Writes `manifest.json` and `classes.txt` into `dir` (atomically: temp + rename).
     pub fn write_to(&self, dir: &Path) -> io::Result<()> {
         self.write_file(&dir.join(MANIFEST_FILE))?;
+        write_atomic(&dir.join("classes.txt"), self.classes_text().as_bytes())
+    }
+
+    /// `classes.txt`: the class names, a line each.
+    pub fn classes_text(&self) -> String {
         let mut classes = self.classes.join("\n");
         if !classes.is_empty() {
             classes.push('\n');
         }
-        write_atomic(&dir.join("classes.txt"), classes.as_bytes())
+        classes
     }
 
     /// Writes the manifest alone to `path` (atomically: temp + rename).

@@ -13,8 +13,10 @@ use std::sync::mpsc;
 use rayon::prelude::*;
 
 use crate::brace::summarize_names;
-use crate::manifest::Manifest;
+use crate::manifest::{MANIFEST_FILE, Manifest};
+use crate::s3::put_object;
 use crate::sample::Sample;
+use crate::stream::S3Options;
 use crate::writer::{ShardWriter, WrittenShard};
 
 /// What [`create_from_folder`] or [`generate_synthetic`](crate::generate_synthetic)
@@ -83,6 +85,16 @@ pub(crate) struct ShardPlan<'a> {
     pub(crate) max_count: u64,
     pub(crate) max_size: u64,
     pub(crate) threads: usize,
+    /// How an `s3://bucket/prefix/` output is reached.
+    pub(crate) s3: &'a S3Options,
+}
+
+impl ShardPlan<'_> {
+    /// The output as an `s3://` prefix (ending with `/`), when it is one.
+    fn bucket_prefix(&self) -> Option<String> {
+        let out = self.out.to_str().filter(|o| o.starts_with("s3://"))?;
+        Some(format!("{}/", out.trim_end_matches('/')))
+    }
 }
 
 /// Builds samples `0..count` with `make` on `plan.threads` threads, a chunk at a time,
@@ -95,10 +107,12 @@ pub(crate) fn write_samples(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CreateReport, CreateError> {
     let pattern = validate_plan(plan)?;
-    fs::create_dir_all(plan.out).map_err(|source| CreateError::CreateOutput {
-        path: plan.out.to_path_buf(),
-        source,
-    })?;
+    if plan.bucket_prefix().is_none() {
+        fs::create_dir_all(plan.out).map_err(|source| CreateError::CreateOutput {
+            path: plan.out.to_path_buf(),
+            source,
+        })?;
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(plan.threads)
         .thread_name(|i| format!("imgrun-shards-{i}"))
@@ -127,12 +141,10 @@ pub(crate) fn write_samples(
     })?;
 
     let manifest = Manifest::new(classes, &shards);
-    manifest
-        .write_to(plan.out)
-        .map_err(|source| CreateError::WriteManifest {
-            path: plan.out.to_path_buf(),
-            source,
-        })?;
+    write_manifest(plan, &manifest).map_err(|source| CreateError::WriteManifest {
+        path: plan.out.to_path_buf(),
+        source,
+    })?;
     let names: Vec<String> = shards
         .iter()
         .map(|s| s.path.to_string_lossy().into_owned())
@@ -147,6 +159,21 @@ pub(crate) fn write_samples(
         shards,
         manifest,
     })
+}
+
+/// Writes `manifest.json` and `classes.txt` beside the shards: in the output folder, or
+/// as objects under the output prefix, each whole or not at all, after every shard.
+fn write_manifest(plan: &ShardPlan<'_>, manifest: &Manifest) -> io::Result<()> {
+    let Some(prefix) = plan.bucket_prefix() else {
+        return manifest.write_to(plan.out);
+    };
+    let json = serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?;
+    put_object(&format!("{prefix}{MANIFEST_FILE}"), json, plan.s3)?;
+    put_object(
+        &format!("{prefix}classes.txt"),
+        manifest.classes_text().into_bytes(),
+        plan.s3,
+    )
 }
 
 /// Worker threads to use by default: the cores this process may run on.
@@ -192,13 +219,12 @@ fn write_batches(
     receiver: mpsc::Receiver<Batch>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Option<Vec<WrittenShard>>, CreateError> {
-    let mut writer =
-        ShardWriter::new(pattern, plan.max_count, plan.max_size).map_err(|source| {
-            CreateError::WriteShard {
-                path: PathBuf::from(pattern),
-                source,
-            }
-        })?;
+    let mut writer = ShardWriter::new(pattern, plan.max_count, plan.max_size)
+        .map_err(|source| CreateError::WriteShard {
+            path: PathBuf::from(pattern),
+            source,
+        })?
+        .with_s3(plan.s3.clone());
     let shard_error = |path: Option<&Path>, source: io::Error| CreateError::WriteShard {
         path: path.map_or_else(|| PathBuf::from(pattern), Path::to_path_buf),
         source,

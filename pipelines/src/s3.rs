@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -38,7 +38,8 @@ use object_store::client::{
 };
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    BackoffConfig, ClientOptions, Extensions, GetOptions, GetRange, ObjectStore, RetryConfig,
+    BackoffConfig, ClientOptions, Extensions, GetOptions, GetRange, MultipartUpload, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
 };
 use tokio::sync::Semaphore;
 
@@ -310,22 +311,32 @@ fn shared(options: &S3Options) -> &'static Shared {
     })
 }
 
-/// Runs `future` on the process's runtime and waits for its result, from any thread (a
-/// runtime's too: the wait is on a plain channel).
-fn wait<T: Send + 'static>(
+/// Runs `future` on the process's runtime and waits for its output, from any thread (a
+/// runtime's too: the wait is on a plain channel). `None` if the runtime dropped it.
+fn run<T: Send + 'static>(
     options: &S3Options,
-    future: impl Future<Output = Result<T, object_store::Error>> + Send + 'static,
-) -> Result<T, object_store::Error> {
+    future: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
     let (send, receive) = mpsc::sync_channel(1);
     shared(options).runtime.spawn(async move {
         let _ = send.send(future.await);
     });
-    receive.recv().unwrap_or_else(|_| {
-        Err(object_store::Error::Generic {
-            store: "S3",
-            source: "the request runtime dropped the request".into(),
-        })
-    })
+    receive.recv().ok()
+}
+
+/// [`run`] for a request: the runtime dropping it is an error too.
+fn wait<T: Send + 'static>(
+    options: &S3Options,
+    future: impl Future<Output = Result<T, object_store::Error>> + Send + 'static,
+) -> Result<T, object_store::Error> {
+    run(options, future).unwrap_or_else(|| Err(dropped()))
+}
+
+fn dropped() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: "the request runtime dropped the request".into(),
+    }
 }
 
 /// An [`ObjectFailure`] of the object at `location`, read as `url`.
@@ -488,6 +499,210 @@ impl Drop for RangedReader {
             pending.task.abort();
         }
     }
+}
+
+/// Smallest part of a multipart upload that S3 takes (all but the last part).
+const MIN_PART: u64 = 5 << 20;
+
+/// Parts of one upload sent ahead of the writer.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// An object being written: its bytes go up in parts of `s3.chunk_size` (at least 5 MiB)
+/// as they come, through a multipart upload, and the object appears under its key only
+/// when [`finish`](Self::finish) completes the upload; an object smaller than one part
+/// goes up in one PUT at the end. Dropped unfinished (an error, a cancelled command), the
+/// upload is aborted: nothing is ever half-visible under the key, and no parts are left
+/// to pay for.
+pub struct ObjectWriter {
+    url: String,
+    location: S3Url,
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    options: S3Options,
+    part_bytes: usize,
+    buffer: Vec<u8>,
+    upload: Option<Box<dyn MultipartUpload>>,
+    /// Parts sent, oldest first, with their answers to come.
+    parts: VecDeque<mpsc::Receiver<object_store::Result<()>>>,
+    written: u64,
+}
+
+impl fmt::Debug for ObjectWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectWriter")
+            .field("url", &self.url)
+            .field("written", &self.written)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectWriter {
+    /// A writer of the object at `url` (`s3://bucket/key`); no request is made yet.
+    pub fn create(url: &str, options: &S3Options) -> Result<Self, ShardError> {
+        let location = S3Url::parse(url)?;
+        let source = S3Source {
+            options: options.clone(),
+            stores: Mutex::default(),
+        };
+        let store = source.store(url, &location.bucket)?;
+        Self::in_store(url, store, options)
+    }
+
+    /// A writer of the object at `url` in `store`.
+    fn in_store(
+        url: &str,
+        store: Arc<dyn ObjectStore>,
+        options: &S3Options,
+    ) -> Result<Self, ShardError> {
+        let location = S3Url::parse(url)?;
+        let path = ObjectPath::parse(&location.key).map_err(|error| ShardError::BadUrl {
+            url: url.to_string(),
+            reason: format!("the key is not a valid object path: {error}"),
+        })?;
+        let part_bytes = usize::try_from(options.chunk_bytes.max(MIN_PART)).unwrap_or(usize::MAX);
+        Ok(Self {
+            url: url.to_string(),
+            location,
+            store,
+            path,
+            options: options.clone(),
+            part_bytes,
+            buffer: Vec::new(),
+            upload: None,
+            parts: VecDeque::new(),
+            written: 0,
+        })
+    }
+
+    /// Completes the upload (or puts a small object whole) and returns the object's size.
+    pub fn finish(mut self) -> io::Result<u64> {
+        let Some(mut upload) = self.upload.take() else {
+            let last = LastStatus::default();
+            let options = PutOptions {
+                extensions: last.extensions(),
+                ..PutOptions::default()
+            };
+            let (store, path) = (Arc::clone(&self.store), self.path.clone());
+            let payload = PutPayload::from(std::mem::take(&mut self.buffer));
+            wait(&self.options, async move {
+                store.put_opts(&path, payload, options).await
+            })
+            .map_err(|error| self.io_error(&error, &last))?;
+            return Ok(self.written);
+        };
+        if !self.buffer.is_empty() {
+            self.send_part(&mut upload)?;
+        }
+        while let Some(part) = self.parts.pop_front() {
+            let answer = part.recv().unwrap_or_else(|_| Err(dropped()));
+            if let Err(error) = answer {
+                self.abort(upload);
+                return Err(self.io_error(&error, &LastStatus::default()));
+            }
+        }
+        let completed = run(&self.options, async move {
+            let result = upload.complete().await;
+            (upload, result)
+        });
+        match completed {
+            Some((_, Ok(_))) => Ok(self.written),
+            Some((upload, Err(error))) => {
+                self.abort(upload);
+                Err(self.io_error(&error, &LastStatus::default()))
+            }
+            None => Err(self.io_error(&dropped(), &LastStatus::default())),
+        }
+    }
+
+    /// Sends the buffer as the next part, after waiting for the oldest part when
+    /// [`PARTS_IN_FLIGHT`] are out.
+    fn send_part(&mut self, upload: &mut Box<dyn MultipartUpload>) -> io::Result<()> {
+        while self.parts.len() >= PARTS_IN_FLIGHT {
+            let oldest = self.parts.pop_front().map(|part| part.recv());
+            if let Some(answer) = oldest {
+                answer
+                    .unwrap_or_else(|_| Err(dropped()))
+                    .map_err(|error| self.io_error(&error, &LastStatus::default()))?;
+            }
+        }
+        let payload = PutPayload::from(std::mem::take(&mut self.buffer));
+        let part = upload.put_part(payload);
+        let (send, answer) = mpsc::sync_channel(1);
+        shared(&self.options).runtime.spawn(async move {
+            let _ = send.send(part.await);
+        });
+        self.parts.push_back(answer);
+        Ok(())
+    }
+
+    /// Starts the multipart upload, on the first full part.
+    fn start_upload(&mut self) -> io::Result<Box<dyn MultipartUpload>> {
+        let last = LastStatus::default();
+        let options = PutMultipartOptions {
+            extensions: last.extensions(),
+            ..PutMultipartOptions::default()
+        };
+        let (store, path) = (Arc::clone(&self.store), self.path.clone());
+        wait(&self.options, async move {
+            store.put_multipart_opts(&path, options).await
+        })
+        .map_err(|error| self.io_error(&error, &last))
+    }
+
+    /// Aborts `upload`, so that none of its parts stay stored; a failed abort is logged.
+    fn abort(&self, mut upload: Box<dyn MultipartUpload>) {
+        let aborted = run(&self.options, async move { upload.abort().await });
+        if let Some(Err(error)) = aborted {
+            tracing::warn!(url = %self.url, error = %chain(&error), "could not abort the upload");
+        }
+    }
+
+    fn io_error(&self, error: &object_store::Error, last: &LastStatus) -> io::Error {
+        let problem = problem_of(error, last, self.options.attempts, None);
+        io::Error::other(failure(&self.url, &self.location, problem))
+    }
+}
+
+impl Write for ObjectWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = self.part_bytes - self.buffer.len();
+        let n = buf.len().min(room);
+        if self.buffer.capacity() == 0 {
+            self.buffer.reserve_exact(self.part_bytes.min(1 << 20));
+        }
+        self.buffer.extend_from_slice(&buf[..n]);
+        self.written += n as u64;
+        if self.buffer.len() == self.part_bytes {
+            let mut upload = match self.upload.take() {
+                Some(upload) => upload,
+                None => self.start_upload()?,
+            };
+            let sent = self.send_part(&mut upload);
+            self.upload = Some(upload);
+            sent?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ObjectWriter {
+    /// Unfinished: the upload is aborted.
+    fn drop(&mut self) {
+        if let Some(upload) = self.upload.take() {
+            self.abort(upload);
+        }
+    }
+}
+
+/// Writes `bytes` as the object at `url` in one PUT: it appears whole or not at all.
+pub fn put_object(url: &str, bytes: Vec<u8>, options: &S3Options) -> io::Result<()> {
+    let mut writer = ObjectWriter::create(url, options).map_err(io::Error::other)?;
+    writer.write_all(&bytes)?;
+    writer.finish().map(|_| ())
 }
 
 /// The status of the last answer to one request, over all its retries: object_store's
@@ -1055,6 +1270,44 @@ mod tests {
         // The failure sticks.
         let again = reader.read(&mut buf).expect_err("still failed");
         assert!(crate::source::source_failure(&again).is_some());
+    }
+
+    /// The object at `key` in `store`, or `None`.
+    fn stored(store: &Arc<InMemory>, key: &str) -> Option<Vec<u8>> {
+        let (store, path) = (Arc::clone(store), ObjectPath::from(key));
+        wait(&S3Options::default(), async move {
+            store.get(&path).await?.bytes().await
+        })
+        .ok()
+        .map(|bytes| bytes.to_vec())
+    }
+
+    #[test]
+    fn objects_appear_whole_when_finished_and_never_when_dropped() {
+        let store = Arc::new(InMemory::new());
+        let options = S3Options {
+            chunk_bytes: 1,
+            ..S3Options::default()
+        };
+        // Parts are 5 MiB at least: 12 MiB goes up in three, 1 KiB in one PUT.
+        for (key, len) in [("big.tar", 12 << 20), ("small.json", 1024), ("empty", 0)] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let url = format!("s3://shards/{key}");
+            let mut writer = ObjectWriter::in_store(&url, store.clone(), &options).expect("writer");
+            for piece in bytes.chunks(777_777) {
+                writer.write_all(piece).expect("write");
+            }
+            assert_eq!(stored(&store, key), None, "{key}: visible before its end");
+            assert_eq!(writer.finish().expect("finish"), len as u64);
+            assert_eq!(stored(&store, key), Some(bytes), "{key}");
+        }
+        let mut dropped =
+            ObjectWriter::in_store("s3://shards/gone.tar", store.clone(), &options).expect("w");
+        dropped
+            .write_all(&vec![7u8; 11 << 20])
+            .expect("write two parts");
+        drop(dropped);
+        assert_eq!(stored(&store, "gone.tar"), None, "an unfinished object");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct SynthOptions {
     pub max_size: u64,
     /// Worker threads drawing and encoding images.
     pub threads: usize,
+    /// How an `s3://bucket/prefix/` output is reached.
+    pub s3: crate::stream::S3Options,
 }
 
 impl Default for SynthOptions {
@@ -54,6 +56,7 @@ impl Default for SynthOptions {
             max_count: 1000,
             max_size: 1_000_000_000,
             threads: available_cores(),
+            s3: crate::stream::S3Options::default(),
         }
     }
 }
@@ -108,6 +111,7 @@ pub fn generate_synthetic(
         max_count: options.max_count,
         max_size: options.max_size,
         threads: options.threads,
+        s3: &options.s3,
     };
     let names = looks.iter().map(|look| look.name.clone()).collect();
     write_samples(&plan, names, count, &make, progress)

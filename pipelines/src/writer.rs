@@ -6,7 +6,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::s3::ObjectWriter;
 use crate::sample::{Sample, decode_int_field};
+use crate::stream::S3Options;
 
 /// Modification time stamped on every member, so equal input gives equal shards.
 pub const FIXED_MTIME: u64 = 1_704_067_200; // 2024-01-01T00:00:00Z
@@ -109,7 +111,9 @@ pub struct WrittenShard {
 /// write when the current one holds `max_count` samples or `max_size` payload bytes.
 ///
 /// Each shard is written under a temporary name and renamed when it is complete, so a
-/// reader never sees half a shard under its final name.
+/// reader never sees half a shard under its final name. A pattern of `s3://` URLs
+/// uploads each shard as it is written and completes the upload when the shard is: there
+/// too the shard appears whole or not at all.
 #[derive(Debug)]
 pub struct ShardWriter {
     pattern: String,
@@ -118,14 +122,86 @@ pub struct ShardWriter {
     next_index: u64,
     current: Option<OpenShard>,
     finished: Vec<WrittenShard>,
+    /// How `s3://` shards are reached.
+    s3: S3Options,
 }
 
 #[derive(Debug)]
 struct OpenShard {
     path: PathBuf,
-    temp: PathBuf,
-    tar: TarWriter<BufWriter<File>>,
+    /// The temporary file of a local shard, removed if the shard is abandoned (an
+    /// object's upload is aborted by its own drop).
+    temp: Option<PathBuf>,
+    tar: TarWriter<ShardOut>,
     stats: WrittenShard,
+}
+
+/// Where an open shard's bytes go until it is complete.
+#[derive(Debug)]
+enum ShardOut {
+    /// A local file under a temporary name, renamed when complete (and removed when the
+    /// shard is abandoned).
+    File {
+        temp: PathBuf,
+        file: BufWriter<File>,
+    },
+    /// An object uploaded as it is written, visible when complete (the upload aborted
+    /// when the shard is abandoned).
+    Object(Box<ObjectWriter>),
+}
+
+impl ShardOut {
+    fn open(path: &Path, s3: &S3Options) -> io::Result<Self> {
+        if let Some(url) = path.to_str().filter(|p| p.starts_with("s3://")) {
+            return ObjectWriter::create(url, s3)
+                .map(|object| Self::Object(Box::new(object)))
+                .map_err(io::Error::other);
+        }
+        let temp = temp_name(path);
+        let file = File::create(&temp).map_err(|e| with_path(e, &temp))?;
+        Ok(Self::File {
+            temp,
+            file: BufWriter::with_capacity(1 << 20, file),
+        })
+    }
+
+    /// Makes the shard visible at `path`; returns its size.
+    fn commit(self, path: &Path) -> io::Result<u64> {
+        match self {
+            Self::File { temp, file } => {
+                let file = file.into_inner().map_err(|e| e.into_error())?;
+                file.sync_all()?;
+                let bytes = file.metadata()?.len();
+                std::fs::rename(&temp, path).map_err(|e| with_path(e, path))?;
+                Ok(bytes)
+            }
+            Self::Object(object) => object.finish(),
+        }
+    }
+
+    /// The temporary file of a local shard.
+    fn temp(&self) -> Option<PathBuf> {
+        match self {
+            Self::File { temp, .. } => Some(temp.clone()),
+            Self::Object(_) => None,
+        }
+    }
+}
+
+impl Write for ShardOut {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::File { file, .. } => file.write(buf),
+            Self::Object(object) => object.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Self::File { file, .. } => file.flush(),
+            Self::Object(object) => object.flush(),
+        }
+    }
 }
 
 impl ShardWriter {
@@ -140,7 +216,14 @@ impl ShardWriter {
             next_index: 0,
             current: None,
             finished: Vec::new(),
+            s3: S3Options::default(),
         })
+    }
+
+    /// Reaches `s3://` shards with `options`.
+    pub fn with_s3(mut self, options: S3Options) -> Self {
+        self.s3 = options;
+        self
     }
 
     pub fn write(&mut self, sample: &Sample) -> io::Result<()> {
@@ -183,10 +266,10 @@ impl ShardWriter {
     fn open_next(&mut self) -> io::Result<()> {
         let path = PathBuf::from(format_pattern(&self.pattern, self.next_index)?);
         self.next_index += 1;
-        let temp = temp_name(&path);
-        let file = File::create(&temp).map_err(|e| with_path(e, &temp))?;
+        let out = ShardOut::open(&path, &self.s3)?;
         self.current = Some(OpenShard {
-            tar: TarWriter::new(BufWriter::with_capacity(1 << 20, file)),
+            temp: out.temp(),
+            tar: TarWriter::new(out),
             stats: WrittenShard {
                 path: path.clone(),
                 samples: 0,
@@ -197,7 +280,6 @@ impl ShardWriter {
                 class_counts: BTreeMap::new(),
             },
             path,
-            temp,
         });
         Ok(())
     }
@@ -207,11 +289,8 @@ impl ShardWriter {
             return Ok(());
         };
         let out = shard.tar.finish()?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
         let mut stats = shard.stats;
-        stats.bytes = file.metadata()?.len();
-        std::fs::rename(&shard.temp, &shard.path).map_err(|e| with_path(e, &shard.path))?;
+        stats.bytes = out.commit(&shard.path)?;
         tracing::debug!(path = %shard.path.display(), samples = stats.samples, "shard written");
         self.finished.push(stats);
         Ok(())
@@ -224,7 +303,9 @@ impl Drop for ShardWriter {
     fn drop(&mut self) {
         if let Some(shard) = self.current.take() {
             drop(shard.tar);
-            let _ = std::fs::remove_file(&shard.temp);
+            if let Some(temp) = shard.temp {
+                let _ = std::fs::remove_file(&temp);
+            }
         }
     }
 }

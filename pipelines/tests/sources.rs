@@ -123,7 +123,7 @@ fn failing_sources_name_the_shard_and_cause() {
             dir.path().join("missing.tar").display().to_string(),
             "missing.tar: cannot open",
         ),
-        ("s3://bucket/x.tar".to_string(), "unsupported shard URL"),
+        ("gs://bucket/x.tar".to_string(), "unsupported shard URL"),
     ];
     for (url, want) in cases {
         let err = read_all(std::slice::from_ref(&url), ErrorPolicy::Fail)

@@ -53,7 +53,8 @@ pub enum ShardsCommand {
 pub struct CreateArgs {
     /// Image folder: one sub-folder per class.
     src: PathBuf,
-    /// Output folder for the shards, manifest.json and classes.txt.
+    /// Output folder for the shards, manifest.json and classes.txt, or an
+    /// `s3://bucket/prefix/` to upload them to.
     out: PathBuf,
     /// Shard name prefix: OUT/<prefix>-000000.tar, ...
     #[arg(long, default_value = "shards")]
@@ -83,7 +84,7 @@ pub struct CreateArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SynthArgs {
-    /// Output folder.
+    /// Output folder, or an `s3://bucket/prefix/` to upload to.
     out: PathBuf,
     #[arg(long, default_value_t = 10)]
     classes: u32,
@@ -113,7 +114,8 @@ pub struct IndexArgs {
     #[arg(long)]
     base: Option<String>,
     /// Where to write the manifest (a file, or a folder to get manifest.json and
-    /// classes.txt) [default: the shards' folder, for local shards].
+    /// classes.txt; `s3://bucket/key`, or `s3://bucket/prefix/` to get manifest.json)
+    /// [default: the shards' folder, for local shards].
     #[arg(short, long)]
     output: Option<PathBuf>,
     /// Shards read at once.
@@ -154,8 +156,8 @@ fn spec_urls(loaded: &Loaded, spec: &str, base: Option<&str>) -> anyhow::Result<
 
 pub fn run(loaded: &Loaded, command: ShardsCommand) -> anyhow::Result<ExitCode> {
     match command {
-        ShardsCommand::Create(args) => create(args),
-        ShardsCommand::Synth(args) => synth(args),
+        ShardsCommand::Create(args) => create(loaded, args),
+        ShardsCommand::Synth(args) => synth(loaded, args),
         ShardsCommand::Ls(spec) => ls(loaded, &spec),
         ShardsCommand::Dump(spec) => dump(loaded, &spec),
         ShardsCommand::Sum { names } => sum(names),
@@ -172,7 +174,7 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
+fn create(loaded: &Loaded, args: CreateArgs) -> anyhow::Result<ExitCode> {
     let folder = ImageFolder::scan(&args.src)?;
     eprintln!(
         "found {} images in {} classes under {}",
@@ -188,6 +190,7 @@ fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         resize: args.resize,
         threads: args.threads.unwrap_or_else(default_threads),
         quality: args.quality,
+        s3: loaded.config.s3.options(),
     };
     let bar = progress_bar(folder.images.len() as u64, "create");
     let report = create_from_folder(&folder, &args.out, &options, &|n| bar.inc(n))?;
@@ -196,7 +199,7 @@ fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn synth(args: SynthArgs) -> anyhow::Result<ExitCode> {
+fn synth(loaded: &Loaded, args: SynthArgs) -> anyhow::Result<ExitCode> {
     let options = SynthOptions {
         classes: args.classes,
         per_class: args.per_class,
@@ -205,6 +208,7 @@ fn synth(args: SynthArgs) -> anyhow::Result<ExitCode> {
         prefix: args.prefix,
         max_count: args.maxcount,
         threads: args.threads.unwrap_or_else(default_threads),
+        s3: loaded.config.s3.options(),
         ..SynthOptions::default()
     };
     let total = u64::from(args.classes) * u64::from(args.per_class);
@@ -313,7 +317,17 @@ fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
     let manifest = index_shards(&reader, &urls, &options, &|n| bar.inc(n));
     bar.finish_and_clear();
     let manifest = manifest.with_context(|| format!("indexing `{}`", args.spec))?;
-    let written = if output.is_dir() {
+    let written = if let Some(url) = output.to_str().filter(|o| o.starts_with("s3://")) {
+        // A prefix (ending with `/`) gets `manifest.json` under it; else the object itself.
+        let url = match url.ends_with('/') {
+            true => format!("{url}{}", pipelines::MANIFEST_FILE),
+            false => url.to_string(),
+        };
+        let json = serde_json::to_vec_pretty(&manifest)?;
+        pipelines::put_object(&url, json, &loaded.config.s3.options())
+            .with_context(|| format!("writing the manifest to {url}"))?;
+        PathBuf::from(url)
+    } else if output.is_dir() {
         manifest.write_to(&output)?;
         output.join(pipelines::MANIFEST_FILE)
     } else {

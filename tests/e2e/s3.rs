@@ -287,3 +287,126 @@ fn object_errors_name_bucket_key_and_cause() {
         out.describe()
     );
 }
+
+/// `imgrun shards synth` straight into a bucket: the shards (one past a 5 MiB upload part,
+/// so uploaded in parts), `manifest.json` and `classes.txt` appear there and nowhere on
+/// disk, no upload is left open, and Python webdataset reads them back through `pipe:aws
+/// s3 cp` sample for sample as the same synth writes them on disk. `shards index -o` puts
+/// a manifest in the bucket too.
+#[test]
+fn shards_written_straight_to_a_bucket_read_back_in_python() {
+    let Some(site) = Site::start() else {
+        return;
+    };
+    let Some(python) = crate::common::tools_python("tools/pytools.sh") else {
+        return;
+    };
+    // 192-pixel images of about 27 KB: 300 of them make a shard of about 8 MB.
+    let synth = |out: &str| {
+        let args = [
+            "shards",
+            "synth",
+            out,
+            "--classes",
+            "3",
+            "--per-class",
+            "120",
+            "--size",
+            "192",
+            "--maxcount",
+            "300",
+            "--seed",
+            "5",
+            "--prefix",
+            "up",
+            "--threads",
+            "1",
+        ];
+        site.machine.run_ok(&args)
+    };
+    let printed = synth(&format!("s3://{BUCKET}/up/"));
+    assert!(
+        printed.contains(&format!("s3://{BUCKET}/up/up-{{000000..000001}}.tar")),
+        "{printed}"
+    );
+    let local = site.root.path().join("up");
+    synth(path_str(&local));
+    let keys = site.moto.list(BUCKET, "up/");
+    assert_eq!(
+        keys,
+        [
+            "up/classes.txt",
+            "up/manifest.json",
+            "up/up-000000.tar",
+            "up/up-000001.tar"
+        ],
+        "in the bucket"
+    );
+    let big = std::fs::metadata(local.join("up-000000.tar"))
+        .expect("shard")
+        .len();
+    assert!(
+        big > 5 << 20,
+        "the first shard ({big} bytes) spans two upload parts"
+    );
+    let open = site.moto.aws_ok(
+        &site.moto.endpoint(),
+        &["s3api", "list-multipart-uploads", "--bucket", BUCKET],
+    );
+    assert!(
+        !String::from_utf8_lossy(&open).contains("UploadId"),
+        "uploads left open: {}",
+        String::from_utf8_lossy(&open)
+    );
+    let manifest = site.moto.aws_ok(
+        &site.moto.endpoint(),
+        &["s3", "cp", &format!("s3://{BUCKET}/up/manifest.json"), "-"],
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&manifest).expect("manifest json"),
+        crate::common::train::read_json(&local.join("manifest.json")),
+    );
+
+    // Python webdataset, through `pipe:aws s3 cp`, copies what it reads.
+    let aws = path_str(site.moto.aws_cli()).to_string();
+    let endpoint = site.moto.endpoint();
+    let urls: Vec<String> = ["up-000000.tar", "up-000001.tar"]
+        .iter()
+        .map(|name| format!("pipe:{aws} --endpoint-url {endpoint} s3 cp s3://{BUCKET}/up/{name} -"))
+        .collect();
+    let copy = site.root.path().join("py");
+    std::fs::create_dir_all(&copy).expect("create py/");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/wds_copy.py");
+    let out = std::process::Command::new(&python)
+        .arg(script)
+        .arg(copy.join("py-%06d.tar"))
+        .arg("1000")
+        .args(&urls)
+        .envs(site.moto.env())
+        .output()
+        .expect("run wds_copy.py");
+    assert!(out.status.success(), "wds_copy.py:\n{}", describe(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "360");
+    let dump = |spec: &str| site.machine.run_ok(&["shards", "dump", spec]);
+    assert_eq!(
+        dump(path_str(&copy.join("py-000000.tar"))),
+        dump(&format!("{}/up-{{000000..000001}}.tar", local.display())),
+        "Python read back what was written"
+    );
+
+    let index = site.machine.run_ok(&[
+        "shards",
+        "index",
+        &format!("s3://{BUCKET}/up/*.tar"),
+        "-o",
+        &format!("s3://{BUCKET}/indexed/"),
+    ]);
+    assert!(
+        index.contains(&format!("wrote s3://{BUCKET}/indexed/manifest.json")),
+        "{index}"
+    );
+    assert_eq!(
+        site.moto.list(BUCKET, "indexed/"),
+        ["indexed/manifest.json"]
+    );
+}
