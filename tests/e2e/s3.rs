@@ -159,6 +159,44 @@ fn shards_in_a_bucket_list_index_verify_and_train_as_on_disk() {
         replica_digest(&from_disk.stdout),
         "the same final replicas"
     );
+
+    // `data.preload` copies the bucket's shards to a local folder, byte for byte, and the
+    // job reads the copies.
+    let local = site.root.path().join("local-ssd");
+    let preload_dir = format!("data.preload_dir={:?}", path_str(&local));
+    let preloaded = site
+        .job(
+            "preloaded",
+            &[&train, &val, "data.preload=true", &preload_dir],
+        )
+        .finish(JOB_LIMIT);
+    assert!(preloaded.status.success(), "{}", preloaded.describe());
+    let mut copies: Vec<String> = std::fs::read_dir(&local)
+        .expect("the preload folder")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tar"))
+        .collect();
+    copies.sort();
+    // Resampled epochs draw shards with replacement: the shards the job reads, no more.
+    assert!(
+        preloaded
+            .stdout
+            .contains(&format!("preload: {} shard(s) copied", copies.len())),
+        "copies {copies:?}\n{}",
+        preloaded.describe()
+    );
+    assert!(copies.contains(&"val-000001.tar".to_string()), "{copies:?}");
+    let val_dir = site.data.val.split_once("val-").map_or("", |(dir, _)| dir);
+    for name in &copies {
+        let dir = match name.starts_with("val-") {
+            true => Path::new(val_dir),
+            false => site.data.train_dir.as_path(),
+        };
+        let original = std::fs::read(dir.join(name)).expect("original");
+        let copy = std::fs::read(local.join(name)).expect("copy");
+        assert!(original == copy, "{name}: the copy differs from its shard");
+    }
+    assert_eq!(site.samples("preloaded"), site.samples("disk"));
     drop(site.moto);
 }
 
