@@ -3,7 +3,9 @@
 Starts moto's S3 server on loopback (the same server the tests use), puts SHARDS tar
 shards of SHARD_MB megabytes in a bucket, then reads them all, several times each way,
 and prints per way: wall seconds, MB/s, and the client's CPU seconds (user + system of
-the client processes alone, from their rusage) per GB read.
+the client processes alone, from their rusage) per GB read. Then trains the small CNN on
+the same shards from the bucket and from disk, and prints each epoch's images/s and data
+wait.
 
 - imgrun: `imgrun shards ls 's3://bench/*.tar'`: lists the bucket, then reads every
   shard through the tar reader in ranged GETs (the loader's own read path).
@@ -18,6 +20,7 @@ about. Run by tools/s3_bench.sh, which finds the Python with moto and the binary
 """
 
 import io
+import json
 import os
 import resource
 import shutil
@@ -67,6 +70,44 @@ def timed(label, commands, nbytes, results, env, runs):
     gb = nbytes / 1e9
     results.append((label, wall, nbytes / 1e6 / wall, cpu / gb))
     print(f"  {label}: {wall:.2f} s, {nbytes / 1e6 / wall:.0f} MB/s, {cpu / gb:.2f} CPU-s per GB", flush=True)
+
+
+def epoch_figures(run):
+    """(images/s, data wait fraction) of each epoch record of a run."""
+    figures = []
+    with open(run / "metrics.jsonl") as records:
+        for line in records:
+            record = json.loads(line)
+            if record.get("kind") == "epoch":
+                figures.append((record["images_per_s"], record["data_wait_fraction"]))
+    return figures
+
+
+def train_from_both(imgrun, env, work):
+    """The same training job from shards in the bucket and from the same shards on disk:
+    `imgrun shards synth` writes them straight into the bucket and, with the same seed,
+    into a folder; the small CNN trains TRAIN_EPOCHS epochs on each. Prints each epoch's
+    images/s and the fraction of step time the trainer waited for data."""
+    epochs = os.environ.get("TRAIN_EPOCHS", "3")
+    synth = ["synth", "--classes", "10", "--per-class", "400", "--size", "64", "--maxcount", "500", "--seed", "3", "--prefix", "train"]
+    subprocess.run([imgrun, "shards", synth[0], "s3://bench/train/", *synth[1:]], check=True, env=env, stdout=subprocess.DEVNULL)
+    local = work / "train"
+    subprocess.run([imgrun, "shards", synth[0], str(local), *synth[1:]], check=True, env=env, stdout=subprocess.DEVNULL)
+    spec = "train-{000000..000007}.tar"
+    print(f"training the small CNN {epochs} epochs on 4,000 64-px images, from the bucket and from disk:", flush=True)
+    for label, train in [("s3://", f"s3://bench/train/{spec}"), ("disk", f"{local}/{spec}")]:
+        sets = [
+            f"data.train={json.dumps(train)}", "data.val=\"\"", f"train.runs_dir={json.dumps(str(work / 'runs'))}",
+            "data.loader_workers=2", "data.image_size=64", "model.name=\"small_cnn\"", "model.width=16",
+            "train.batch_size=64", "train.warmup_epochs=0.0",
+        ]
+        command = [imgrun, "train", "--name", label.strip(":/"), "--epochs", epochs, "--no-plot"]
+        for item in sets:
+            command += ["--set", item]
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        figures = epoch_figures(work / "runs" / label.strip(":/"))
+        shown = ", ".join(f"epoch {i}: {ips:.0f} img/s, data wait {wait * 100:.1f}%" for i, (ips, wait) in enumerate(figures))
+        print(f"  {label:6} {shown}", flush=True)
 
 
 def main():
@@ -125,6 +166,7 @@ def main():
         ours = results[0][3]
         for label, _, _, cpu in results[1:]:
             print(f"imgrun uses {ours / cpu:.2f}x the CPU per GB of {label}")
+        train_from_both(imgrun, env, work)
     finally:
         os.killpg(moto.pid, 9)
         moto.wait()
