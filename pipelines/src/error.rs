@@ -101,6 +101,8 @@ pub enum ShardError {
 pub enum ObjectProblem {
     /// 404: no such bucket or key.
     Missing,
+    /// 404 to a write: no such bucket.
+    NoBucket,
     /// 401 or 403: the credentials (or their absence) are refused.
     Denied { status: u16 },
     /// 503 Slow Down until the attempts ran out.
@@ -117,6 +119,7 @@ impl fmt::Display for ObjectProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Missing => f.write_str("no such object (404 Not Found)"),
+            Self::NoBucket => f.write_str("no such bucket (404 Not Found): create it first"),
             Self::Denied { status } => write!(
                 f,
                 "access denied ({status}): check the credentials (AWS_ACCESS_KEY_ID, \

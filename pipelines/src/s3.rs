@@ -657,8 +657,12 @@ impl ObjectWriter {
         }
     }
 
+    /// A write's failure; a 404 to a write means the bucket is missing.
     fn io_error(&self, error: &object_store::Error, last: &LastStatus) -> io::Error {
-        let problem = problem_of(error, last, self.options.attempts, None);
+        let problem = match problem_of(error, last, self.options.attempts, None) {
+            ObjectProblem::Missing => ObjectProblem::NoBucket,
+            problem => problem,
+        };
         io::Error::other(failure(&self.url, &self.location, problem))
     }
 }

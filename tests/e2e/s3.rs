@@ -274,6 +274,23 @@ fn object_errors_name_bucket_key_and_cause() {
         describe(&out)
     );
 
+    let args = [
+        "shards",
+        "synth",
+        "s3://no-bucket/x/",
+        "--per-class",
+        "2",
+        "--size",
+        "16",
+    ];
+    let out = site.machine.run(&args);
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no such bucket (404 Not Found)"),
+        "{}",
+        describe(&out)
+    );
+
     let proxy = FaultProxy::start(site.moto.address());
     site.machine.env = site.moto.env_via(&proxy.endpoint());
     let shard = format!("s3://{BUCKET}/train/train-000000.tar");
