@@ -168,6 +168,21 @@ impl ShardError {
     }
 }
 
+/// An error and its causes in one line, each cause said once.
+pub(crate) fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = inner.source();
+    }
+    text
+}
+
 /// Outside bytes (tar member names, sample keys, a command's standard error) as they go
 /// into a message: printable text as it is, control and other unprintable characters
 /// escaped as Rust does (`\n`, `\u{1b}`), and bytes that are not UTF-8 as `\xNN`, so

@@ -43,7 +43,7 @@ use object_store::{
 };
 use tokio::sync::Semaphore;
 
-use crate::error::{ObjectProblem, ShardError};
+use crate::error::{ObjectProblem, ShardError, one_line};
 use crate::stream::{S3Options, ShardSource, ShardStream, SourceKind, SourceOptions};
 
 /// Threads of the process's request runtime: requests wait on the network, not the CPU.
@@ -103,10 +103,54 @@ impl ObjectFailure {
     }
 }
 
-/// Reads `s3://` shards; one store client per bucket, made on first use.
+impl S3Url {
+    /// The key as an object path; `url` names it in the error.
+    fn path(&self, url: &str) -> Result<ObjectPath, ShardError> {
+        ObjectPath::parse(&self.key).map_err(|error| ShardError::BadUrl {
+            url: url.to_string(),
+            reason: format!("the key is not a valid object path: {error}"),
+        })
+    }
+}
+
+/// The process's client of `bucket` with `options`, made on first use: its connections
+/// are reused by every reader and writer. `url` names the bucket in an error.
+fn client(
+    options: &S3Options,
+    url: &str,
+    bucket: &str,
+) -> Result<Arc<dyn ObjectStore>, ShardError> {
+    type Clients = HashMap<(S3Options, String), Arc<dyn ObjectStore>>;
+    static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
+    let mut clients = CLIENTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = (options.clone(), bucket.to_string());
+    if let Some(store) = clients.get(&key) {
+        return Ok(Arc::clone(store));
+    }
+    let bad = |reason: String| ShardError::BadUrl {
+        url: url.to_string(),
+        reason,
+    };
+    let settings = Settings::resolve(options, &|name| std::env::var(name).ok(), &|path| {
+        std::fs::read_to_string(path).ok()
+    })
+    .map_err(bad)?;
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(settings.builder(bucket, options).build().map_err(|error| {
+            bad(format!(
+                "cannot make a client for bucket `{bucket}`: {error}"
+            ))
+        })?);
+    clients.insert(key, Arc::clone(&store));
+    Ok(store)
+}
+
+/// Reads `s3://` shards through the process's clients ([`client`]).
 pub(crate) struct S3Source {
     options: S3Options,
-    stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
 }
 
 impl fmt::Debug for S3Source {
@@ -122,45 +166,14 @@ impl S3Source {
     pub(crate) fn new(options: &SourceOptions) -> Self {
         Self {
             options: options.s3.clone(),
-            stores: Mutex::default(),
         }
-    }
-
-    /// The client of `bucket`, made on first use.
-    fn store(&self, url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, ShardError> {
-        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(store) = stores.get(bucket) {
-            return Ok(Arc::clone(store));
-        }
-        let settings =
-            Settings::resolve(&self.options, &|name| std::env::var(name).ok(), &|path| {
-                std::fs::read_to_string(path).ok()
-            })
-            .map_err(|reason| ShardError::BadUrl {
-                url: url.to_string(),
-                reason,
-            })?;
-        let store: Arc<dyn ObjectStore> = Arc::new(
-            settings
-                .builder(bucket, &self.options)
-                .build()
-                .map_err(|error| ShardError::BadUrl {
-                    url: url.to_string(),
-                    reason: format!("cannot make a client for bucket `{bucket}`: {error}"),
-                })?,
-        );
-        stores.insert(bucket.to_string(), Arc::clone(&store));
-        Ok(store)
     }
 
     /// The object of `url`, found with a HEAD request: its size and ETag.
     fn object(&self, url: &str) -> Result<Object, ShardError> {
         let location = S3Url::parse(url)?;
-        let store = self.store(url, &location.bucket)?;
-        let path = ObjectPath::parse(&location.key).map_err(|error| ShardError::BadUrl {
-            url: url.to_string(),
-            reason: format!("the key is not a valid object path: {error}"),
-        })?;
+        let store = client(&self.options, url, &location.bucket)?;
+        let path = location.path(url)?;
         let last = LastStatus::default();
         let options = GetOptions {
             head: true,
@@ -194,7 +207,7 @@ impl S3Source {
     /// before the first of them.
     pub(crate) fn list(&self, pattern: &str) -> Result<Vec<String>, ShardError> {
         let location = S3Url::parse(pattern)?;
-        let store = self.store(pattern, &location.bucket)?;
+        let store = client(&self.options, pattern, &location.bucket)?;
         let prefix = list_prefix(&location.key);
         let last = LastStatus::default();
         let listing = Arc::clone(&store);
@@ -540,11 +553,7 @@ impl ObjectWriter {
     /// A writer of the object at `url` (`s3://bucket/key`); no request is made yet.
     pub fn create(url: &str, options: &S3Options) -> Result<Self, ShardError> {
         let location = S3Url::parse(url)?;
-        let source = S3Source {
-            options: options.clone(),
-            stores: Mutex::default(),
-        };
-        let store = source.store(url, &location.bucket)?;
+        let store = client(options, url, &location.bucket)?;
         Self::in_store(url, store, options)
     }
 
@@ -555,10 +564,7 @@ impl ObjectWriter {
         options: &S3Options,
     ) -> Result<Self, ShardError> {
         let location = S3Url::parse(url)?;
-        let path = ObjectPath::parse(&location.key).map_err(|error| ShardError::BadUrl {
-            url: url.to_string(),
-            reason: format!("the key is not a valid object path: {error}"),
-        })?;
+        let path = location.path(url)?;
         let part_bytes = usize::try_from(options.chunk_bytes.max(MIN_PART)).unwrap_or(usize::MAX);
         Ok(Self {
             url: url.to_string(),
@@ -653,7 +659,7 @@ impl ObjectWriter {
     fn abort(&self, mut upload: Box<dyn MultipartUpload>) {
         let aborted = run(&self.options, async move { upload.abort().await });
         if let Some(Err(error)) = aborted {
-            tracing::warn!(url = %self.url, error = %chain(&error), "could not abort the upload");
+            tracing::warn!(url = %self.url, error = %one_line(&error), "could not abort the upload");
         }
     }
 
@@ -787,43 +793,19 @@ fn problem_of(
         (_, 503) => ObjectProblem::Throttled { attempts },
         (_, status) if status >= 300 => ObjectProblem::Status { status },
         _ => ObjectProblem::Failed {
-            reason: chain(error),
+            reason: one_line(error),
         },
     }
 }
 
-/// An error and its causes in one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let more = e.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = e.source();
-    }
-    text
-}
-
 /// Where a bucket is and who reads it, resolved from the configuration, the environment
 /// and the AWS files, in the AWS tools' order.
-#[derive(Clone, PartialEq, Eq)]
+/// Its `Debug` shows no key: [`Keys`]' says only where they come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Settings {
     region: String,
     endpoint: Option<String>,
     keys: Keys,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("region", &self.region)
-            .field("endpoint", &self.endpoint)
-            .field("keys", &self.keys)
-            .finish()
-    }
 }
 
 /// Whose keys sign the requests.

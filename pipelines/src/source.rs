@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::brace::{BraceError, expand_spec};
 use crate::cache::{self, CacheStats, ShardCache};
-use crate::error::{ShardError, escaped};
+use crate::error::{ShardError, escaped, one_line};
 use crate::http::HttpSource;
 use crate::members::TarRead;
 use crate::pipe::{PipeFailure, PipeSource};
@@ -412,7 +412,7 @@ pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
         | io::ErrorKind::InvalidInput => ShardError::Corrupt {
             url: url.to_string(),
             offset,
-            reason: escaped(flatten(&error).as_bytes()),
+            reason: escaped(one_line(&error).as_bytes()),
         },
         _ => ShardError::Read {
             url: url.to_string(),
@@ -420,21 +420,6 @@ pub(crate) fn classify(url: &str, offset: u64, error: io::Error) -> ShardError {
             error,
         },
     }
-}
-
-/// The whole chain of an error in one line.
-fn flatten(error: &io::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(inner) = source {
-        let more = inner.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = inner.source();
-    }
-    text
 }
 
 /// The local copy of `url` in `dir`, and its record of where it came from.

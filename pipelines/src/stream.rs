@@ -61,7 +61,7 @@ impl Default for SourceOptions {
 /// How `s3://` shards are reached and read (`[s3]` of the configuration). Credentials
 /// are not here: each process finds its own, as the AWS tools do (see `s3.rs`), so none
 /// travels in a job's settings.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct S3Options {
     /// The store's URL (`http://127.0.0.1:9000`, `https://storage.googleapis.com`).
     /// `None`: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's `endpoint_url`,

@@ -38,12 +38,7 @@ fn shards_are_preloaded_once_per_node_and_the_copies_are_read() {
         .unwrap_or_else(|| panic!("no preload line:\n{}", first.describe()))
         .to_string();
     assert!(said.contains("shard(s) copied"), "{said}");
-    let mut copies: Vec<String> = std::fs::read_dir(&local)
-        .expect("the preload folder")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tar"))
-        .collect();
-    copies.sort();
+    let copies = crate::common::tar_names(&local);
     let train_copies: Vec<String> = (0..5).map(|i| format!("train-{i:06}.tar")).collect();
     let mut want = train_copies.clone();
     want.extend((0..2).map(|i| format!("val-{i:06}.tar")));

@@ -171,12 +171,7 @@ fn shards_in_a_bucket_list_index_verify_and_train_as_on_disk() {
         )
         .finish(JOB_LIMIT);
     assert!(preloaded.status.success(), "{}", preloaded.describe());
-    let mut copies: Vec<String> = std::fs::read_dir(&local)
-        .expect("the preload folder")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tar"))
-        .collect();
-    copies.sort();
+    let copies = crate::common::tar_names(&local);
     // Resampled epochs draw shards with replacement: the shards the job reads, no more.
     assert!(
         preloaded

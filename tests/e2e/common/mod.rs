@@ -440,6 +440,17 @@ impl Drop for Netns {
     }
 }
 
+/// The names of the `.tar` files in `dir`, sorted.
+pub fn tar_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tar"))
+        .collect();
+    names.sort();
+    names
+}
+
 /// A path as the `&str` an argument needs (the tests' temporary paths are UTF-8).
 pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
