@@ -8,6 +8,10 @@
 #   python3 with venv, unless LIBTORCH names a libtorch of your own (tools/libtorch.sh
 #   builds the cached torch venv with them).
 #
+# It also warns (and goes on) when the disk holding the build folder has less room than
+# a fresh build takes: a full disk otherwise shows up as `No space left on device` from
+# whichever crate the linker was writing at the time.
+#
 #   bash tools/preflight.sh        # `make demo`, `make test` and `make install` run it first
 #
 # Exits 1 after listing everything missing; prints nothing when all is there.
@@ -72,6 +76,20 @@ if [ -z "${LIBTORCH:-}" ]; then
     elif ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
         problems+=("$python ($(command -v "$python")) has no venv/ensurepip module, which tools/libtorch.sh needs for the cached torch venv: install it, e.g. 'apt-get install python3-venv' (or set LIBTORCH=/path/to/libtorch)")
     fi
+fi
+
+# A fresh `make test` build folder takes about 12 GB, the cached torch venv about 5.5 GB.
+# Only a warning: a build folder or venv that is already there needs far less.
+need_gb=12
+if [ -z "${LIBTORCH:-}" ] && [ ! -d "${IMGRUN_CACHE:-$HOME/.cache/imgrun}" ]; then
+    need_gb=18
+fi
+target=${CARGO_TARGET_DIR:-$root/target}
+probe=$target
+while [ ! -d "$probe" ]; do probe=$(dirname "$probe"); done
+free_kb=$(df -Pk "$probe" 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((need_gb * 1024 * 1024)) ]; then
+    echo "imgrun: warning: $((free_kb / 1024 / 1024)) GB free on the disk of $target; a fresh build needs about $need_gb GB (set CARGO_TARGET_DIR to build elsewhere)" >&2
 fi
 
 if [ ${#problems[@]} -gt 0 ]; then
