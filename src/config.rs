@@ -206,6 +206,8 @@ pub struct TrainConfig {
     pub keep_checkpoints: u32,
     /// Also keep the checkpoint of the best validation top-1.
     pub keep_best: bool,
+    /// Where rank 0 copies each checkpoint (`s3://bucket/prefix`; empty: nowhere).
+    pub checkpoint_store: String,
     pub runs_dir: String,
     pub name: String,
     pub gpus: u32,
@@ -700,6 +702,28 @@ fn validate_s3(s3: &S3Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// `train.checkpoint_store`: empty, or an `s3://` bucket with an optional prefix.
+fn validate_checkpoint_store(store: &str) -> Result<(), Invalid> {
+    const KEY: &str = "train.checkpoint_store";
+    if store.is_empty() {
+        return Ok(());
+    }
+    let Some(rest) = store.strip_prefix("s3://") else {
+        return Err(invalid(
+            KEY,
+            format!("`{store}` is not an s3:// URL (s3://BUCKET or s3://BUCKET/PREFIX)"),
+        ));
+    };
+    let bucket = rest.split('/').next().unwrap_or_default();
+    if bucket.is_empty() || rest.contains(['*', '?', '{']) {
+        return Err(invalid(
+            KEY,
+            format!("`{store}` names no bucket, or a pattern (s3://BUCKET or s3://BUCKET/PREFIX)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks what parsing alone cannot; the error names the key so that its origin can be
 /// found.
 fn validate(config: &Config) -> Result<(), Invalid> {
@@ -713,6 +737,7 @@ fn validate(config: &Config) -> Result<(), Invalid> {
     crate::units::parse_size(&shards.cache_max_size)
         .map_err(|e| invalid("shards.cache_max_size", e))?;
     validate_s3(&config.s3)?;
+    validate_checkpoint_store(&config.train.checkpoint_store)?;
     if config.serve.max_in_flight == 0 {
         return Err(invalid("serve.max_in_flight", "must be positive"));
     }
@@ -1051,6 +1076,14 @@ mod tests {
             ("[s3]\nattempts = 0\n", "s3.attempts"),
             ("[s3]\nmax_requests = 0\n", "s3.max_requests"),
             ("[s3]\naccess_key = \"AKI\"\n", "access_key"),
+            (
+                "[train]\ncheckpoint_store = \"/mnt/runs\"\n",
+                "train.checkpoint_store",
+            ),
+            (
+                "[train]\ncheckpoint_store = \"s3:///runs\"\n",
+                "train.checkpoint_store",
+            ),
             ("[cluster]\nbind = \"everywhere\"\n", "cluster.bind"),
             (
                 "[cluster]\ndashboard_bind = \"my-laptop\"\n",

@@ -715,6 +715,105 @@ pub fn put_object(url: &str, bytes: Vec<u8>, options: &S3Options) -> io::Result<
     writer.finish().map(|_| ())
 }
 
+/// Why [`copy_object`] stopped: the object could not be read, or its copy not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectCopyError {
+    #[error(transparent)]
+    Read(#[from] ShardError),
+    #[error("writing the copy of {url}: {error}")]
+    Write { url: String, error: io::Error },
+}
+
+impl ObjectCopyError {
+    /// The store's answer, when that is what stopped the copy.
+    pub fn problem(&self) -> Option<&ObjectProblem> {
+        match self {
+            Self::Read(ShardError::Object { problem, .. }) => Some(problem),
+            _ => None,
+        }
+    }
+}
+
+/// Copies the object at `url` into `out`, in ranged reads as a shard is read (retried and
+/// resumed alike, every range checked against the ETag the object had when the copy
+/// began); returns its size.
+pub fn copy_object(
+    url: &str,
+    out: &mut dyn Write,
+    options: &S3Options,
+) -> Result<u64, ObjectCopyError> {
+    let source = S3Source {
+        options: options.clone(),
+    };
+    let (mut reader, _) = source.open_sized(url)?;
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = match reader.read(&mut buffer) {
+            Ok(0) => return Ok(copied),
+            Ok(n) => n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                let failure = error
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<ObjectFailure>());
+                return Err(failure
+                    .map(ObjectFailure::to_shard_error)
+                    .unwrap_or(ShardError::Read {
+                        url: url.to_string(),
+                        offset: copied,
+                        error,
+                    })
+                    .into());
+            }
+        };
+        out.write_all(&buffer[..n])
+            .map_err(|error| ObjectCopyError::Write {
+                url: url.to_string(),
+                error,
+            })?;
+        copied += n as u64;
+    }
+}
+
+/// The `s3://` URLs of every object under `prefix` (`s3://bucket/folder/`, taken as a
+/// folder whether or not it ends in `/`), at any depth, in key order.
+pub fn list_objects(prefix: &str, options: &S3Options) -> Result<Vec<String>, ShardError> {
+    let location = S3Url::parse(prefix)?;
+    let store = client(options, prefix, &location.bucket)?;
+    let folder = ObjectPath::from(location.key.trim_end_matches('/'));
+    let last = LastStatus::default();
+    let listed = wait(options, async move {
+        store.list(Some(&folder)).try_collect::<Vec<_>>().await
+    });
+    let objects = listed.map_err(|error| {
+        let problem = problem_of(&error, &last, options.attempts, None);
+        failure(prefix, &location, problem).to_shard_error()
+    })?;
+    let mut urls: Vec<String> = objects
+        .into_iter()
+        .map(|meta| format!("s3://{}/{}", location.bucket, meta.location))
+        .collect();
+    urls.sort();
+    Ok(urls)
+}
+
+/// Deletes the object at `url`; one that is not there is no error.
+pub fn delete_object(url: &str, options: &S3Options) -> Result<(), ShardError> {
+    let location = S3Url::parse(url)?;
+    let store = client(options, url, &location.bucket)?;
+    let path = location.path(url)?;
+    let last = LastStatus::default();
+    let deleted = wait(options, async move { store.delete(&path).await });
+    match deleted {
+        Ok(()) => Ok(()),
+        Err(error) => match problem_of(&error, &last, options.attempts, None) {
+            ObjectProblem::Missing => Ok(()),
+            problem => Err(failure(url, &location, problem).to_shard_error()),
+        },
+    }
+}
+
 /// The status of the last answer to one request, over all its retries: object_store's
 /// errors keep it in a type of their own that they do not export. Travels to the HTTP
 /// layer in the request's extensions, where [`Observed`] writes it.

@@ -525,6 +525,7 @@ mod tests {
                 global_step: 40,
                 step_in_epoch: 0,
                 seconds: Some(1.5),
+                store_run: None,
             }),
             outcome: None,
             stopped_by: None,

@@ -4,14 +4,19 @@
 //! that trains from the bucket as from the same shards on disk, reads that resume
 //! through cut, stalled and throttled answers with the very same samples, and the errors
 //! of a missing object, refused credentials, throttling to the end and an object
-//! replaced mid-read. Each `imgrun` gets the AWS environment of its test's server alone.
+//! replaced mid-read; and checkpoints kept in a bucket, from which a killed job whose run
+//! folder is gone resumes. Each `imgrun` gets the AWS environment of its test's server
+//! alone.
 
 use std::path::Path;
 use std::time::Duration;
 
+use rustix::process::Signal;
+
 use crate::common::s3::{FaultProxy, Moto};
 use crate::common::train::{
-    Dataset, JOB_LIMIT, Job, logged_samples, metrics, replica_digest, synth_shards,
+    Dataset, JOB_LIMIT, Job, assert_checkpoint_at_last_step, checkpoint_dir, logged_samples,
+    metrics, replica_digest, synth_shards, total_steps, wait_for_steps,
 };
 use crate::common::{Machine, describe, path_str, wait_for};
 
@@ -458,5 +463,139 @@ fn shards_written_straight_to_a_bucket_read_back_in_python() {
     assert_eq!(
         site.moto.list(BUCKET, "indexed/"),
         ["indexed/manifest.json"]
+    );
+}
+
+/// Checkpoints to a bucket (`train.checkpoint_store`): each goes there too, pruned to
+/// `train.keep_checkpoints` with `latest` naming the newest; a job stopped by SIGTERM
+/// mid-epoch copies its last checkpoint there before it exits; with its run folder gone,
+/// `--resume s3://BUCKET/PREFIX/RUN` copies it back, goes on saving there, and ends with
+/// the weights of an uninterrupted run.
+#[test]
+fn checkpoints_in_a_bucket_resume_a_killed_job_whose_run_folder_is_gone() {
+    const EPOCHS: u64 = 3;
+    const STORE_BUCKET: &str = "checkpoints";
+    let Some(site) = Site::start() else {
+        return;
+    };
+    site.moto.create_bucket(STORE_BUCKET);
+    let runs = site.root.path().join("runs");
+    let store = format!("train.checkpoint_store=\"s3://{STORE_BUCKET}/team\"");
+    let sets = [
+        store.as_str(),
+        "train.eval_every_epochs=0",
+        "train.checkpoint_every_steps=3",
+        "train.keep_checkpoints=2",
+    ];
+    let start = |name: &str, flags: &[&str]| {
+        let args = site.data.job_args(&runs, name, EPOCHS, &sets, false, flags);
+        Job::start(&site.machine, &args, site.root.path())
+    };
+    let whole = start("whole", &[]).finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+
+    let run = runs.join("cut");
+    let mut job = start("cut", &[]);
+    wait_for_steps(&mut job, &run, 8);
+    job.signal(Signal::TERM);
+    let cut = job.finish(JOB_LIMIT);
+    assert_eq!(cut.status.code(), Some(143), "{}", cut.describe());
+    let url = format!("s3://{STORE_BUCKET}/team/cut");
+    assert!(
+        cut.stderr
+            .contains(&format!("(or, on any machine, --resume {url})")),
+        "{}",
+        cut.stderr
+    );
+    let saved_step = assert_checkpoint_at_last_step(&run);
+    assert!(
+        saved_step < total_steps(&cut.stdout, EPOCHS),
+        "not cut: step {saved_step}"
+    );
+    let local_latest = checkpoint_dir(&run);
+    let stored = |run: &str| -> (String, Vec<String>) {
+        let prefix = format!("team/{run}/checkpoints/");
+        let keys = site.moto.list(STORE_BUCKET, &prefix);
+        let names: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.strip_prefix(&prefix)?.strip_suffix("/state.json"))
+            .map(str::to_string)
+            .collect();
+        let latest = site.moto.get(STORE_BUCKET, &format!("{prefix}latest"));
+        (String::from_utf8_lossy(&latest).trim().to_string(), names)
+    };
+    let (latest, names) = stored("cut");
+    assert_eq!(
+        Some(latest.as_str()),
+        local_latest.file_name().and_then(|n| n.to_str()),
+        "the store's latest is the run folder's"
+    );
+    assert_eq!(names.len(), 2, "pruned to keep_checkpoints: {names:?}");
+    assert!(names.contains(&latest), "{latest} in {names:?}");
+    let in_store = site.moto.get(
+        STORE_BUCKET,
+        &format!("team/cut/checkpoints/{latest}/model.ot"),
+    );
+    let on_disk = std::fs::read(local_latest.join("model.ot")).expect("model.ot");
+    assert!(
+        in_store == on_disk,
+        "the stored model.ot differs from the saved one"
+    );
+
+    // Another machine: the run folder is not there.
+    std::fs::remove_dir_all(&run).expect("remove the run folder");
+    let resumed = start("resumed", &["--resume", &url]).finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    assert!(
+        resumed.stdout.contains("copied from the store")
+            && resumed
+                .stdout
+                .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        replica_digest(&whole.stdout),
+        "the final weights of the resumed and the uninterrupted run"
+    );
+    let (latest, names) = stored("cut");
+    assert_eq!(
+        Some(latest.as_str()),
+        checkpoint_dir(&run).file_name().and_then(|n| n.to_str()),
+        "the resumed run saved on into the store"
+    );
+    assert!(names.len() <= 2, "{names:?}");
+
+    // A store whose bucket is missing is refused before the job trains, naming it.
+    let args = site.data.job_args(
+        &runs,
+        "nowhere",
+        EPOCHS,
+        &[
+            "train.checkpoint_store=\"s3://no-such-bucket/team\"",
+            "train.checkpoint_every_steps=3",
+        ],
+        false,
+        &[] as &[&str],
+    );
+    let nowhere = Job::start(&site.machine, &args, site.root.path()).finish(JOB_LIMIT);
+    assert!(!nowhere.status.success(), "{}", nowhere.describe());
+    assert!(
+        nowhere.stderr.contains(
+            "train.checkpoint_store: s3://no-such-bucket/team/.imgrun-write-check: no such bucket"
+        ) && !nowhere.stdout.contains("epoch "),
+        "{}",
+        nowhere.stderr
+    );
+
+    // A URL with no checkpoint under it is named.
+    let missing = format!("s3://{STORE_BUCKET}/team/nothing");
+    let refused = start("refused", &["--resume", &missing]).finish(JOB_LIMIT);
+    assert!(!refused.status.success(), "{}", refused.describe());
+    assert!(
+        refused.stderr.contains(&missing) && refused.stderr.contains("no checkpoint there"),
+        "{}",
+        refused.stderr
     );
 }

@@ -26,7 +26,7 @@ use super::{
 use crate::train::{
     AllreduceChoice, AverageReply, AverageRequest, ConnectRecord, DigestReply, DigestRequest,
     JobRecord, JobSpec, ListenReply, ListenRequest, Loaders, MetricsRecord, Precision,
-    RegroupRecord, ResumeFrom, SyncChoice, checkpoint, scaled_lr, secret_hex,
+    RegroupRecord, ResumeFrom, SyncChoice, checkpoint, checkpoint_store, scaled_lr, secret_hex,
 };
 
 /// Runs the job of `request` on the cluster `client` reaches, telling `output` what
@@ -43,14 +43,20 @@ pub async fn run(
     request.validate()?;
     let JobRequest {
         spec: mut job,
-        settings,
+        mut settings,
         resume,
     } = request;
     let planned = plan(client, &mut job, &settings).await?;
     let resume = match &resume {
-        Some(path) => Some(resume_from(path, &settings.runs_dir, &job, output)?),
+        Some(path) => Some(resume_from(path, &mut settings, &job, output).await?),
         None => None,
     };
+    if let Some(store) = settings.checkpoint_store.clone() {
+        let options = job.data.sources.s3.clone();
+        off_runtime(move || checkpoint_store::check(&store, &options))
+            .await?
+            .map_err(|error| JobError::Refused(format!("train.checkpoint_store: {error}")))?;
+    }
     let run_dir = open_run_dir(resume.as_ref(), &settings, stop)?;
     output.run_folder(&run_dir);
     for line in plan_lines(&job, &planned, settings.elastic, &run_dir) {
@@ -162,6 +168,7 @@ fn open_run_dir(
         global_step: r.state.global_step,
         step_in_epoch: r.state.step_in_epoch,
         seconds: None,
+        store_run: None,
     });
     Ok(run_dir)
 }
@@ -724,16 +731,25 @@ async fn explain_failure(
     explained
 }
 
-/// The checkpoint `path` names (`latest`: the newest run's in `runs_dir`), refused when
-/// its run is complete for `job`.
-fn resume_from(
+/// The checkpoint `path` names (`latest`: the newest run's in the runs folder; a store's
+/// URL: see [`from_store`]), refused when its run is complete for `job`.
+async fn resume_from(
     path: &Path,
-    runs_dir: &Path,
+    settings: &mut JobSettings,
     job: &JobSpec,
     output: &dyn JobOutput,
 ) -> Result<ResumeFrom, JobError> {
+    let mut store = None;
     let path = if path == Path::new("latest") {
-        newest_run(runs_dir)?
+        newest_run(&settings.runs_dir)?
+    } else if let Some(url) = path.to_str().filter(|p| checkpoint_store::is_store_url(p)) {
+        let found = from_store(url, &settings.runs_dir, job, output).await?;
+        // The resumed run goes on saving to the store it came from, unless told another.
+        settings
+            .checkpoint_store
+            .get_or_insert_with(|| found.store.clone());
+        store = Some(found.url.clone());
+        settings.runs_dir.join(&found.run).join("checkpoints")
     } else {
         path.to_path_buf()
     };
@@ -757,7 +773,48 @@ fn resume_from(
             state.epoch + 1
         )));
     }
-    Ok(ResumeFrom { dir, state })
+    Ok(ResumeFrom { dir, state, store })
+}
+
+/// The checkpoint that the store's `url` names (a checkpoint, or a run's latest), copied
+/// into its run's folder under `runs_dir`, where the job continues.
+async fn from_store(
+    url: &str,
+    runs_dir: &Path,
+    job: &JobSpec,
+    output: &dyn JobOutput,
+) -> Result<checkpoint_store::StoredCheckpoint, JobError> {
+    let options = job.data.sources.s3.clone();
+    let (url, runs_dir) = (url.to_string(), runs_dir.to_path_buf());
+    let started = std::time::Instant::now();
+    let copied = off_runtime(move || {
+        let found = checkpoint_store::locate(&url, &options)?;
+        let dir = runs_dir
+            .join(&found.run)
+            .join("checkpoints")
+            .join(&found.name);
+        checkpoint_store::download(&found.url, &dir, &options)?;
+        Ok::<_, checkpoint::CheckpointError>(found)
+    })
+    .await?;
+    let found = copied
+        .map_err(|error| JobError::Refused(format!("--resume: copying the checkpoint: {error}")))?;
+    output.info(format!(
+        "checkpoint {} copied from the store in {:.1} s",
+        found.url,
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(found)
+}
+
+/// `work`'s result, run on a thread of its own: a checkpoint store's client waits on its
+/// own runtime, which must not hold up this one's threads.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, JobError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| JobError::Refused(format!("the checkpoint store's work ended: {error}")))
 }
 
 /// The most recently modified run folder with a checkpoint.

@@ -6,7 +6,7 @@
 //! [`RankFailure`]) and the job's [`Progress`] are defined here, so that every file can
 //! name them without importing the code that makes them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use runtime::{ActorCallError, FailureOrigin};
 use serde::{Deserialize, Serialize};
@@ -171,13 +171,13 @@ impl Interrupted {
         match (&self.progress.checkpoint, &self.progress.run_dir) {
             (Some(saved), Some(run)) => text.push_str(&format!(
                 "\n{} checkpoint: {} (epoch {}, step {} of the epoch, global step {}); \
-                 continue with --resume {}",
+                 continue with {}",
                 if self.late.is_some() { "last" } else { "saved" },
                 saved.dir.display(),
                 saved.epoch,
                 saved.step_in_epoch,
                 saved.global_step,
-                run.display()
+                saved.resume_hint(run)
             )),
             _ => {
                 text.push_str("\nno checkpoint was written: nothing to resume; start the job again")
@@ -211,12 +211,12 @@ impl std::fmt::Display for HeadLost {
                 f,
                 "\nlast checkpoint: {} (epoch {}, step {} of the epoch, global step {}); once \
                  the head is back (`imgrun start --head`, and the nodes joined), continue \
-                 with --resume {}",
+                 with {}",
                 saved.dir.display(),
                 saved.epoch,
                 saved.step_in_epoch,
                 saved.global_step,
-                run.display()
+                saved.resume_hint(run)
             ),
             _ => f.write_str(
                 "\nno checkpoint was written: nothing to resume; start the job again once the \
@@ -237,6 +237,23 @@ pub struct Saved {
     /// checkpoint a job resumed from).
     #[serde(default)]
     pub seconds: Option<f64>,
+    /// Its run in the checkpoint store, when it was copied there: what `--resume` takes
+    /// on any machine (`s3://bucket/prefix/RUN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_run: Option<String>,
+}
+
+impl Saved {
+    /// `--resume RUN`, and the store's run where it is there too.
+    fn resume_hint(&self, run: &Path) -> String {
+        match &self.store_run {
+            Some(url) => format!(
+                "--resume {} (or, on any machine, --resume {url})",
+                run.display()
+            ),
+            None => format!("--resume {}", run.display()),
+        }
+    }
 }
 
 /// Where a job stands, shared with the code that handles signals: what it needs to say

@@ -109,8 +109,9 @@ pub fn register(registry: &mut runtime::ActorRegistry) {
 pub struct JobRequest {
     pub spec: JobSpec,
     pub settings: JobSettings,
-    /// Continue from this checkpoint: its folder, a run folder, or `latest` (the newest
-    /// run's latest checkpoint under the runs folder).
+    /// Continue from this checkpoint: its folder, a run folder, `latest` (the newest
+    /// run's latest checkpoint under the runs folder), or the URL of a checkpoint or a
+    /// run in a checkpoint store (`s3://bucket/runs/RUN`).
     pub resume: Option<PathBuf>,
 }
 
@@ -159,6 +160,10 @@ pub struct JobSettings {
     /// Also keep the checkpoint of the best validation top-1.
     #[serde(default)]
     pub keep_best: bool,
+    /// Where rank 0 copies each checkpoint, under `RUN/checkpoints/`
+    /// (`train.checkpoint_store`, `s3://bucket/prefix`); none: the run folder alone.
+    #[serde(default)]
+    pub checkpoint_store: Option<String>,
     /// How far behind the quickest rank a rank may be in one step before it is named
     /// (0: never).
     pub straggler_secs: f64,

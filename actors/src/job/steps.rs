@@ -22,7 +22,7 @@ use crate::train::{
     CheckpointState, EpochReceived, EpochRecord, EpochSums, EvalRecord, EvalReply, EvaluateRequest,
     JobSpec, Late, LateCause, LateRecord, MetricsRecord, RankStep, ResumeFrom, SamplesRecord,
     SaveRequest, StepMetrics, StepRecord, StepTiming, StopRecord, SyncChoice, TrainReply,
-    TrainRequest, late_rank,
+    TrainRequest, checkpoint_store, late_rank,
 };
 
 /// Where the step loop stands between calls: the last step every rank completed, with
@@ -136,12 +136,19 @@ impl RunningJob<'_> {
         let root = std::fs::canonicalize(self.run_dir)
             .unwrap_or_else(|_| self.run_dir.to_path_buf())
             .join("checkpoints");
+        let store = self.settings.checkpoint_store.as_deref();
+        let run = self
+            .run_dir
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let request = SaveRequest {
             root,
             name: name.to_string(),
             state,
             keep: self.settings.keep_checkpoints,
             keep_best: self.settings.keep_best,
+            store: store.map(|store| checkpoint_store::run_prefix(store, &run)),
         };
         let timeout = Duration::from_secs(self.settings.step_timeout_secs.max(10));
         let Some(rank0) = self.ranks.first() else {
@@ -194,6 +201,7 @@ impl RunningJob<'_> {
             global_step,
             step_in_epoch,
             seconds: Some(seconds),
+            store_run: store.map(|store| checkpoint_store::run_url(store, &run)),
         });
         Ok(())
     }

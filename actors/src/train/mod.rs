@@ -8,7 +8,8 @@
 //!    `transfer`: leaves.
 //! 2. `checkpoint`; `comm` (a communication thread, [`SyncError`]); `spec` (the job as
 //!    every trainer gets it).
-//! 3. `bucket` (the bucket helpers); `protocol` (every request and reply of the trainer
+//! 3. `bucket` (the bucket helpers); `checkpoint_store` (checkpoints copied to and
+//!    from an object store); `protocol` (every request and reply of the trainer
 //!    and its monitor); `weights`.
 //! 4. `decentral` (neighbour averaging); `overlap` (averaging behind backward); `phase`
 //!    (the board and the monitor); `straggler`.
@@ -18,6 +19,7 @@
 
 mod bucket;
 pub mod checkpoint;
+pub mod checkpoint_store;
 mod comm;
 mod ddp;
 mod decentral;

@@ -127,6 +127,10 @@ pub struct ConnectRequest {
 pub struct ResumeFrom {
     pub dir: PathBuf,
     pub state: CheckpointState,
+    /// The checkpoint's place in a store, when it was resumed from one: a trainer that
+    /// does not see `dir` (another machine) copies it from there.
+    #[serde(default)]
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -270,6 +274,11 @@ pub struct SaveRequest {
     /// ... and the one of the best validation top-1.
     #[serde(default)]
     pub keep_best: bool,
+    /// Then copy it to this run's place in the checkpoint store
+    /// (`STORE/RUN/checkpoints`, see [`checkpoint_store`](super::checkpoint_store)) and
+    /// keep the same there.
+    #[serde(default)]
+    pub store: Option<String>,
 }
 
 /// The reply is the checkpoint's folder.

@@ -409,6 +409,7 @@ mod tests {
                 global_step: 12,
                 step_in_epoch: 2,
                 seconds: Some(1.5),
+                store_run: Some("s3://b/runs/a".to_string()),
             }),
         };
         let args = ["imgrun".to_string(), "train".to_string()];
@@ -418,6 +419,7 @@ mod tests {
             "saved checkpoint: /runs/a/checkpoints/step-00000012",
             "global step 12",
             "  imgrun train --resume /runs/a",
+            "(or, on any machine, --resume s3://b/runs/a)",
         ] {
             assert!(saved.contains(word), "`{word}` not in:\n{saved}");
         }

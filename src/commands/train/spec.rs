@@ -344,6 +344,8 @@ pub(crate) fn job_request(config: &Config, resume: Option<PathBuf>) -> anyhow::R
             checkpoint_every_steps: train.checkpoint_every_steps,
             keep_checkpoints: train.keep_checkpoints,
             keep_best: train.keep_best,
+            checkpoint_store: (!train.checkpoint_store.is_empty())
+                .then(|| train.checkpoint_store.clone()),
             straggler_secs: train.straggler_secs,
             sample_log: train.sample_log,
             tensorboard_ranks: train.tensorboard_ranks,

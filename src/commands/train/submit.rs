@@ -213,6 +213,9 @@ async fn spawn_coordinator(
     settings.name = settings.run_name();
     if let Some(resume) = &mut request.resume
         && resume.as_path() != Path::new("latest")
+        && !resume
+            .to_str()
+            .is_some_and(actors::train::checkpoint_store::is_store_url)
     {
         *resume = absolute(resume)?;
     }

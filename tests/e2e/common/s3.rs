@@ -206,6 +206,14 @@ impl Moto {
         );
     }
 
+    /// The bytes of the object `key` in `bucket`.
+    pub fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        self.aws_ok(
+            &self.endpoint(),
+            &["s3", "cp", &format!("s3://{bucket}/{key}"), "-"],
+        )
+    }
+
     pub fn delete(&self, bucket: &str, key: &str) {
         let args = ["s3api", "delete-object", "--bucket", bucket, "--key", key];
         self.aws_ok(&self.endpoint(), &args);

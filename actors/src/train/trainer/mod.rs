@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{self, CheckpointState};
+use super::checkpoint_store;
 use super::comm::ring_failure;
 use super::ddp::GradSync;
 use super::decentral::{self, MixSync};
@@ -465,6 +466,12 @@ impl Trainer {
                 self.init.world,
                 layout(&self.init.node_ranks).layout()
             )));
+        }
+        if let Some(url) = &resume.store
+            && !resume.dir.join(checkpoint::STATE_FILE).is_file()
+        {
+            checkpoint_store::download(url, &resume.dir, &self.init.job.data.sources.s3)
+                .map_err(|e| MethodError::fatal(format!("copying the checkpoint: {e}")))?;
         }
         let (saved, momentum) =
             checkpoint::read_tensors(&resume.dir).map_err(|e| MethodError::fatal(e.to_string()))?;
@@ -1026,7 +1033,45 @@ impl Trainer {
             Ok(_) => {}
             Err(error) => tracing::warn!("pruning old checkpoints: {error}"),
         }
+        if let Some(prefix) = &request.store {
+            self.copy_to_store(prefix, &saved, retention)?;
+        }
         Ok(saved)
+    }
+
+    /// Copies the checkpoint `saved` to `prefix` in the checkpoint store and prunes the
+    /// store as the run folder was. A copy that fails fails the save (the run folder
+    /// keeps the checkpoint); a pruning that fails costs storage, not the job.
+    fn copy_to_store(
+        &self,
+        prefix: &str,
+        saved: &Path,
+        retention: checkpoint::Retention,
+    ) -> Result<(), MethodError> {
+        let options = &self.init.job.data.sources.s3;
+        let started = std::time::Instant::now();
+        checkpoint_store::upload(prefix, saved, options).map_err(|e| {
+            MethodError::new(format!(
+                "saving a checkpoint: copying it to the checkpoint store: {e}"
+            ))
+        })?;
+        tracing::info!(
+            to = prefix,
+            seconds = started.elapsed().as_secs_f64(),
+            "checkpoint copied to the store"
+        );
+        match checkpoint_store::prune(prefix, retention, options) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(
+                    ?removed,
+                    to = prefix,
+                    "older checkpoints removed from the store"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!("pruning old checkpoints in the store: {error}"),
+        }
+        Ok(())
     }
 
     fn digest(&self) -> Result<DigestReply, MethodError> {
