@@ -708,17 +708,23 @@ fn validate_checkpoint_store(store: &str) -> Result<(), Invalid> {
     if store.is_empty() {
         return Ok(());
     }
-    let Some(rest) = store.strip_prefix("s3://") else {
+    let rest = ["s3://", "az://"]
+        .iter()
+        .find_map(|scheme| store.strip_prefix(scheme));
+    let Some(rest) = rest else {
         return Err(invalid(
             KEY,
-            format!("`{store}` is not an s3:// URL (s3://BUCKET or s3://BUCKET/PREFIX)"),
+            format!(
+                "`{store}` is not an object store's URL (s3://BUCKET/PREFIX or \
+                 az://CONTAINER/PREFIX)"
+            ),
         ));
     };
     let bucket = rest.split('/').next().unwrap_or_default();
     if bucket.is_empty() || rest.contains(['*', '?', '{']) {
         return Err(invalid(
             KEY,
-            format!("`{store}` names no bucket, or a pattern (s3://BUCKET or s3://BUCKET/PREFIX)"),
+            format!("`{store}` names no bucket, or a pattern (s3://BUCKET/PREFIX)"),
         ));
     }
     Ok(())

@@ -18,9 +18,11 @@ set -euo pipefail
 # websocket-client: drives headless Chromium through its DevTools protocol;
 # moto[server]: a real S3 API on loopback (`python -m moto.server`) for the s3:// tests;
 # awscli: `aws s3 cp`, what Python webdataset users pipe their shards through, for the
-# interop tests and the benchmark (it also fills and reads moto's buckets in the tests).
+# interop tests and the benchmark (it also fills and reads moto's buckets in the tests);
+# azure-storage-blob: Microsoft's own client, which makes, fills and reads Azurite's
+# containers in the az:// tests (tests/python/azure_blob.py).
 packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0" "websocket-client==1.9.2"
-    "moto[server]==5.2.5" "awscli==1.46.3")
+    "moto[server]==5.2.5" "awscli==1.46.3" "azure-storage-blob==12.31.1")
 
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
 venv=$cache/pytools

@@ -105,7 +105,7 @@ impl CacheStats {
 pub(crate) fn is_cacheable(url: &str) -> bool {
     url.starts_with("http://")
         || url.starts_with("https://")
-        || url.starts_with("s3://")
+        || crate::s3::is_object_url(url)
         || url.starts_with("pipe:")
 }
 

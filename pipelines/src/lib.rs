@@ -68,7 +68,10 @@ pub use preload::{PreloadError, PreloadProgress, Preloader};
 pub use produce::{CreateError, CreateReport};
 pub use profile::{StageProfile, process_cpu_seconds, profile_stages};
 pub use reader::{ReadStats, SampleReader, ShardSamples};
-pub use s3::{ObjectCopyError, ObjectWriter, copy_object, delete_object, list_objects, put_object};
+pub use s3::{
+    ObjectCopyError, ObjectWriter, copy_object, delete_object, is_object_url, list_objects,
+    put_object,
+};
 pub use sample::{Sample, decode_int_field};
 pub use shard_name::shard_name;
 pub use source::{

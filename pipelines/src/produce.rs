@@ -90,9 +90,9 @@ pub(crate) struct ShardPlan<'a> {
 }
 
 impl ShardPlan<'_> {
-    /// The output as an `s3://` prefix (ending with `/`), when it is one.
+    /// The output as an object store's prefix (ending with `/`), when it is one.
     fn bucket_prefix(&self) -> Option<String> {
-        let out = self.out.to_str().filter(|o| o.starts_with("s3://"))?;
+        let out = self.out.to_str().filter(|o| crate::s3::is_object_url(o))?;
         Some(format!("{}/", out.trim_end_matches('/')))
     }
 }

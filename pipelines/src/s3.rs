@@ -1,5 +1,7 @@
 //! `s3://` shards: AWS S3 and the stores that speak its API (MinIO, Ceph, AIStore,
-//! Cloudflare R2, GCS's XML API with HMAC keys), read through the `object_store` crate.
+//! Cloudflare R2, GCS's XML API with HMAC keys), read through the `object_store` crate;
+//! and `az://container/key`, Azure Blob Storage, through the same crate and the same
+//! reader and writer (its account and keys from Azure's own environment variables).
 //!
 //! A shard is read as ranged GETs of `chunk_bytes`, `chunks_in_flight` of them ahead of
 //! the tar reader and at most `max_requests` at once in the process, handed to the reader
@@ -33,6 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
 };
@@ -49,35 +52,71 @@ use crate::stream::{S3Options, ShardSource, ShardStream, SourceKind, SourceOptio
 /// Threads of the process's request runtime: requests wait on the network, not the CPU.
 const RUNTIME_THREADS: usize = 2;
 
-/// The bucket and key of an `s3://bucket/key` URL.
+/// The object stores whose URLs are read and written here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Scheme {
+    /// `s3://bucket/key`: AWS S3 and the stores that speak its API (Google Cloud
+    /// Storage among them, through its XML API with HMAC keys).
+    S3,
+    /// `az://container/key`: Azure Blob Storage.
+    Az,
+}
+
+impl Scheme {
+    const ALL: [Scheme; 2] = [Scheme::S3, Scheme::Az];
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3://",
+            Scheme::Az => "az://",
+        }
+    }
+
+    fn of(url: &str) -> Option<Scheme> {
+        Self::ALL.into_iter().find(|s| url.starts_with(s.prefix()))
+    }
+}
+
+/// Whether `url` names an object in a store (`s3://` or `az://`).
+pub fn is_object_url(url: &str) -> bool {
+    Scheme::of(url).is_some()
+}
+
+/// The store, bucket (an Azure container) and key of an object's URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct S3Url {
+pub(crate) struct ObjectUrl {
+    pub scheme: Scheme,
     pub bucket: String,
     pub key: String,
 }
 
-impl S3Url {
+impl ObjectUrl {
     pub(crate) fn parse(url: &str) -> Result<Self, ShardError> {
         let bad = |reason: &str| ShardError::BadUrl {
             url: url.to_string(),
             reason: reason.to_string(),
         };
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("not an s3:// URL"))?;
+        let scheme = Scheme::of(url).ok_or_else(|| bad("not an s3:// or az:// URL"))?;
+        let rest = &url[scheme.prefix().len()..];
         let (bucket, key) = rest
             .split_once('/')
-            .ok_or_else(|| bad("no key after the bucket (s3://BUCKET/KEY)"))?;
+            .ok_or_else(|| bad("no key after the bucket (SCHEME://BUCKET/KEY)"))?;
         if bucket.is_empty() {
-            return Err(bad("no bucket (s3://BUCKET/KEY)"));
+            return Err(bad("no bucket (SCHEME://BUCKET/KEY)"));
         }
         if key.is_empty() {
-            return Err(bad("no key after the bucket (s3://BUCKET/KEY)"));
+            return Err(bad("no key after the bucket (SCHEME://BUCKET/KEY)"));
         }
         Ok(Self {
+            scheme,
             bucket: bucket.to_string(),
             key: key.to_string(),
         })
+    }
+
+    /// The URL of `key` in the same bucket.
+    fn with_key(&self, key: &str) -> String {
+        format!("{}{}/{key}", self.scheme.prefix(), self.bucket)
     }
 }
 
@@ -103,7 +142,7 @@ impl ObjectFailure {
     }
 }
 
-impl S3Url {
+impl ObjectUrl {
     /// The key as an object path; `url` names it in the error.
     fn path(&self, url: &str) -> Result<ObjectPath, ShardError> {
         ObjectPath::parse(&self.key).map_err(|error| ShardError::BadUrl {
@@ -113,20 +152,21 @@ impl S3Url {
     }
 }
 
-/// The process's client of `bucket` with `options`, made on first use: its connections
-/// are reused by every reader and writer. `url` names the bucket in an error.
+/// The process's client of `location`'s bucket with `options`, made on first use: its
+/// connections are reused by every reader and writer. `url` names the bucket in an error.
 fn client(
     options: &S3Options,
     url: &str,
-    bucket: &str,
+    location: &ObjectUrl,
 ) -> Result<Arc<dyn ObjectStore>, ShardError> {
-    type Clients = HashMap<(S3Options, String), Arc<dyn ObjectStore>>;
+    type Clients = HashMap<(S3Options, Scheme, String), Arc<dyn ObjectStore>>;
+    let bucket = location.bucket.as_str();
     static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
     let mut clients = CLIENTS
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let key = (options.clone(), bucket.to_string());
+    let key = (options.clone(), location.scheme, bucket.to_string());
     if let Some(store) = clients.get(&key) {
         return Ok(Arc::clone(store));
     }
@@ -134,16 +174,34 @@ fn client(
         url: url.to_string(),
         reason,
     };
-    let settings = Settings::resolve(options, &|name| std::env::var(name).ok(), &|path| {
-        std::fs::read_to_string(path).ok()
-    })
-    .map_err(bad)?;
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(settings.builder(bucket, options).build().map_err(|error| {
-            bad(format!(
-                "cannot make a client for bucket `{bucket}`: {error}"
-            ))
-        })?);
+    let cannot = |error: object_store::Error| {
+        bad(format!(
+            "cannot make a client for bucket `{bucket}`: {}",
+            one_line(&error)
+        ))
+    };
+    // Azure's settings come from its usual environment variables, which its builder reads
+    // itself: AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, a SAS token or a
+    // service principal's; AZURE_STORAGE_USE_EMULATOR (Azurite, at
+    // AZURITE_BLOB_STORAGE_URL) for plain HTTP.
+    let store: Arc<dyn ObjectStore> = match location.scheme {
+        Scheme::S3 => {
+            let settings = Settings::resolve(options, &|name| std::env::var(name).ok(), &|path| {
+                std::fs::read_to_string(path).ok()
+            })
+            .map_err(bad)?;
+            Arc::new(settings.builder(bucket, options).build().map_err(cannot)?)
+        }
+        Scheme::Az => Arc::new(
+            MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .with_client_options(client_options(options, false))
+                .with_retry(retry_config(options))
+                .with_http_connector(ObservingConnector)
+                .build()
+                .map_err(cannot)?,
+        ),
+    };
     clients.insert(key, Arc::clone(&store));
     Ok(store)
 }
@@ -171,8 +229,8 @@ impl S3Source {
 
     /// The object of `url`, found with a HEAD request: its size and ETag.
     fn object(&self, url: &str) -> Result<Object, ShardError> {
-        let location = S3Url::parse(url)?;
-        let store = client(&self.options, url, &location.bucket)?;
+        let location = ObjectUrl::parse(url)?;
+        let store = client(&self.options, url, &location)?;
         let path = location.path(url)?;
         let last = LastStatus::default();
         let options = GetOptions {
@@ -206,8 +264,8 @@ impl S3Source {
     /// in its key's last part (`s3://bucket/train/shard-*.tar`), listed under the part
     /// before the first of them.
     pub(crate) fn list(&self, pattern: &str) -> Result<Vec<String>, ShardError> {
-        let location = S3Url::parse(pattern)?;
-        let store = client(&self.options, pattern, &location.bucket)?;
+        let location = ObjectUrl::parse(pattern)?;
+        let store = client(&self.options, pattern, &location)?;
         let prefix = list_prefix(&location.key);
         let last = LastStatus::default();
         let listing = Arc::clone(&store);
@@ -226,7 +284,7 @@ impl S3Source {
             .into_iter()
             .map(|meta| meta.location.to_string())
             .filter(|key| glob_match(&location.key, key))
-            .map(|key| format!("s3://{}/{key}", location.bucket))
+            .map(|key| location.with_key(&key))
             .collect();
         urls.sort();
         Ok(urls)
@@ -239,7 +297,7 @@ impl ShardSource for S3Source {
     }
 
     fn handles(&self, url: &str) -> bool {
-        url.starts_with("s3://")
+        is_object_url(url)
     }
 
     fn open(&self, url: &str) -> Result<ShardStream, ShardError> {
@@ -256,11 +314,9 @@ impl ShardSource for S3Source {
 
 /// Whether `url` names objects by a pattern to be listed (`*` or `?` in its key).
 pub(crate) fn is_pattern(url: &str) -> bool {
-    url.starts_with("s3://")
-        && url
-            .strip_prefix("s3://")
-            .and_then(|rest| rest.split_once('/'))
-            .is_some_and(|(_, key)| key.contains(['*', '?']))
+    Scheme::of(url)
+        .and_then(|scheme| url[scheme.prefix().len()..].split_once('/'))
+        .is_some_and(|(_, key)| key.contains(['*', '?']))
 }
 
 /// The part of a key pattern before its first wildcard.
@@ -353,7 +409,7 @@ fn dropped() -> object_store::Error {
 }
 
 /// An [`ObjectFailure`] of the object at `location`, read as `url`.
-fn failure(url: &str, location: &S3Url, problem: ObjectProblem) -> ObjectFailure {
+fn failure(url: &str, location: &ObjectUrl, problem: ObjectProblem) -> ObjectFailure {
     ObjectFailure {
         url: url.to_string(),
         bucket: location.bucket.clone(),
@@ -365,7 +421,7 @@ fn failure(url: &str, location: &S3Url, problem: ObjectProblem) -> ObjectFailure
 /// One object being read: where it is, and what HEAD said of it.
 struct Object {
     url: String,
-    location: S3Url,
+    location: ObjectUrl,
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
     size: u64,
@@ -528,7 +584,7 @@ const PARTS_IN_FLIGHT: usize = 4;
 /// to pay for.
 pub struct ObjectWriter {
     url: String,
-    location: S3Url,
+    location: ObjectUrl,
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
     options: S3Options,
@@ -552,8 +608,8 @@ impl fmt::Debug for ObjectWriter {
 impl ObjectWriter {
     /// A writer of the object at `url` (`s3://bucket/key`); no request is made yet.
     pub fn create(url: &str, options: &S3Options) -> Result<Self, ShardError> {
-        let location = S3Url::parse(url)?;
-        let store = client(options, url, &location.bucket)?;
+        let location = ObjectUrl::parse(url)?;
+        let store = client(options, url, &location)?;
         Self::in_store(url, store, options)
     }
 
@@ -563,7 +619,7 @@ impl ObjectWriter {
         store: Arc<dyn ObjectStore>,
         options: &S3Options,
     ) -> Result<Self, ShardError> {
-        let location = S3Url::parse(url)?;
+        let location = ObjectUrl::parse(url)?;
         let path = location.path(url)?;
         let part_bytes = usize::try_from(options.chunk_bytes.max(MIN_PART)).unwrap_or(usize::MAX);
         Ok(Self {
@@ -779,8 +835,8 @@ pub fn copy_object(
 /// The `s3://` URLs of every object under `prefix` (`s3://bucket/folder/`, taken as a
 /// folder whether or not it ends in `/`), at any depth, in key order.
 pub fn list_objects(prefix: &str, options: &S3Options) -> Result<Vec<String>, ShardError> {
-    let location = S3Url::parse(prefix)?;
-    let store = client(options, prefix, &location.bucket)?;
+    let location = ObjectUrl::parse(prefix)?;
+    let store = client(options, prefix, &location)?;
     let folder = ObjectPath::from(location.key.trim_end_matches('/'));
     let last = LastStatus::default();
     let listed = wait(options, async move {
@@ -792,7 +848,7 @@ pub fn list_objects(prefix: &str, options: &S3Options) -> Result<Vec<String>, Sh
     })?;
     let mut urls: Vec<String> = objects
         .into_iter()
-        .map(|meta| format!("s3://{}/{}", location.bucket, meta.location))
+        .map(|meta| location.with_key(meta.location.as_ref()))
         .collect();
     urls.sort();
     Ok(urls)
@@ -800,8 +856,8 @@ pub fn list_objects(prefix: &str, options: &S3Options) -> Result<Vec<String>, Sh
 
 /// Deletes the object at `url`; one that is not there is no error.
 pub fn delete_object(url: &str, options: &S3Options) -> Result<(), ShardError> {
-    let location = S3Url::parse(url)?;
-    let store = client(options, url, &location.bucket)?;
+    let location = ObjectUrl::parse(url)?;
+    let store = client(options, url, &location)?;
     let path = location.path(url)?;
     let last = LastStatus::default();
     let deleted = wait(options, async move { store.delete(&path).await });
@@ -1031,25 +1087,12 @@ impl Settings {
     /// A client builder for `bucket` with these settings, on top of what object_store
     /// reads from the environment itself (the credential chain's variables).
     fn builder(&self, bucket: &str, options: &S3Options) -> AmazonS3Builder {
-        let client = ClientOptions::new()
-            .with_timeout(options.request_timeout)
-            .with_connect_timeout(
-                options
-                    .request_timeout
-                    .min(std::time::Duration::from_secs(10)),
-            )
-            .with_allow_http(
-                self.endpoint
-                    .as_deref()
-                    .is_some_and(|e| e.starts_with("http://")),
-            );
-        let retry = RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: options.attempts.saturating_sub(1) as usize,
-            retry_timeout: options
-                .request_timeout
-                .saturating_mul(options.attempts.max(1)),
-        };
+        let plain_http = self
+            .endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"));
+        let client = client_options(options, plain_http);
+        let retry = retry_config(options);
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_region(&self.region)
@@ -1072,6 +1115,29 @@ impl Settings {
             Keys::Environment | Keys::Chain => {}
         }
         builder
+    }
+}
+
+/// The HTTP client's timeouts for every store; `plain_http` allows an `http://` endpoint.
+fn client_options(options: &S3Options, plain_http: bool) -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(options.request_timeout)
+        .with_connect_timeout(
+            options
+                .request_timeout
+                .min(std::time::Duration::from_secs(10)),
+        )
+        .with_allow_http(plain_http)
+}
+
+/// `options.attempts` tries of a request, with backoff, within that many timeouts.
+fn retry_config(options: &S3Options) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: options.attempts.saturating_sub(1) as usize,
+        retry_timeout: options
+            .request_timeout
+            .saturating_mul(options.attempts.max(1)),
     }
 }
 
@@ -1115,19 +1181,25 @@ mod tests {
                 "train/a-000000.tar",
             ),
             ("s3://b.example/x.tar", "b.example", "x.tar"),
+            ("az://container/train/x.tar", "container", "train/x.tar"),
         ];
         for (url, bucket, key) in good {
-            let parsed = S3Url::parse(url).expect(url);
+            let parsed = ObjectUrl::parse(url).expect(url);
             assert_eq!((parsed.bucket.as_str(), parsed.key.as_str()), (bucket, key));
+            assert!(is_object_url(url));
+            assert_eq!(parsed.with_key(key), url, "the URL again from its parts");
         }
         for url in [
             "s3://",
             "s3://bucket",
             "s3://bucket/",
             "s3:///key",
+            "az://container",
+            "az:///key",
+            "gs://bucket/key",
             "http://b/k",
         ] {
-            let error = S3Url::parse(url).expect_err(url);
+            let error = ObjectUrl::parse(url).expect_err(url);
             assert!(matches!(error, ShardError::BadUrl { .. }), "{url}: {error}");
             assert!(error.to_string().contains(url), "{error}");
         }
@@ -1157,6 +1229,8 @@ mod tests {
         assert!(!is_pattern("s3://b/train/a.tar"));
         assert!(!is_pattern("/data/*.tar"));
         assert!(!is_pattern("s3://b*/x.tar"));
+        assert!(is_pattern("az://c/train/*.tar"));
+        assert!(!is_pattern("az://c/train/a.tar"));
     }
 
     /// The environment and files of one case, and what resolves from them.
@@ -1283,7 +1357,7 @@ mod tests {
         .expect("put");
         let object = Object {
             url: "s3://shards/train/a.tar".into(),
-            location: S3Url::parse("s3://shards/train/a.tar").expect("url"),
+            location: ObjectUrl::parse("s3://shards/train/a.tar").expect("url"),
             store: store.clone(),
             path,
             size: len as u64,

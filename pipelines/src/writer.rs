@@ -152,7 +152,7 @@ enum ShardOut {
 
 impl ShardOut {
     fn open(path: &Path, s3: &S3Options) -> io::Result<Self> {
-        if let Some(url) = path.to_str().filter(|p| p.starts_with("s3://")) {
+        if let Some(url) = path.to_str().filter(|p| crate::s3::is_object_url(p)) {
             return ObjectWriter::create(url, s3)
                 .map(|object| Self::Object(Box::new(object)))
                 .map_err(io::Error::other);

@@ -317,7 +317,7 @@ fn index(loaded: &Loaded, args: IndexArgs) -> anyhow::Result<ExitCode> {
     let manifest = index_shards(&reader, &urls, &options, &|n| bar.inc(n));
     bar.finish_and_clear();
     let manifest = manifest.with_context(|| format!("indexing `{}`", args.spec))?;
-    let written = if let Some(url) = output.to_str().filter(|o| o.starts_with("s3://")) {
+    let written = if let Some(url) = output.to_str().filter(|o| pipelines::is_object_url(o)) {
         // A prefix (ending with `/`) gets `manifest.json` under it; else the object itself.
         let url = match url.ends_with('/') {
             true => format!("{url}{}", pipelines::MANIFEST_FILE),

@@ -6,6 +6,7 @@
 //! processes it waits for or kills by their ids; none sets an environment variable or the
 //! current folder of this process. `common` is the fixture they share.
 
+mod azure;
 mod cli;
 mod cluster;
 mod common;

@@ -15,8 +15,8 @@ use rustix::process::Signal;
 
 use crate::common::s3::{FaultProxy, Moto};
 use crate::common::train::{
-    Dataset, JOB_LIMIT, Job, assert_checkpoint_at_last_step, checkpoint_dir, logged_samples,
-    metrics, replica_digest, synth_shards, total_steps, wait_for_steps,
+    Dataset, JOB_LIMIT, Job, assert_checkpoint_at_last_step, checkpoint_dir, logged_sample_names,
+    replica_digest, synth_shards, total_steps, wait_for_steps,
 };
 use crate::common::{Machine, describe, path_str, wait_for};
 
@@ -77,16 +77,7 @@ impl Site {
     /// The samples of every step of the run `name`, each as `SHARD-NAME#KEY` (the URL's
     /// folder, which differs between a bucket and a disk, left out), with their epochs.
     fn samples(&self, name: &str) -> Vec<(u64, Vec<String>)> {
-        let records = metrics(&self.root.path().join("runs").join(name));
-        logged_samples(&records)
-            .map(|(epoch, ids)| {
-                let ids = ids
-                    .iter()
-                    .map(|id| id.rsplit('/').next().unwrap_or(id).to_string())
-                    .collect();
-                (epoch, ids)
-            })
-            .collect()
+        logged_sample_names(&self.root.path().join("runs").join(name))
     }
 }
 
@@ -356,29 +347,7 @@ fn shards_written_straight_to_a_bucket_read_back_in_python() {
     let Some(python) = crate::common::tools_python("tools/pytools.sh") else {
         return;
     };
-    // 192-pixel images of about 27 KB: 300 of them make a shard of about 8 MB.
-    let synth = |out: &str| {
-        let args = [
-            "shards",
-            "synth",
-            out,
-            "--classes",
-            "3",
-            "--per-class",
-            "120",
-            "--size",
-            "192",
-            "--maxcount",
-            "300",
-            "--seed",
-            "5",
-            "--prefix",
-            "up",
-            "--threads",
-            "1",
-        ];
-        site.machine.run_ok(&args)
-    };
+    let synth = |out: &str| crate::common::synth_two_part_shards(&site.machine, out);
     let printed = synth(&format!("s3://{BUCKET}/up/"));
     assert!(
         printed.contains(&format!("s3://{BUCKET}/up/up-{{000000..000001}}.tar")),

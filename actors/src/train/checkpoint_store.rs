@@ -38,7 +38,7 @@ pub fn run_prefix(store: &str, run: &str) -> String {
 
 /// Whether `text` names a place in an object store rather than a local path.
 pub fn is_store_url(text: &str) -> bool {
-    text.starts_with("s3://")
+    pipelines::is_object_url(text)
 }
 
 /// Copies the checkpoint folder `local` (written by [`checkpoint::write`]) to
@@ -148,8 +148,11 @@ impl StoredCheckpoint {
         let (prefix, name) = url.rsplit_once('/')?;
         let run_folder = prefix.strip_suffix(&format!("/{CHECKPOINTS}"))?;
         let (store, run) = run_folder.rsplit_once('/')?;
-        let bucket_only = store.strip_prefix("s3://").is_none_or(str::is_empty);
-        if name.is_empty() || run.is_empty() || bucket_only {
+        let has_bucket = is_store_url(store)
+            && store
+                .split_once("://")
+                .is_some_and(|(_, bucket)| !bucket.is_empty());
+        if name.is_empty() || run.is_empty() || !has_bucket {
             return None;
         }
         Some(Self {

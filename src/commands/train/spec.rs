@@ -304,9 +304,10 @@ fn named_manifest(
 /// it) and under the same prefix for `s3://` ones; none for `pipe:` commands.
 pub(super) fn manifest_beside(urls: &[String], sources: &pipelines::Sources) -> Option<Manifest> {
     let first = urls.first()?;
-    if ["http://", "https://", "s3://"]
+    if ["http://", "https://"]
         .iter()
         .any(|scheme| first.starts_with(scheme))
+        || pipelines::is_object_url(first)
     {
         let (folder, _) = first.rsplit_once('/')?;
         let url = format!("{folder}/{}", pipelines::MANIFEST_FILE);

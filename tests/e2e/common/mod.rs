@@ -12,6 +12,8 @@ use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use serde_json::Value;
 
 // The workspace's one rule for a test whose precondition is missing here.
+pub mod azure;
+pub mod loopback;
 pub mod s3;
 #[path = "../../../pipelines/tests/common/skip.rs"]
 pub mod skip;
@@ -451,14 +453,41 @@ pub fn tar_names(dir: &Path) -> Vec<String> {
     names
 }
 
+/// `imgrun shards synth` of 360 192-pixel images (about 27 KB each) into `out`, as
+/// `up-000000.tar` (300 of them, about 8 MB: two parts of an upload) and `up-000001.tar`;
+/// what it printed. The same command writes the same bytes wherever `out` is.
+pub fn synth_two_part_shards(machine: &Machine, out: &str) -> String {
+    let args = [
+        "shards",
+        "synth",
+        out,
+        "--classes",
+        "3",
+        "--per-class",
+        "120",
+        "--size",
+        "192",
+        "--maxcount",
+        "300",
+        "--seed",
+        "5",
+        "--prefix",
+        "up",
+        "--threads",
+        "1",
+    ];
+    machine.run_ok(&args)
+}
+
 /// A path as the `&str` an argument needs (the tests' temporary paths are UTF-8).
 pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
 
 /// The Python of a venv script of `tools/` (`pytools.sh`: webdataset; `pybench.sh`:
-/// torch, torchvision, safetensors), which prints its path; `None` (after
-/// `skip_or_fail`) where the script says, exiting 2, that something it needs is missing.
+/// torch, torchvision, safetensors), or the program an install script makes
+/// (`azurite.sh`), which the script prints; `None` (after `skip_or_fail`) where the
+/// script says, exiting 2, that something it needs is missing.
 pub fn tools_python(script: &str) -> Option<PathBuf> {
     let out = Command::new("bash")
         .arg(script)

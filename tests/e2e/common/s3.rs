@@ -13,35 +13,26 @@
 //! the proxy carry one request each; the proxy does not rely on it.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Signal, kill_process_group};
+use super::loopback::LoopbackServer;
+use super::{path_str, tools_python};
 
-use super::{path_str, pid_of, tools_python};
-
-/// How long moto may take to answer its first request (Python imports it all first).
-const MOTO_START_LIMIT: Duration = Duration::from_secs(30);
-
-/// Moto's S3 server on `127.0.0.1`, started by the test in a process group of its own and
-/// killed, with the group, when dropped. Its buckets live in its memory only.
+/// Moto's S3 server on `127.0.0.1`, started by the test and killed when dropped. Its
+/// buckets live in its memory only.
 pub struct Moto {
-    child: Child,
-    address: SocketAddr,
+    server: LoopbackServer,
     /// The venv's `aws` CLI, beside its Python.
     aws: PathBuf,
-    /// The server's log, the files [`Moto::put`] writes, and the AWS configuration paths
-    /// that do not exist.
-    dir: tempfile::TempDir,
-    /// Names the files that [`Moto::put`] writes, one each.
+    /// Names the files that [`Moto::put`] writes (in the server's folder, beside the AWS
+    /// configuration paths that do not exist), one each.
     uploads: AtomicU64,
 }
 
@@ -56,51 +47,33 @@ impl Moto {
             "no aws CLI at {} beside the venv's Python (tools/pytools.sh installs awscli)",
             aws.display()
         );
-        // A port found free may be taken before moto binds it: then moto exits, and
-        // another port is tried.
-        let mut last_log = String::new();
-        for _ in 0..3 {
-            let dir = tempfile::tempdir().expect("a temporary folder for moto");
-            let log = File::create(dir.path().join("moto.log")).expect("create moto.log");
-            let port = free_port();
-            let child = Command::new(&python)
-                .args([
-                    "-m",
-                    "moto.server",
-                    "-H",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                ])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("clone moto.log"))
-                .stderr(log)
-                .process_group(0)
-                .spawn()
-                .unwrap_or_else(|e| panic!("start moto with {}: {e}", python.display()));
-            let mut moto = Moto {
-                child,
-                address: SocketAddr::from(([127, 0, 0, 1], port)),
-                aws: aws.clone(),
-                dir,
-                uploads: AtomicU64::new(0),
-            };
-            if moto.wait_until_answering() {
-                return Some(moto);
-            }
-            last_log = moto.log();
-        }
-        panic!("moto exited three times before answering; its last log:\n{last_log}");
+        let server = LoopbackServer::start("moto", |port, _| {
+            let mut command = Command::new(&python);
+            command.args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ]);
+            command
+        });
+        Some(Moto {
+            server,
+            aws,
+            uploads: AtomicU64::new(0),
+        })
     }
 
     /// Where it listens, for a [`FaultProxy`] in front of it.
     pub fn address(&self) -> SocketAddr {
-        self.address
+        self.server.address()
     }
 
     /// `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.address)
+        self.server.endpoint()
     }
 
     /// The environment that an `imgrun` process or the `aws` CLI needs to reach this
@@ -112,7 +85,7 @@ impl Moto {
 
     /// [`Moto::env`] with another endpoint in front of this server (a [`FaultProxy`]'s).
     pub fn env_via(&self, endpoint: &str) -> Vec<(String, String)> {
-        let nowhere = |name: &str| path_str(&self.dir.path().join(name)).to_owned();
+        let nowhere = |name: &str| path_str(&self.server.dir().join(name)).to_owned();
         [
             ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
             ("AWS_SECRET_ACCESS_KEY", "testing".to_owned()),
@@ -174,7 +147,7 @@ impl Moto {
     /// Stores `bytes` as `bucket/key` (one PutObject).
     pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) {
         let number = self.uploads.fetch_add(1, Ordering::Relaxed);
-        let file = self.dir.path().join(format!("upload-{number}"));
+        let file = self.server.dir().join(format!("upload-{number}"));
         std::fs::write(&file, bytes).expect("write the object to upload");
         self.put_file(bucket, key, &file);
         let _ = std::fs::remove_file(&file);
@@ -240,60 +213,6 @@ impl Moto {
         });
         keys.unwrap_or_default()
     }
-
-    /// Polls the port until moto answers an HTTP request (true), or until it exits
-    /// (false). Panics, with its log, when it neither answers nor exits in time.
-    fn wait_until_answering(&mut self) -> bool {
-        let deadline = Instant::now() + MOTO_START_LIMIT;
-        loop {
-            if answers_http(self.address) {
-                return true;
-            }
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "moto did not answer on {} within {MOTO_START_LIMIT:?}; its log:\n{}",
-                self.address,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("moto.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        // The group is the one `process_group(0)` made, whose id is moto's pid.
-        if let Some(group) = pid_of(self.child.id()) {
-            let _ = kill_process_group(group, Signal::KILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// A port of `127.0.0.1` that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("the bound address").port()
-}
-
-/// Whether something on `address` answers a request with an HTTP status line.
-fn answers_http(address: SocketAddr) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_secs(1)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let request = format!("GET / HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    let mut start = [0u8; 5];
-    stream.write_all(request.as_bytes()).is_ok()
-        && stream.read_exact(&mut start).is_ok()
-        && &start == b"HTTP/"
 }
 
 /// A TCP proxy on `127.0.0.1` that forwards each connection it accepts to a target (moto),

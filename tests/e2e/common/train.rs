@@ -593,6 +593,20 @@ pub fn metrics(run: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Every step's samples of the run at `run`, with their epochs, each as `SHARD-NAME#KEY`:
+/// the URL's folder, which differs between a bucket and a disk, left out.
+pub fn logged_sample_names(run: &Path) -> Vec<(u64, Vec<String>)> {
+    logged_samples(&metrics(run))
+        .map(|(epoch, ids)| {
+            let ids = ids
+                .iter()
+                .map(|id| id.rsplit('/').next().unwrap_or(id).to_string())
+                .collect();
+            (epoch, ids)
+        })
+        .collect()
+}
+
 /// The run's latest checkpoint is at the last step its metrics.jsonl records (the step
 /// an interrupted job completed last); returns that step.
 pub fn assert_checkpoint_at_last_step(run: &Path) -> u64 {
