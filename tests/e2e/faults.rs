@@ -478,7 +478,7 @@ fn a_truncated_shard_mid_training_fails_the_job_or_is_skipped() {
 /// one for the job) or a running head with a joined node.
 enum Site {
     Embedded {
-        machine: Machine,
+        machine: Box<Machine>,
         data: Dataset,
         runs: PathBuf,
         root: tempfile::TempDir,
@@ -489,7 +489,7 @@ enum Site {
 impl Site {
     fn embedded() -> Site {
         let root = tempfile::tempdir().expect("temp dir");
-        let machine = Machine::new(root.path(), "lonely");
+        let machine = Box::new(Machine::new(root.path(), "lonely"));
         let data = Dataset::synth(root.path());
         let runs = root.path().join("runs");
         Site::Embedded {

@@ -9,6 +9,7 @@
 //! alone.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use rustix::process::Signal;
@@ -18,7 +19,7 @@ use crate::common::train::{
     Dataset, JOB_LIMIT, Job, assert_checkpoint_at_last_step, checkpoint_dir, logged_sample_names,
     replica_digest, synth_shards, total_steps, wait_for_steps,
 };
-use crate::common::{Machine, describe, path_str, wait_for};
+use crate::common::{Machine, describe, path_str, skip, wait_alive, wait_for};
 
 const BUCKET: &str = "shards";
 
@@ -566,5 +567,97 @@ fn checkpoints_in_a_bucket_resume_a_killed_job_whose_run_folder_is_gone() {
         refused.stderr.contains(&missing) && refused.stderr.contains("no checkpoint there"),
         "{}",
         refused.stderr
+    );
+}
+
+/// Two machines, and the node does not see the head's disk (its daemon, and so its
+/// trainer, runs in a mount namespace with an empty tmpfs over the runs folder): a job
+/// that keeps its checkpoints in a bucket is stopped by SIGTERM, its run folder removed,
+/// and `--resume s3://...` continues it. The head copies the checkpoint into its run
+/// folder; the node's trainer, which cannot see that copy, fetches its own from the
+/// bucket; the job ends with the weights of an uninterrupted run.
+#[test]
+fn a_trainer_that_cannot_see_the_run_folder_resumes_from_the_bucket() {
+    const EPOCHS: u64 = 2;
+    let Some(site) = Site::start() else {
+        return;
+    };
+    site.moto.create_bucket("checkpoints");
+    let root = site.root.path();
+    let runs = root.join("runs");
+    std::fs::create_dir_all(&runs).expect("create runs/");
+    // Only root may make a mount namespace here.
+    let probe = Command::new("unshare")
+        .args(["--mount", "true"])
+        .output()
+        .map(|out| out.status.success());
+    if probe.as_ref().is_ok_and(|made| !made) || probe.is_err() {
+        skip::skip_or_fail("a mount namespace for the node (`unshare --mount`, needs root)");
+        return;
+    }
+    let mut head = Machine::new(root, "head");
+    head.env = site.moto.env();
+    let mut node = Machine::new(root, "node");
+    node.env = site.moto.env();
+    node.private_dir = Some(runs.clone());
+    let seen = runs.join("seen.tar");
+    std::fs::copy(site.data.train_dir.join("train-000000.tar"), &seen).expect("copy a shard");
+    assert!(
+        head.run(&["shards", "ls", path_str(&seen)])
+            .status
+            .success()
+    );
+    assert!(
+        !node
+            .run(&["shards", "ls", path_str(&seen)])
+            .status
+            .success(),
+        "the node sees the head's runs folder"
+    );
+
+    let bind = ["--bind", "127.0.0.1", "--num-gpus", "0"];
+    let join = head.start_head(&bind);
+    let joined = node.join(&join, &bind);
+    assert!(joined.status.success(), "{}", describe(&joined));
+    wait_alive(&head, 2, Duration::from_secs(10));
+    let sets = [
+        "train.checkpoint_store=\"s3://checkpoints/team\"",
+        "train.eval_every_epochs=0",
+        "train.checkpoint_every_steps=3",
+    ];
+    let start = |name: &str, flags: &[&str]| {
+        let args = site.data.job_args(&runs, name, EPOCHS, &sets, false, flags);
+        Job::start(&head, &args, root)
+    };
+    let whole = start("whole", &[]).finish(JOB_LIMIT);
+    assert!(whole.status.success(), "{}", whole.describe());
+    assert!(
+        whole.stdout.contains("2 node(s) x 1 rank(s)"),
+        "{}",
+        whole.stdout
+    );
+
+    let run = runs.join("cut");
+    let mut job = start("cut", &[]);
+    wait_for_steps(&mut job, &run, 4);
+    job.signal(Signal::TERM);
+    let cut = job.finish(JOB_LIMIT);
+    assert_eq!(cut.status.code(), Some(143), "{}", cut.describe());
+    let saved_step = assert_checkpoint_at_last_step(&run);
+    std::fs::remove_dir_all(&run).expect("remove the run folder");
+
+    let resumed = start("resumed", &["--resume", "s3://checkpoints/team/cut"]).finish(JOB_LIMIT);
+    assert!(resumed.status.success(), "{}", resumed.describe());
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        replica_digest(&whole.stdout),
+        "the final weights of the resumed and the uninterrupted run"
     );
 }

@@ -28,6 +28,10 @@ pub struct Machine {
     pub netns: Option<String>,
     /// More environment for its commands (and the daemons they start).
     pub env: Vec<(String, String)>,
+    /// A folder this machine sees empty: its commands (and the daemons and workers they
+    /// start) run in a mount namespace of their own with a tmpfs over it, as another
+    /// machine would not see this one's disk. Needs root.
+    pub private_dir: Option<PathBuf>,
 }
 
 /// The `imgrun` under test, with no `IMGRUN_LOG` and no standard input.
@@ -64,18 +68,30 @@ impl Machine {
             state: root.join(name),
             netns: None,
             env: Vec::new(),
+            private_dir: None,
         }
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = match &self.netns {
-            Some(ns) => {
+        let mut command = match (&self.netns, &self.private_dir) {
+            (Some(ns), _) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_imgrun")]);
                 c.env_remove("IMGRUN_LOG").stdin(Stdio::null());
                 c
             }
-            None => imgrun(),
+            (None, Some(dir)) => {
+                // `$0` is the folder, `$@` the command; the tmpfs goes when the namespace's
+                // last process does.
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "sh", "-c"])
+                    .arg(r#"mount -t tmpfs -o size=64m imgrun-private "$0" && exec "$@""#)
+                    .arg(dir)
+                    .arg(env!("CARGO_BIN_EXE_imgrun"));
+                c.env_remove("IMGRUN_LOG").stdin(Stdio::null());
+                c
+            }
+            (None, None) => imgrun(),
         };
         command
             .args(args)
