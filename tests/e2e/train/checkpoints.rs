@@ -358,9 +358,10 @@ fn a_run_keeps_its_best_checkpoint_by_validation_top1() {
 /// command, run as printed, finishes the job with every step in metrics.jsonl once.
 #[test]
 fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
-    // Long enough to be running still when the signal comes (three epochs can take a
-    // second); no evaluations or checkpoints before the end, so the resumed run is short.
-    const EPOCHS: u64 = 12;
+    // Long enough to be running still when the signal comes, after the status checks
+    // (an epoch can take 0.2 s: 12 epochs once ended before it); no evaluations or
+    // checkpoints before the end, so the resumed run is short.
+    const EPOCHS: u64 = 60;
     let quick = [
         "train.eval_every_epochs=0",
         "train.checkpoint_every_epochs=0",
