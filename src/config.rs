@@ -317,28 +317,7 @@ pub struct LaunchConfig {
 }
 
 /// `launch.launcher`: which launcher's environment `imgrun train` reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launcher {
-    /// torchrun's variables when set, else Slurm's inside a step of several tasks.
-    Auto,
-    None,
-    Torchrun,
-    Slurm,
-}
-
-impl std::str::FromStr for Launcher {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "none" => Ok(Self::None),
-            "torchrun" => Ok(Self::Torchrun),
-            "slurm" => Ok(Self::Slurm),
-            other => Err(format!("`{other}`: expected auto, none, torchrun or slurm")),
-        }
-    }
-}
+pub use runtime::launch::Launcher;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -21,6 +21,7 @@ mod failpoint;
 mod gpu;
 mod head;
 mod hosting;
+pub mod launch;
 mod lifecycle;
 mod membership;
 mod node;

@@ -92,7 +92,7 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
             !args.detach && args.address.is_none(),
             "--detach and --address do not apply to a job started by {} (launch.launcher): \
              its processes are the job's cluster",
-            if launch.kind == launch::LauncherKind::Torchrun {
+            if launch.kind == runtime::launch::LauncherKind::Torchrun {
                 "torchrun"
             } else {
                 "slurm"
@@ -152,7 +152,7 @@ pub struct JobOptions {
     pub resume: Option<PathBuf>,
     pub plot: bool,
     /// Started by a launcher, as its process 0 (`launch.rs`).
-    pub launch: Option<launch::Launch>,
+    pub launch: Option<runtime::launch::Launch>,
 }
 
 /// 128 + the signal's number, as a shell reports a process the signal ended.
