@@ -359,9 +359,10 @@ fn a_run_keeps_its_best_checkpoint_by_validation_top1() {
 #[test]
 fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
     // Long enough to be running still when the signal comes, after the status checks
-    // (an epoch can take 0.2 s: 12 epochs once ended before it); no evaluations or
-    // checkpoints before the end, so the resumed run is short.
-    const EPOCHS: u64 = 60;
+    // (an epoch can take 0.2 s on an idle machine: 12 epochs once ended before it); no
+    // evaluations or checkpoints before the end. Under a full test run an epoch can take
+    // 4 s, so the resumed run gets three times the usual limit.
+    const EPOCHS: u64 = 30;
     let quick = [
         "train.eval_every_epochs=0",
         "train.checkpoint_every_epochs=0",
@@ -442,7 +443,8 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
     let command = printed_resume_command(&out.stderr, &run);
     cluster.assert_settled();
 
-    let resumed = Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(JOB_LIMIT);
+    let resumed =
+        Job::start_shell(&cluster.head, &command, cluster.root.path()).finish(3 * JOB_LIMIT);
     assert!(
         resumed.status.success(),
         "{command}\n{}",
