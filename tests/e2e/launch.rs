@@ -1,7 +1,8 @@
 //! End-to-end tests of `imgrun train` started by a launcher on every rank, with no
 //! `imgrun start`: local processes with the environment torchrun gives them, and with
 //! the one Slurm's `srun` gives them, train the small CNN together with identical
-//! replicas; a process of the job that dies fails the job, naming it.
+//! replicas; a process of the job that dies fails the job, naming it; processes that
+//! never meet each give up naming what is missing.
 
 use std::path::Path;
 use std::process::Command;
@@ -225,4 +226,40 @@ fn a_process_of_the_job_that_dies_fails_the_job_naming_its_node() {
         done.describe()
     );
     drop(follower);
+}
+
+/// A launch whose other processes never come: process 0 alone gives up after
+/// `launch.timeout_secs`, saying how many joined and where the rendezvous file is, and
+/// removes that file; a process other than 0 alone gives up saying it found no file.
+#[test]
+fn a_launch_whose_processes_never_meet_names_what_is_missing() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let port = free_port();
+    let alone = |rank: usize| {
+        let mut vars = torchrun(rank, 2, port, &format!("alone-{rank}"));
+        vars.push(("IMGRUN_LAUNCH__TIMEOUT_SECS".into(), "3".into()));
+        let out = process(root.path(), &data, rank, &vars).finish(JOB_LIMIT);
+        assert!(!out.status.success(), "{}", out.describe());
+        out.stderr
+    };
+    let lead = alone(0);
+    assert!(
+        lead.contains("launch: 1 of 2 processes joined within 3 s (by host:")
+            && lead.contains("torchrun-alone_0-127.0.0.1")
+            && lead.contains(&format!("cannot reach UDP port {port} on 127.0.0.1")),
+        "{lead}"
+    );
+    let rendezvous = root.path().join("runs").join(".rendezvous");
+    let left: Vec<_> = std::fs::read_dir(&rendezvous)
+        .map(|entries| entries.filter_map(Result::ok).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "rendezvous files left: {left:?}");
+    let follower = alone(1);
+    assert!(
+        follower.contains("torchrun process 1 of 2 (local 1 of 2)")
+            && follower.contains("could not join the job's head within 3 s")
+            && follower.contains("does not exist yet"),
+        "{follower}"
+    );
 }

@@ -76,7 +76,7 @@ impl Cluster {
 
     pub(super) async fn shutdown(self) {
         if let Some(rendezvous) = &self.rendezvous {
-            super::launch::finish(&self.client, rendezvous).await;
+            runtime::launch::finish(&self.client, rendezvous).await;
         }
         if let Some((head, _dir)) = self.embedded {
             head.stop().await;

@@ -1,16 +1,20 @@
 //! The launcher contract: which launcher started this `imgrun` process (torchrun,
 //! Slurm's `srun`), what it says about the process and its job, and what the process
-//! then offers as a node. Pure functions of the environment, table-tested; the binary
-//! carries them out (process 0 starts a head and leaves a [`Rendezvous`] record where
-//! every process sees it, the others join it).
+//! then offers as a node: pure functions of the environment, table-tested. `carry`
+//! carries a launch out ([`lead`], [`follow`], [`finish`]): process 0 starts a head and
+//! leaves a [`Rendezvous`] record where every process sees it, the others join it.
 //!
 //! The launcher numbers its processes (its `RANK` of `WORLD_SIZE`, Slurm's `SLURM_PROCID`
 //! of `SLURM_NTASKS`); here that is a [`Launch`]'s `process` of its `processes`, not a
 //! trainer's rank: each process joins as a node, which may hold several ranks.
 
+mod carry;
+
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub use carry::{Followed, LaunchFailure, LaunchSettings, Led, finish, follow, lead};
 
 use crate::resources::{DiscoverOptions, NodeResources, discover};
 use crate::{NodeStatus, VisibleDevices};
