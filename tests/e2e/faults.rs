@@ -18,8 +18,8 @@ use rustix::process::Signal;
 use crate::common;
 use crate::common::train::{
     Dataset, Finished, GONE_LIMIT, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
-    checkpoint_dir, last_step_value, metrics, printed_resume_command, read_json, replica_digest,
-    total_steps, wait_for_steps, workers_of,
+    assert_resumed_as_whole, checkpoint_dir, last_step_value, metrics, printed_resume_command,
+    read_json, total_steps, wait_for_steps, workers_of,
 };
 use crate::common::{Machine, is_running, path_str, wait_alive, wait_for};
 
@@ -213,18 +213,7 @@ fn sigterm_case(site: Site) {
         "{command}\n{}",
         resumed.describe()
     );
-    assert!(
-        resumed
-            .stdout
-            .contains(&format!("global step {saved_step})")),
-        "{}",
-        resumed.stdout
-    );
-    assert_eq!(
-        replica_digest(&resumed.stdout),
-        replica_digest(&whole.stdout),
-        "the final weights of the resumed and the uninterrupted run"
-    );
+    assert_resumed_as_whole(&resumed, saved_step, &whole);
     site.assert_settled();
 }
 

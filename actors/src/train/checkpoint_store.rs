@@ -193,21 +193,20 @@ pub fn locate(url: &str, options: &S3Options) -> Result<StoredCheckpoint, FileEr
         let folder = match candidate {
             Candidate::Checkpoint(folder) => {
                 let state = format!("{folder}/{STATE_FILE}");
-                if !exists(&state, options)? {
+                if read_if_there(&state, options)?.is_none() {
                     continue;
                 }
                 folder
             }
             Candidate::Latest(prefix) => {
                 let latest = format!("{prefix}/{LATEST_FILE}");
-                if !exists(&latest, options)? {
+                let Some(named) = read_if_there(&latest, options)? else {
                     continue;
-                }
-                let name = String::from_utf8_lossy(&read_small(&latest, options)?)
-                    .trim()
-                    .to_string();
+                };
+                let name = String::from_utf8_lossy(&named).trim().to_string();
                 let folder = format!("{prefix}/{name}");
-                if name.is_empty() || !exists(&format!("{folder}/{STATE_FILE}"), options)? {
+                let state = format!("{folder}/{STATE_FILE}");
+                if name.is_empty() || read_if_there(&state, options)?.is_none() {
                     return Err(bad(
                         Path::new(&latest),
                         format!("names `{name}`, which holds no {STATE_FILE}"),
@@ -298,11 +297,12 @@ fn copy_files(
     Ok(())
 }
 
-/// Whether the object at `url` is there.
-fn exists(url: &str, options: &S3Options) -> Result<bool, FileError> {
-    match pipelines::copy_object(url, &mut std::io::sink(), options) {
-        Ok(_) => Ok(true),
-        Err(error) if error.problem() == Some(&ObjectProblem::Missing) => Ok(false),
+/// A small object's bytes, or `None` where it is not there.
+fn read_if_there(url: &str, options: &S3Options) -> Result<Option<Vec<u8>>, FileError> {
+    let mut bytes = Vec::new();
+    match pipelines::copy_object(url, &mut bytes, options) {
+        Ok(_) => Ok(Some(bytes)),
+        Err(error) if error.problem() == Some(&ObjectProblem::Missing) => Ok(None),
         Err(ObjectCopyError::Read(error)) => Err(object_error(url, &error)),
         Err(ObjectCopyError::Write { error, .. }) => Err(write_error(url, error)),
     }

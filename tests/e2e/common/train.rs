@@ -660,6 +660,23 @@ pub fn checkpoint_dir(run: &Path) -> PathBuf {
     dir
 }
 
+/// The resumed run continued from global step `saved_step` and ended with the weights of
+/// the uninterrupted run `whole`, to the bit.
+pub fn assert_resumed_as_whole(resumed: &Finished, saved_step: u64, whole: &Finished) {
+    assert!(
+        resumed
+            .stdout
+            .contains(&format!("global step {saved_step})")),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(
+        replica_digest(&resumed.stdout),
+        replica_digest(&whole.stdout),
+        "the final weights of the resumed and the uninterrupted run"
+    );
+}
+
 /// The hash prefix of `replicas: identical on all N ranks (sha256 ...)`.
 pub fn replica_digest(stdout: &str) -> String {
     stdout
