@@ -301,7 +301,8 @@ pub struct ServeConfig {
     pub follow_links: bool,
 }
 
-/// `[launch]`: `imgrun train` started by torchrun or Slurm on every node or rank.
+/// `[launch]`: `imgrun train` started by torchrun, Slurm or a Kubernetes job on every
+/// node, pod or rank.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LaunchConfig {
@@ -309,11 +310,14 @@ pub struct LaunchConfig {
     pub launcher: Launcher,
     /// Where process 0 leaves the join line for the others (empty: `<runs_dir>/.rendezvous`).
     pub rendezvous_dir: String,
-    /// The head's UDP port under Slurm (0: 29400 + the job id modulo 500); torchrun's is
-    /// MASTER_PORT.
+    /// The head's UDP port where the launcher names none: Slurm (0: 29400 + the job id
+    /// modulo 500), an `IMGRUN_HEAD` without a port (0: 29400).
     pub port: u16,
-    /// How long the processes wait for each other.
+    /// How long the processes wait for each other, and for the head's name to resolve.
     pub timeout_secs: u64,
+    /// The GPUs each process offers: -1 those it finds; N exactly N, claimed where
+    /// missing (as `imgrun join --num-gpus`).
+    pub num_gpus: i64,
 }
 
 /// `launch.launcher`: which launcher's environment `imgrun train` reads.
@@ -769,6 +773,12 @@ fn validate(config: &Config) -> Result<(), Invalid> {
     })?;
     if cluster.start_timeout_secs == 0 {
         return Err(invalid("cluster.start_timeout_secs", "must be positive"));
+    }
+    if config.launch.num_gpus < -1 {
+        return Err(invalid(
+            "launch.num_gpus",
+            "must be -1 (the GPUs found) or a count",
+        ));
     }
     check_job_ranges(config)
 }

@@ -50,6 +50,10 @@ enum Command {
     /// in the folder. It listens on every interface (0.0.0.0) unless `--bind` says
     /// otherwise; `--bind 127.0.0.1` serves this machine only.
     Serve(commands::serve::ServeArgs),
+    /// Kubernetes: `k8s manifest` writes a training job's objects (a Secret, then an
+    /// Indexed Job and its headless Service, a JobSet, a TrainJob or a PyTorchJob).
+    #[command(subcommand)]
+    K8s(commands::k8s::K8sCommand),
     /// Starts the head of a cluster (`--head`), in the background unless `--block`.
     Start(commands::cluster::StartArgs),
     /// Adds this machine to a cluster: starts a node daemon that joins the head.
@@ -159,6 +163,7 @@ fn dispatch(command: Command, loaded: &config::Loaded) -> anyhow::Result<ExitCod
         Command::Bench(command) => commands::bench::run(loaded, command),
         Command::Shards(command) => commands::shards::run(loaded, command),
         Command::Serve(args) => commands::serve::run(loaded, args),
+        Command::K8s(command) => commands::k8s::run(loaded, command),
         // The dashboard draws a job's charts as `imgrun plot` does.
         Command::Start(args) => commands::cluster::start(loaded, args, commands::plot::svg_of),
         Command::Join(args) => commands::cluster::join(loaded, args),

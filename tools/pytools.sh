@@ -20,9 +20,12 @@ set -euo pipefail
 # awscli: `aws s3 cp`, what Python webdataset users pipe their shards through, for the
 # interop tests and the benchmark (it also fills and reads moto's buckets in the tests);
 # azure-storage-blob: Microsoft's own client, which makes, fills and reads Azurite's
-# containers in the az:// tests (tests/python/azure_blob.py).
+# containers in the az:// tests (tests/python/azure_blob.py);
+# kubernetes-validate, check-jsonschema, pyyaml: offline checks of `imgrun k8s manifest`'s
+# YAML against Kubernetes' own schemas and the CRDs' (tests/python/k8s_validate.py).
 packages=("webdataset>=1.0,<1.1" "pillow" "numpy" "prometheus-client==0.26.0" "websocket-client==1.9.2"
-    "moto[server]==5.2.5" "awscli==1.46.3" "azure-storage-blob==12.31.1")
+    "moto[server]==5.2.5" "awscli==1.46.3" "azure-storage-blob==12.31.1"
+    "kubernetes-validate==1.37.0" "check-jsonschema==0.39.0" "pyyaml==6.0.4")
 
 cache=${IMGRUN_CACHE:-$HOME/.cache/imgrun}
 venv=$cache/pytools

@@ -31,7 +31,7 @@ use tokio::sync::broadcast;
 use tracing::{Instrument, info, info_span, warn};
 
 pub use beats::BeatCounts;
-pub use credentials::{WebTls, web_tls};
+pub use credentials::{WebTls, preset_credentials, web_tls};
 pub use members::{ClusterEvent, LossReason};
 
 use crate::actor::ClusterAccess;

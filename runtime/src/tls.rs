@@ -295,6 +295,12 @@ impl ClusterCa {
         })
     }
 
+    /// The CA's private key, PEM: for a secret store that hands it to the head (a
+    /// Kubernetes Secret), never for a log.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// Writes `ca.pem` and `ca-key.pem` into `dir` (created if missing), mode 0600.
     pub fn save(&self, dir: &Path) -> Result<(), TlsError> {
         self.certificate.save(dir)?;

@@ -1,7 +1,7 @@
 //! One module per `imgrun` command.
 //!
 //! Modules, bottom up: a module uses only those on the lines before its own.
-//! 1. `coordinator`, `doctor`, `export`, `serve`, `shards`, `tables` (the jobs
+//! 1. `coordinator`, `doctor`, `export`, `k8s`, `serve`, `shards`, `tables` (the jobs
 //!    and ranks tables), `terminal` (a job's events on this terminal): leaves.
 //! 2. `cluster` (above `tables`).
 //! 3. `jobs` (above `cluster`, `coordinator`, `tables`, `terminal`).
@@ -17,6 +17,7 @@ pub mod demo;
 pub mod doctor;
 pub mod export;
 pub mod jobs;
+pub mod k8s;
 pub mod plan;
 pub mod plot;
 pub mod report;

@@ -15,6 +15,7 @@ mod dashboard_tls;
 mod export;
 mod faults;
 mod jobs;
+mod kubernetes;
 mod launch;
 mod loaders;
 mod preload;

@@ -55,6 +55,23 @@ pub(super) fn load_or_create(state: &StateDir) -> Result<HeadCredentials, Daemon
     Ok(HeadCredentials { ca, token, head })
 }
 
+/// Puts a CA and a token made elsewhere (a launch's join secret) into `state`, where
+/// [`load_or_create`] finds them: the head then serves with the CA its nodes pin.
+pub fn preset_credentials(
+    state: &StateDir,
+    ca: &ClusterCa,
+    token: &JoinToken,
+) -> Result<(), DaemonError> {
+    let head_dir = state.ensure_dir(HEAD_DIR)?;
+    ca.save(&head_dir)
+        .map_err(|source| DaemonError::Credentials {
+            dir: head_dir.clone(),
+            source,
+        })?;
+    state.write_private(TOKEN_FILE, format!("{}\n", token.as_str()).as_bytes())?;
+    Ok(())
+}
+
 /// How the head's web dashboard serves HTTPS: a certificate the cluster CA signs for
 /// `names` (the addresses and host names clients reach it by), and the CA certificate
 /// file those clients are to trust. The head must have started once in `state`, so that

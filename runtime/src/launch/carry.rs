@@ -1,17 +1,27 @@
-//! Carrying a [`Launch`] out: process 0 starts a head on the launcher's master machine and
-//! writes a [`Rendezvous`] record, mode 0600, where every process sees it; every other
-//! process reads it, joins as a node with its share of the machine, and serves until the
-//! head stops it. Process 0 waits for all of them (saying who is missing when the time is
-//! up) and runs the job on them; [`finish`] stops them. Only processes that can read the
-//! file can join: the same user, as with a secret file. What each step did is told to a
-//! `report` of the caller's (the binary prints it); what went wrong is a [`LaunchFailure`].
+//! Carrying a [`Launch`] out: process 0 starts a head on the launcher's master machine;
+//! every other process joins it as a node with its share of the machine, and serves until
+//! the head stops it. Process 0 waits for all of them (saying who is missing when the time
+//! is up) and runs the job on them; [`finish`] stops them. How the others learn the join
+//! token and the CA to pin:
+//! - from a [`Rendezvous`] record process 0 writes, mode 0600, where every process sees it:
+//!   only processes that can read the file can join (the same user, as with a secret
+//!   file);
+//! - or, with a [`JoinSecret`] in every process's environment (a Kubernetes Secret),
+//!   from there: process 0's head serves with the secret's CA and token, the others join
+//!   the head's name, retrying with backoff while it does not resolve or answer yet (a
+//!   pod's name resolves only once its pod runs).
+//!
+//! What each step did is told to a `report` of the caller's (the binary prints it); what
+//! went wrong is a [`LaunchFailure`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{GpuShareError, Launch, Rendezvous, nodes_without_gpus, resources};
+use super::names::TOKEN_VAR;
+use super::{GpuShareError, JoinSecret, Launch, Rendezvous, nodes_without_gpus, resources};
+use crate::tls::{ClusterCa, JoinToken};
 use crate::{
     ActorHosting, ClusterClient, DaemonError, Head, HeadConfig, MembershipConfig, Node, NodeConfig,
     NodeStatus, StateDir, TransportOptions,
@@ -21,13 +31,16 @@ use crate::{
 /// for each other, and what the head and the nodes run.
 #[derive(Debug, Clone)]
 pub struct LaunchSettings {
-    /// The rendezvous file (`rendezvous_path` in a folder every process sees).
+    /// The rendezvous file (`rendezvous_path` in a folder every process sees); unused
+    /// when the launch has its join secret from the environment.
     pub rendezvous: PathBuf,
     /// How long process 0 waits for the others, and they for its record.
     pub timeout: Duration,
     pub membership: MembershipConfig,
     /// The head's heartbeat port (0: any).
     pub beat_port: u16,
+    /// The GPUs each process offers (`launch.num_gpus`; `None`: those it finds).
+    pub num_gpus: Option<usize>,
     pub actors: ActorHosting,
 }
 
@@ -42,6 +55,8 @@ pub enum LaunchFailure {
         port: u16,
         error: DaemonError,
     },
+    #[error("{launch}: the join secret of the environment: {error}")]
+    Secret { launch: String, error: DaemonError },
     #[error("writing the rendezvous file {}: {error}", path.display())]
     Rendezvous {
         path: PathBuf,
@@ -51,17 +66,16 @@ pub enum LaunchFailure {
     Connect(DaemonError),
     #[error(
         "launch: {joined} of {processes} processes joined within {} s (by host: \
-         {by_host:?}). The others did not find or could not use {} (it must be on a \
-         filesystem they see: launch.rendezvous_dir), or cannot reach UDP port {port} on \
-         {master}",
-        timeout.as_secs(), path.display()
+         {by_host:?}). The others {}",
+        timeout.as_secs(), missing_hint(rendezvous.as_deref(), master, *port)
     )]
     Missing {
         joined: usize,
         processes: u32,
         by_host: BTreeMap<String, usize>,
         timeout: Duration,
-        path: PathBuf,
+        /// The rendezvous file; `None` with the join secret from the environment.
+        rendezvous: Option<PathBuf>,
         port: u16,
         master: String,
     },
@@ -82,17 +96,46 @@ pub enum LaunchFailure {
         timeout: Duration,
         last: String,
     },
+    #[error(
+        "launch: {launch} could not join the job's head at {address} within {} s \
+         ({attempts} tries; the name resolves once process 0's pod runs, and UDP port \
+         {port} must reach it): {last}",
+        timeout.as_secs()
+    )]
+    JoinByName {
+        launch: String,
+        address: String,
+        port: u16,
+        attempts: u32,
+        timeout: Duration,
+        last: String,
+    },
     #[error("launch: the job's head ({master}:{port}, process 0) has been unreachable for 30 s")]
     HeadGone { master: String, port: u16 },
 }
 
+/// What [`LaunchFailure::Missing`] says the others could not do.
+fn missing_hint(rendezvous: Option<&Path>, master: &str, port: u16) -> String {
+    match rendezvous {
+        Some(path) => format!(
+            "did not find or could not use {} (it must be on a filesystem they see: \
+             launch.rendezvous_dir), or cannot reach UDP port {port} on {master}",
+            path.display()
+        ),
+        None => format!(
+            "did not resolve {master} or cannot reach UDP port {port} on it, or hold \
+             another join secret ({TOKEN_VAR})"
+        ),
+    }
+}
+
 /// Process 0's cluster: the head, a client of it, and the rendezvous file the others
-/// joined through.
+/// joined through (`None` with the join secret from the environment).
 #[derive(Debug)]
 pub struct Led {
     pub head: Head,
     pub client: ClusterClient,
-    pub rendezvous: PathBuf,
+    pub rendezvous: Option<PathBuf>,
 }
 
 /// Process 0: the head (its state in `state`), the rendezvous file, and every process
@@ -104,11 +147,17 @@ pub async fn lead(
     report: &dyn Fn(String),
 ) -> Result<Led, LaunchFailure> {
     let state = StateDir::at(state);
+    if let Some(secret) = &launch.secret {
+        preset(&state, secret).map_err(|error| LaunchFailure::Secret {
+            launch: launch.describe(),
+            error,
+        })?;
+    }
     let head = Head::start(HeadConfig {
         bind: std::net::SocketAddr::from(([0, 0, 0, 0], launch.port)),
         advertise: Some(format!("{}:{}", launch.master, launch.port)),
         state: state.clone(),
-        resources: resources(launch)?,
+        resources: resources(launch, settings.num_gpus)?,
         membership: settings.membership,
         transport: TransportOptions::default(),
         actors: settings.actors,
@@ -120,20 +169,25 @@ pub async fn lead(
         port: launch.port,
         error,
     })?;
-    let path = settings.rendezvous;
-    let record = Rendezvous {
-        address: head.join_address(),
-        token: head.token().as_str().to_string(),
-        ca_hash: head.ca_hash().to_string(),
-        processes: launch.processes,
+    let path = match &launch.secret {
+        Some(_) => {
+            report(format!(
+                "launch: the others join {}:{} with the join secret of the environment",
+                launch.master, launch.port
+            ));
+            None
+        }
+        None => Some(write_rendezvous(
+            launch,
+            &head,
+            settings.rendezvous,
+            report,
+        )?),
     };
-    let bytes = serde_json::to_vec(&record).expect("a rendezvous record serialises");
-    write_private(&path, &bytes).map_err(|error| LaunchFailure::Rendezvous {
-        path: path.clone(),
-        error,
-    })?;
-    report(format!("launch: rendezvous file {}", path.display()));
-    let client = ClusterClient::connect(&state, Some(&head.join_address()))
+    // On this machine, by loopback: the head's advertised name may not resolve yet even
+    // here (a pod's name resolves once the pod runs).
+    let own = std::net::SocketAddr::from(([127, 0, 0, 1], head.local_addr().port()));
+    let client = ClusterClient::connect(&state, Some(&own.to_string()))
         .await
         .map_err(LaunchFailure::Connect)?;
     let deadline = Instant::now() + settings.timeout.max(Duration::from_secs(1));
@@ -156,7 +210,9 @@ pub async fn lead(
             break;
         }
         if Instant::now() > deadline {
-            let _ = std::fs::remove_file(&path);
+            if let Some(path) = &path {
+                let _ = std::fs::remove_file(path);
+            }
             let mut by_host = BTreeMap::new();
             for node in &live {
                 *by_host.entry(node.hostname.clone()).or_default() += 1;
@@ -166,7 +222,7 @@ pub async fn lead(
                 processes: launch.processes,
                 by_host,
                 timeout: settings.timeout,
-                path,
+                rendezvous: path,
                 port: launch.port,
                 master: launch.master.clone(),
             });
@@ -180,11 +236,56 @@ pub async fn lead(
     })
 }
 
+/// Puts the join secret's CA and token where the head loads its credentials from.
+fn preset(state: &StateDir, secret: &JoinSecret) -> Result<(), DaemonError> {
+    // `detect` gives process 0 the CA, checked against the pinned hash, and a valid token.
+    let ca = secret
+        .ca
+        .as_ref()
+        .expect("process 0's join secret holds the CA");
+    let ca = ClusterCa::from_pem(&ca.cert, &ca.key).map_err(|source| DaemonError::Credentials {
+        dir: state.path("head"),
+        source,
+    })?;
+    let token: JoinToken = secret
+        .token
+        .parse()
+        .map_err(|source| DaemonError::Credentials {
+            dir: state.path("head/token"),
+            source,
+        })?;
+    crate::head::preset_credentials(state, &ca, &token)
+}
+
+/// Writes the record the others join through; returns its path.
+fn write_rendezvous(
+    launch: &Launch,
+    head: &Head,
+    path: PathBuf,
+    report: &dyn Fn(String),
+) -> Result<PathBuf, LaunchFailure> {
+    let record = Rendezvous {
+        address: head.join_address(),
+        token: head.token().as_str().to_string(),
+        ca_hash: head.ca_hash().to_string(),
+        processes: launch.processes,
+    };
+    let bytes = serde_json::to_vec(&record).expect("a rendezvous record serialises");
+    write_private(&path, &bytes).map_err(|error| LaunchFailure::Rendezvous {
+        path: path.clone(),
+        error,
+    })?;
+    report(format!("launch: rendezvous file {}", path.display()));
+    Ok(path)
+}
+
 /// Process 0, after the job: stops the other processes' nodes and removes the rendezvous
-/// file.
-pub async fn finish(client: &ClusterClient, rendezvous: &Path) {
+/// file, if there is one.
+pub async fn finish(client: &ClusterClient, rendezvous: Option<&Path>) {
     let _ = client.stop(true).await;
-    let _ = std::fs::remove_file(rendezvous);
+    if let Some(path) = rendezvous {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// How a process other than process 0 left the job.
@@ -206,7 +307,10 @@ pub async fn follow(
     report: &dyn Fn(String),
     stop: impl Future<Output = &'static str>,
 ) -> Result<Followed, LaunchFailure> {
-    let node = join(launch, &settings, state).await?;
+    let node = match &launch.secret {
+        Some(secret) => join_by_name(launch, secret, &settings, state, report).await?,
+        None => join(launch, &settings, state).await?,
+    };
     report(format!(
         "launch: joined as node {}; the job runs from process 0",
         node.node_id()
@@ -266,7 +370,7 @@ async fn join(
             .ok()
             .and_then(|b| serde_json::from_slice::<Rendezvous>(&b).ok())
         {
-            match start_node(launch, &record, state, settings.actors.clone()).await {
+            match start_node(launch, &record, state, settings).await {
                 Ok(node) => return Ok(node),
                 Err(error) => last = format!("joining {}: {error}", record.address),
             }
@@ -282,11 +386,58 @@ async fn join(
     }
 }
 
+/// Joins the head by its name with the join secret of the environment, retrying with
+/// backoff (0.5 s, doubling to 5 s) until the settings' timeout: the name may not resolve
+/// yet, or the head not answer yet.
+async fn join_by_name(
+    launch: &Launch,
+    secret: &JoinSecret,
+    settings: &LaunchSettings,
+    state: &Path,
+    report: &dyn Fn(String),
+) -> Result<Node, LaunchFailure> {
+    let record = Rendezvous {
+        address: format!("{}:{}", launch.master, launch.port),
+        token: secret.token.clone(),
+        ca_hash: secret.ca_hash.clone(),
+        processes: launch.processes,
+    };
+    let started = Instant::now();
+    let deadline = started + settings.timeout.max(Duration::from_secs(1));
+    let (mut attempts, mut pause) = (0u32, Duration::from_millis(500));
+    loop {
+        attempts += 1;
+        let last = match start_node(launch, &record, state, settings).await {
+            Ok(node) => return Ok(node),
+            Err(error) => error,
+        };
+        if Instant::now() + pause > deadline {
+            return Err(LaunchFailure::JoinByName {
+                launch: launch.describe(),
+                address: record.address,
+                port: launch.port,
+                attempts,
+                timeout: settings.timeout,
+                last,
+            });
+        }
+        if attempts == 1 || attempts % 10 == 0 {
+            report(format!(
+                "launch: waiting for the head at {} ({} s so far): {last}",
+                record.address,
+                started.elapsed().as_secs()
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
 async fn start_node(
     launch: &Launch,
     record: &Rendezvous,
     state: &Path,
-    actors: ActorHosting,
+    settings: &LaunchSettings,
 ) -> Result<Node, String> {
     let token = record
         .token
@@ -303,9 +454,9 @@ async fn start_node(
         bind: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
         advertise: None,
         state: StateDir::at(state),
-        resources: resources(launch).map_err(|e| e.to_string())?,
+        resources: resources(launch, settings.num_gpus).map_err(|e| e.to_string())?,
         transport: TransportOptions::default(),
-        actors,
+        actors: settings.actors.clone(),
     })
     .await
     .map_err(|e| e.to_string())

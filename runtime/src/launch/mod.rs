@@ -9,12 +9,17 @@
 //! trainer's rank: each process joins as a node, which may hold several ranks.
 
 mod carry;
+mod kubernetes;
+pub mod manifest;
+pub mod names;
+mod secret;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 pub use carry::{Followed, LaunchFailure, LaunchSettings, Led, finish, follow, lead};
+pub use secret::{CaPem, JoinSecret, join_secret};
 
 use crate::resources::{DiscoverOptions, NodeResources, discover};
 use crate::{NodeStatus, VisibleDevices};
@@ -22,11 +27,10 @@ use crate::{NodeStatus, VisibleDevices};
 /// `launch.launcher`: which launcher's environment `imgrun train` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
-    /// torchrun's variables when set, else Slurm's inside a step of several tasks.
+    /// The first that applies, in [`LauncherKind::ALL`]'s order.
     Auto,
     None,
-    Torchrun,
-    Slurm,
+    Only(LauncherKind),
 }
 
 impl std::str::FromStr for Launcher {
@@ -36,9 +40,14 @@ impl std::str::FromStr for Launcher {
         match s {
             "auto" => Ok(Self::Auto),
             "none" => Ok(Self::None),
-            "torchrun" => Ok(Self::Torchrun),
-            "slurm" => Ok(Self::Slurm),
-            other => Err(format!("`{other}`: expected auto, none, torchrun or slurm")),
+            other => LauncherKind::ALL
+                .into_iter()
+                .find(|kind| kind.name() == other)
+                .map(Self::Only)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = LauncherKind::ALL.iter().map(|k| k.name()).collect();
+                    format!("`{other}`: expected auto, none, {}", names.join(", "))
+                }),
         }
     }
 }
@@ -47,14 +56,56 @@ impl std::str::FromStr for Launcher {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LauncherKind {
     Torchrun,
+    /// Kubeflow Training Operator v1's PyTorchJob, one process per pod.
+    PyTorchJob,
+    /// Kubeflow Trainer v2's TrainJob, one process per pod.
+    TrainJob,
+    JobSet,
+    /// A plain Kubernetes Indexed Job (with a headless Service).
+    IndexedJob,
     Slurm,
 }
 
 impl LauncherKind {
+    /// Every kind, in the order `auto` tries them: torchrun's workers first (under a
+    /// PyTorchJob or a TrainJob whose pods run torchrun too), then the Kubernetes kinds,
+    /// most specific first, then Slurm.
+    pub const ALL: [Self; 6] = [
+        Self::Torchrun,
+        Self::PyTorchJob,
+        Self::TrainJob,
+        Self::JobSet,
+        Self::IndexedJob,
+        Self::Slurm,
+    ];
+
+    /// The name in `launch.launcher` and in messages.
     pub fn name(self) -> &'static str {
         match self {
             Self::Torchrun => "torchrun",
+            Self::PyTorchJob => "pytorchjob",
+            Self::TrainJob => "trainjob",
+            Self::JobSet => "jobset",
+            Self::IndexedJob => "indexed-job",
             Self::Slurm => "slurm",
+        }
+    }
+
+    /// Whether `env` looks like this launcher's (for `auto`).
+    fn applies(self, env: &dyn Fn(&str) -> Option<String>) -> bool {
+        let set = |name| env(name).is_some();
+        match self {
+            // Outside Kubernetes, RANK and WORLD_SIZE alone are torchrun's (or a script's
+            // that sets them as torchrun would); inside, only with a worker's variables.
+            Self::Torchrun => {
+                set("RANK")
+                    && set("WORLD_SIZE")
+                    && (!set(names::IN_KUBERNETES_VAR)
+                        || set("LOCAL_RANK")
+                        || set("TORCHELASTIC_RUN_ID"))
+            }
+            Self::Slurm => set("SLURM_STEP_ID") && set("SLURM_PROCID"),
+            kubernetes => kubernetes::applies(kubernetes, env),
         }
     }
 }
@@ -76,6 +127,9 @@ pub struct Launch {
     pub port: u16,
     /// The launcher's id of this launch (torchrun's run id, Slurm's job and step).
     pub launch_id: String,
+    /// The join secret from the environment: the others join the head with it rather
+    /// than through a rendezvous file.
+    pub secret: Option<JoinSecret>,
 }
 
 impl Launch {
@@ -118,30 +172,39 @@ pub enum LaunchError {
 }
 
 /// The launcher this process runs under, if any, from `env` (the process's environment):
-/// `launcher` says which to read; `slurm_port` is the head's UDP port under Slurm (0: one
-/// per job, 29400 + the job id modulo 500). `None` when none applies or the launcher
-/// started a single process (which runs as an ordinary embedded job).
+/// `launcher` says which to read; `port` is the head's UDP port where the launcher names
+/// none (Slurm; an Indexed Job's or JobSet's head given without one; 0: 29400 + the job
+/// id modulo 500 under Slurm, [`names::DEFAULT_PORT`] elsewhere). `None` when none
+/// applies or the launcher started a single process (which runs as an ordinary embedded
+/// job). A join secret in the environment ([`join_secret`]) comes with the launch.
 pub fn detect(
     launcher: Launcher,
-    slurm_port: u16,
+    port: u16,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Launch>, LaunchError> {
-    let torchrun = env("RANK").is_some() && env("WORLD_SIZE").is_some();
-    // `srun --pty bash` sets SLURM_STEP_ID too, but for one task.
-    let slurm = env("SLURM_STEP_ID").is_some() && env("SLURM_PROCID").is_some();
-    let launch = match launcher {
+    let kind = match launcher {
         Launcher::None => return Ok(None),
-        Launcher::Torchrun => Some(torchrun_launch(env)?),
-        Launcher::Slurm => Some(slurm_launch(env, slurm_port)?),
-        Launcher::Auto if torchrun => Some(torchrun_launch(env)?),
-        Launcher::Auto if slurm => Some(slurm_launch(env, slurm_port)?),
-        Launcher::Auto => None,
+        Launcher::Only(kind) => kind,
+        Launcher::Auto => match LauncherKind::ALL.into_iter().find(|k| k.applies(env)) {
+            Some(kind) => kind,
+            None => return Ok(None),
+        },
     };
-    Ok(launch.filter(|l| l.processes > 1 || launcher != Launcher::Auto))
+    let mut launch = match kind {
+        LauncherKind::Torchrun => torchrun_launch(env)?,
+        LauncherKind::Slurm => slurm_launch(env, port)?,
+        kubernetes => kubernetes::launch(kubernetes, port, env)?,
+    };
+    check(&launch)?;
+    if launch.processes == 1 && launcher == Launcher::Auto {
+        return Ok(None);
+    }
+    launch.secret = join_secret(kind.name(), launch.process == 0, env)?;
+    Ok(Some(launch))
 }
 
 /// The variable `name`, parsed, or an error naming it.
-fn var<T: std::str::FromStr>(
+pub(super) fn var<T: std::str::FromStr>(
     env: &dyn Fn(&str) -> Option<String>,
     launcher: &'static str,
     name: &'static str,
@@ -166,7 +229,7 @@ fn torchrun_launch(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch, Launc
     let (process, processes) = (get("RANK")?, get("WORLD_SIZE")?);
     let local_process = env("LOCAL_RANK").map_or(Ok(0), |_| get("LOCAL_RANK"))?;
     let local_processes = env("LOCAL_WORLD_SIZE").map_or(Ok(1), |_| get("LOCAL_WORLD_SIZE"))?;
-    let launch = Launch {
+    Ok(Launch {
         kind: LauncherKind::Torchrun,
         process,
         processes,
@@ -175,9 +238,8 @@ fn torchrun_launch(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch, Launc
         master: var(env, "torchrun", "MASTER_ADDR")?,
         port: var(env, "torchrun", "MASTER_PORT")?,
         launch_id: env("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into()),
-    };
-    check(&launch)?;
-    Ok(launch)
+        secret: None,
+    })
 }
 
 fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> Result<Launch, LaunchError> {
@@ -228,7 +290,7 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> Result<Launc
                 launcher: SLURM,
                 message: format!("SLURM_NODEID {node} of {} nodes", tasks.len()),
             })?;
-    let launch = Launch {
+    Ok(Launch {
         kind: LauncherKind::Slurm,
         process,
         processes,
@@ -242,9 +304,8 @@ fn slurm_launch(env: &dyn Fn(&str) -> Option<String>, port: u16) -> Result<Launc
             29400 + (job_id % 500) as u16
         },
         launch_id: format!("{job_id}.{step}"),
-    };
-    check(&launch)?;
-    Ok(launch)
+        secret: None,
+    })
 }
 
 fn check(launch: &Launch) -> Result<(), LaunchError> {
@@ -415,8 +476,18 @@ pub struct GpuShareError {
 /// What this process offers as a node: its GPU by its local process index when every
 /// process of the machine sees all of them, the GPUs the launcher gave it otherwise, and
 /// its share of the CPUs. A count of GPUs that fits neither is refused, naming both.
-pub fn resources(launch: &Launch) -> Result<NodeResources, GpuShareError> {
+/// `num_gpus` (`launch.num_gpus`) overrides the GPUs found: exactly that many, claimed
+/// where missing (as `imgrun join --num-gpus`).
+pub fn resources(launch: &Launch, num_gpus: Option<usize>) -> Result<NodeResources, GpuShareError> {
     let all = discover(&DiscoverOptions::default());
+    if num_gpus.is_some() {
+        let cpus = (all.cpus / launch.local_processes.max(1) as usize).max(1);
+        return Ok(discover(&DiscoverOptions {
+            num_cpus: Some(cpus),
+            num_gpus,
+            ..DiscoverOptions::default()
+        }));
+    }
     let seen = all.gpus.len() as u32;
     let visible = if launch.local_processes > 1 && seen == launch.local_processes {
         let gpu = &all.gpus[launch.local_process as usize];
@@ -492,6 +563,7 @@ mod tests {
             master: "gpu01.cluster".into(),
             port: 29721,
             launch_id: "4321.0".into(),
+            secret: None,
         };
         let dir = Path::new("/runs/.rendezvous");
         assert_eq!(
@@ -529,7 +601,8 @@ mod tests {
         }
     }
 
-    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    /// An environment of `vars` only (the tests of the adapters share it).
+    pub(super) fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: BTreeMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -562,6 +635,7 @@ mod tests {
                 master: "gpu01".into(),
                 port: 29500,
                 launch_id: "r50".into(),
+                secret: None,
             }
         );
         let slurm = env_of(&[
@@ -611,7 +685,11 @@ mod tests {
     fn launcher_mistakes_name_the_variable() {
         type Vars<'a> = &'a [(&'a str, &'a str)];
         let cases: [(Vars, Launcher, &str); 4] = [
-            (&[("RANK", "0")], Launcher::Torchrun, "WORLD_SIZE"),
+            (
+                &[("RANK", "0")],
+                Launcher::Only(LauncherKind::Torchrun),
+                "WORLD_SIZE",
+            ),
             (
                 &[("RANK", "0"), ("WORLD_SIZE", "two")],
                 Launcher::Auto,

@@ -11,7 +11,13 @@ use crate::config::Config;
 pub(super) struct Cluster {
     pub(super) client: ClusterClient,
     pub(super) embedded: Option<(runtime::Head, tempfile::TempDir)>,
-    /// Under a launcher: the rendezvous file the other processes joined through.
+    /// Under a launcher: process 0's, which stops the other processes at the end.
+    launched: Option<Launched>,
+}
+
+/// Process 0 of a launch: the rendezvous file the other processes joined through, if they
+/// did not join with the join secret of the environment.
+struct Launched {
     rendezvous: Option<std::path::PathBuf>,
 }
 
@@ -22,7 +28,9 @@ impl Cluster {
             return Ok(Self {
                 client: led.client,
                 embedded: Some((led.head, led.dir)),
-                rendezvous: Some(led.rendezvous),
+                launched: Some(Launched {
+                    rendezvous: led.rendezvous,
+                }),
             });
         }
         let state = crate::commands::cluster::state_dir(&config.cluster)?;
@@ -33,7 +41,7 @@ impl Cluster {
                     return Ok(Self {
                         client,
                         embedded: None,
-                        rendezvous: None,
+                        launched: None,
                     });
                 }
                 Err(runtime::DaemonError::NoHead { .. }) if options.address.is_none() => {}
@@ -70,13 +78,13 @@ impl Cluster {
         Ok(Self {
             client,
             embedded: Some((head, dir)),
-            rendezvous: None,
+            launched: None,
         })
     }
 
     pub(super) async fn shutdown(self) {
-        if let Some(rendezvous) = &self.rendezvous {
-            runtime::launch::finish(&self.client, rendezvous).await;
+        if let Some(launched) = &self.launched {
+            runtime::launch::finish(&self.client, launched.rendezvous.as_deref()).await;
         }
         if let Some((head, _dir)) = self.embedded {
             head.stop().await;

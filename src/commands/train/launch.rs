@@ -35,6 +35,7 @@ fn settings(config: &Config, launch: &Launch) -> LaunchSettings {
         timeout: Duration::from_secs(config.launch.timeout_secs),
         membership: crate::commands::cluster::membership(&config.cluster),
         beat_port: config.cluster.beat_port,
+        num_gpus: usize::try_from(config.launch.num_gpus).ok(),
         actors: crate::commands::cluster::actor_hosting(),
     }
 }
@@ -44,7 +45,7 @@ pub(super) struct Led {
     pub(super) head: runtime::Head,
     pub(super) dir: tempfile::TempDir,
     pub(super) client: runtime::ClusterClient,
-    pub(super) rendezvous: PathBuf,
+    pub(super) rendezvous: Option<PathBuf>,
 }
 
 /// Process 0: the head and every process joined (see [`runtime::launch::lead`]).
@@ -67,7 +68,10 @@ pub(super) async fn lead(config: &Config, launch: &Launch) -> anyhow::Result<Led
 }
 
 /// Every process but process 0: joins process 0's head as a node and serves it until the
-/// head stops it (exit 0), a signal comes (130) or the head goes away (an error).
+/// head stops it (exit 0), a second signal comes (130) or the head goes away (an error).
+/// The first SIGTERM or Ctrl-C does not end it: a launcher or Kubernetes signals every
+/// process of the job at once (a preemption, a drain, `scancel`, Ctrl-C in a terminal),
+/// and process 0 then checkpoints the step in flight, which needs this node's trainers.
 pub fn follow(config: &Config, launch: &Launch) -> anyhow::Result<ExitCode> {
     println!("launch: {}", launch.describe());
     let tokio = tokio::runtime::Builder::new_multi_thread()
@@ -79,13 +83,13 @@ pub fn follow(config: &Config, launch: &Launch) -> anyhow::Result<ExitCode> {
             .prefix("imgrun-launch-")
             .tempdir()
             .context("making the node's state folder")?;
-        let mut signals = super::StopSignals::new()?;
+        let signals = super::StopSignals::new()?;
         let followed = runtime::launch::follow(
             launch,
             dir.path(),
             settings(config, launch),
             &|line| println!("{line}"),
-            signals.next(),
+            leave_on_second_signal(signals),
         )
         .await?;
         Ok(match followed {
@@ -94,9 +98,19 @@ pub fn follow(config: &Config, launch: &Launch) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             }
             Followed::Signalled(signal) => {
-                eprintln!("launch: {signal}: left the job");
+                eprintln!("launch: {signal} again: left the job");
                 ExitCode::from(130)
             }
         })
     })
+}
+
+/// The second signal's name, once the first has been told.
+async fn leave_on_second_signal(mut signals: super::StopSignals) -> &'static str {
+    let first = signals.next().await;
+    println!(
+        "launch: {first}: this node serves on until the job's head stops it (process 0, \
+         signalled too, checkpoints the step in flight first); {first} again leaves now"
+    );
+    signals.next().await
 }

@@ -92,11 +92,7 @@ pub fn run(loaded: &Loaded, args: TrainArgs) -> anyhow::Result<ExitCode> {
             !args.detach && args.address.is_none(),
             "--detach and --address do not apply to a job started by {} (launch.launcher): \
              its processes are the job's cluster",
-            if launch.kind == runtime::launch::LauncherKind::Torchrun {
-                "torchrun"
-            } else {
-                "slurm"
-            }
+            launch.kind.name()
         );
         if launch.process != 0 {
             return launch::follow(&loaded.config, launch);

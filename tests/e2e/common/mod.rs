@@ -53,7 +53,7 @@ pub fn run_ok(args: &[&str], cwd: &Path) -> String {
 }
 
 /// The standard output of `imgrun ARGS`, which must have succeeded.
-fn stdout_of_success(args: &[&str], out: &Output) -> String {
+pub fn stdout_of_success(args: &[&str], out: &Output) -> String {
     assert!(
         out.status.success(),
         "imgrun {args:?} failed:\n{}",
