@@ -495,6 +495,12 @@ async fn serve_connection<H: Handler>(
     let address = incoming.remote_address();
     let connection = match incoming.await {
         Ok(connection) => connection,
+        // This endpoint closing (the daemon stopping) ends the handshakes in flight: no
+        // fault of the peer's, nor news.
+        Err(quinn::ConnectionError::LocallyClosed) => {
+            debug!(peer = %address, "handshake ended: this endpoint closed");
+            return;
+        }
         Err(error) => {
             warn!(peer = %address, %error, "handshake failed");
             return;

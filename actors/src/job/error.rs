@@ -170,13 +170,18 @@ impl Interrupted {
         }
         match (&self.progress.checkpoint, &self.progress.run_dir) {
             (Some(saved), Some(run)) => text.push_str(&format!(
-                "\n{} checkpoint: {} (epoch {}, step {} of the epoch, global step {}); \
+                "\n{} checkpoint: {} (epoch {}, step {} of the epoch, global step {}{}); \
                  continue with {}",
                 if self.late.is_some() { "last" } else { "saved" },
                 saved.dir.display(),
                 saved.epoch,
                 saved.step_in_epoch,
                 saved.global_step,
+                // What a scheduler's grace period after SIGTERM must leave time for.
+                saved
+                    .seconds
+                    .map(|s| format!("; written in {s:.1} s"))
+                    .unwrap_or_default(),
                 saved.resume_hint(run)
             )),
             _ => {

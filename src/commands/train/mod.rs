@@ -413,7 +413,7 @@ mod tests {
         for word in [
             "interrupted by SIGINT",
             "saved checkpoint: /runs/a/checkpoints/step-00000012",
-            "global step 12",
+            "global step 12; written in 1.5 s)",
             "  imgrun train --resume /runs/a",
             "(or, on any machine, --resume s3://b/runs/a)",
         ] {
