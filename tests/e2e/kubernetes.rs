@@ -17,8 +17,9 @@ use crate::common;
 use rustix::process::Signal;
 
 use crate::common::train::{
-    Dataset, Finished, JOB_LIMIT, Job, assert_checkpoint_at_last_step, assert_resumed_as_whole,
-    replica_digest, total_steps, wait_for_steps,
+    Dataset, Finished, JOB_LIMIT, Job, assert_checkpoint_at_last_step, assert_each_sample_once,
+    assert_resumed_as_whole, logged_samples, metrics, read_json, replica_digest, total_steps,
+    wait_for_steps,
 };
 
 /// The job's name in every manifest.
@@ -199,20 +200,23 @@ fn start_pods(
     args: &[String],
     hosts: Option<&Path>,
 ) -> (Vec<Job>, String) {
-    start_pods_with(root, kind, args, hosts, &[])
+    start_pods_with(root, kind, 2, args, hosts, &[])
 }
 
-/// [`start_pods`], with `more` variables in every pod.
+/// [`start_pods`], of `count` pods, with `more` variables in every pod.
 fn start_pods_with(
     root: &Path,
     kind: &str,
+    count: u32,
     args: &[String],
     hosts: Option<&Path>,
     more: &[(&str, &str)],
 ) -> (Vec<Job>, String) {
     let port = free_port();
-    let items = manifest(kind, 2, port, args);
-    let mut pods: Vec<(Pod, String)> = (0..2).map(|i| pod(&items, kind, i, 2, port)).collect();
+    let items = manifest(kind, count, port, args);
+    let mut pods: Vec<(Pod, String)> = (0..count)
+        .map(|i| pod(&items, kind, i, count, port))
+        .collect();
     for (pod, _) in &mut pods {
         pod.env
             .extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -438,7 +442,7 @@ fn a_pytorchjob_of_two_pods_with_two_gpus_each_plans_four_ranks() {
     let data = Dataset::synth(root.path());
     let args = train_args(root.path(), &data, "gpus", 1, &[]);
     let gpus = [("IMGRUN_LAUNCH__NUM_GPUS", "2")];
-    let (jobs, _) = start_pods_with(root.path(), "pytorchjob", &args, None, &gpus);
+    let (jobs, _) = start_pods_with(root.path(), "pytorchjob", 2, &args, None, &gpus);
     let finished = finish_all(jobs, JOB_LIMIT);
     let leader = &finished[0].stdout;
     for want in [
@@ -462,4 +466,58 @@ fn a_pytorchjob_of_two_pods_with_two_gpus_each_plans_four_ranks() {
         "{}",
         finished[1].describe()
     );
+}
+
+/// An elastic job (`train.elastic`, at least 2 ranks, split epochs whose samples are
+/// logged) of 3 pods loses pod 2 mid-epoch (its process SIGKILLed, as when its node
+/// fails): the job shrinks to 2 ranks and goes on to its end, serving every sample of
+/// every epoch once; pod 1 is stopped by the head as usual.
+#[test]
+fn an_elastic_job_of_three_pods_that_loses_one_shrinks_and_goes_on() {
+    const EPOCHS: u64 = 3;
+    let root = tempfile::tempdir().expect("temp dir");
+    let data = Dataset::synth(root.path());
+    let mut sets = Vec::new();
+    for set in data.audited_elastic_sets(&["train.min_world=2"]) {
+        sets.extend(["--set".to_string(), set]);
+    }
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let args = train_args(root.path(), &data, "elastic", EPOCHS, &sets);
+    let (mut jobs, _) = start_pods_with(root.path(), "indexed-job", 3, &args, None, &[]);
+    let run = root.path().join("runs/elastic");
+    common::wait_for(JOB_LIMIT, "the first step of epoch 1", || {
+        assert!(jobs[0].running(), "the job ended early");
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .ok()?
+            .contains("\"kind\":\"step\",\"epoch\":1,")
+            .then_some(())
+    });
+    jobs[2].signal(Signal::KILL);
+    let done = finish_all(jobs, JOB_LIMIT);
+    let leader = &done[0];
+    assert!(leader.status.success(), "{}", leader.describe());
+    let said = format!("{}{}", leader.stdout, leader.stderr);
+    for want in [
+        "elastic: lost rank(s)",
+        "replicas: identical on all 2 ranks",
+    ] {
+        assert!(said.contains(want), "no `{want}`:\n{}", leader.describe());
+    }
+    assert!(
+        done[1].stdout.contains("the job's head stopped this node"),
+        "{}",
+        done[1].describe()
+    );
+    let records = metrics(&run);
+    let regroups: Vec<&Value> = records.iter().filter(|r| r["kind"] == "regroup").collect();
+    assert_eq!(regroups.len(), 1, "one shrink: {regroups:?}");
+    assert_eq!(regroups[0]["world"], 2, "{}", regroups[0]);
+    let manifest = read_json(&data.train_dir.join("manifest.json"));
+    let total: u64 = manifest["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .map(|s| s["samples"].as_u64().expect("samples"))
+        .sum();
+    assert_each_sample_once(logged_samples(&records), EPOCHS, total);
 }

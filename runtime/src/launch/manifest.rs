@@ -26,8 +26,7 @@
 //!   workload object (not of the Service or the Secret), and the labels
 //!   `app.kubernetes.io/name: imgrun` and `app.kubernetes.io/instance: <name>` on every
 //!   object.
-//! - The dashboard is never exposed (no Service port): reach it with `kubectl
-//!   port-forward pod/<process 0's pod> 7080`.
+//! - Nothing but the head's UDP port is declared: no Service exposes anything else.
 //!
 //! The objects are [`Node`]s, whose mappings keep the order they were written in:
 //! serde_json's `preserve_order` is off in this workspace, so a `serde_json::Value` would
