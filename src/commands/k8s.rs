@@ -28,6 +28,7 @@ pub struct ManifestArgs {
     /// The job's name: every object's, and the pods' DNS subdomain.
     #[arg(long, default_value = "imgrun")]
     name: String,
+    /// The namespace of every object [default: kubectl's].
     #[arg(long)]
     namespace: Option<String>,
     /// indexed-job, jobset, trainjob or pytorchjob.
