@@ -18,8 +18,8 @@ use rustix::process::Signal;
 use crate::common;
 use crate::common::train::{
     Dataset, Finished, GONE_LIMIT, JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step,
-    assert_resumed_as_whole, checkpoint_dir, last_step_value, metrics, printed_resume_command,
-    read_json, total_steps, wait_for_steps, workers_of,
+    assert_resumed_as_whole, assert_resumed_from_step, checkpoint_dir, last_step_value, metrics,
+    printed_resume_command, read_json, total_steps, wait_for_steps, workers_of,
 };
 use crate::common::{Machine, is_running, path_str, wait_alive, wait_for};
 
@@ -114,13 +114,7 @@ fn a_disk_that_fills_during_a_checkpoint_stops_the_job_at_the_newest_intact_one(
     let resumed = again.finish(JOB_LIMIT);
     again.assert_nothing_left();
     assert!(resumed.status.success(), "{}", resumed.describe());
-    assert!(
-        resumed
-            .stdout
-            .contains(&format!("global step {saved_step})")),
-        "{}",
-        resumed.stdout
-    );
+    assert_resumed_from_step(&resumed, saved_step);
     let last = checkpoint_dir(&run);
     assert!(
         last.ends_with(format!("epoch-{epochs:0>4}")),

@@ -25,12 +25,6 @@ use crate::common::train::{
 /// The job's name in every manifest.
 const NAME: &str = "cnn";
 
-/// A UDP port free on loopback now.
-fn free_port() -> u16 {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
-    socket.local_addr().expect("its address").port()
-}
-
 /// A job's objects as `imgrun k8s manifest --format json` writes them: the items of its
 /// List. Every pod runs `train_args` after `imgrun train`.
 fn manifest(kind: &str, pods: u32, port: u16, train_args: &[String]) -> Vec<Value> {
@@ -212,7 +206,7 @@ fn start_pods_with(
     hosts: Option<&Path>,
     more: &[(&str, &str)],
 ) -> (Vec<Job>, String) {
-    let port = free_port();
+    let port = common::free_udp_port();
     let items = manifest(kind, count, port, args);
     let mut pods: Vec<(Pod, String)> = (0..count)
         .map(|i| pod(&items, kind, i, count, port))
@@ -243,35 +237,16 @@ fn finish_all(jobs: Vec<Job>, limit: Duration) -> Vec<Finished> {
     jobs.into_iter().map(|mut job| job.finish(limit)).collect()
 }
 
+/// The pods of `kind` ended well, process 0 joined by the join secret of the environment.
 fn assert_trained_together(kind: &str, finished: &[Finished]) {
-    for (index, done) in finished.iter().enumerate() {
-        assert!(
-            done.status.success(),
-            "{kind} pod {index}:\n{}",
-            done.describe()
-        );
-        assert!(
-            !done.stderr.contains(" WARN ") && !done.stderr.contains(" ERROR "),
-            "{kind} pod {index} warned at a normal end:\n{}",
-            done.describe()
-        );
-    }
-    let leader = &finished[0].stdout;
-    for want in [
-        format!("launch: {kind} process 0 of 2"),
-        "with the join secret of the environment".to_string(),
-        "launch: all 2 processes joined".to_string(),
-        "replicas: identical on all 2 ranks".to_string(),
-    ] {
-        assert!(leader.contains(&want), "{kind}: no `{want}`:\n{leader}");
-    }
-    assert!(
-        finished[1]
-            .stdout
-            .contains("the job's head stopped this node"),
-        "{kind}:\n{}",
-        finished[1].describe()
-    );
+    let first = format!("launch: {kind} process 0 of 2");
+    let says = [
+        first.as_str(),
+        "with the join secret of the environment",
+        "launch: all 2 processes joined",
+        "replicas: identical on all 2 ranks",
+    ];
+    common::train::assert_launched_together(kind, finished, &says);
 }
 
 /// Every kind trains the same job: the same replicas at the end.
@@ -323,7 +298,7 @@ fn a_head_whose_name_resolves_only_after_ten_seconds_is_waited_for() {
 fn a_head_whose_name_never_resolves_is_named_with_what_was_tried() {
     let root = tempfile::tempdir().expect("temp dir");
     let data = Dataset::synth(root.path());
-    let port = free_port();
+    let port = common::free_udp_port();
     let args = train_args(root.path(), &data, "alone", 1, &[]);
     let items = manifest("indexed-job", 2, port, &args);
     let (mut pod, head) = pod(&items, "indexed-job", 1, 2, port);

@@ -12,12 +12,6 @@ use rustix::process::{Signal, kill_process};
 use crate::common;
 use crate::common::train::{Dataset, Finished, JOB_LIMIT, Job};
 
-/// A UDP port free on loopback now.
-fn free_port() -> u16 {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
-    socket.local_addr().expect("its address").port()
-}
-
 /// `imgrun train` as launcher process `rank`, with `vars` as its launcher's environment.
 fn process(root: &Path, data: &Dataset, rank: usize, vars: &[(String, String)]) -> Job {
     let mut command = common::imgrun();
@@ -77,48 +71,21 @@ fn run_all(
         .collect()
 }
 
+/// Both processes ended well; two trainers, one per process, with identical replicas.
 fn assert_trained_together(finished: &[Finished]) {
-    for (rank, done) in finished.iter().enumerate() {
-        assert!(
-            done.status.success(),
-            "process {rank}:\n{}",
-            done.describe()
-        );
-        // A normal end prints nothing that looks like a problem.
-        assert!(
-            !done.stderr.contains(" WARN ") && !done.stderr.contains(" ERROR "),
-            "process {rank} warned at a normal end:\n{}",
-            done.describe()
-        );
-    }
-    let leader = &finished[0].stdout;
-    assert!(
-        leader.contains("launch: all 2 processes joined"),
-        "{}",
-        finished[0].describe()
-    );
-    assert!(
-        leader.contains("2 CPU trainer(s) on node"),
-        "two trainers, one per process:\n{leader}"
-    );
-    assert!(
-        leader.contains("replicas: identical on all 2 ranks"),
-        "the job checks its replicas:\n{leader}"
-    );
-    assert!(
-        finished[1]
-            .stdout
-            .contains("the job's head stopped this node"),
-        "{}",
-        finished[1].describe()
-    );
+    let says = [
+        "launch: all 2 processes joined",
+        "2 CPU trainer(s) on node",
+        "replicas: identical on all 2 ranks",
+    ];
+    common::train::assert_launched_together("launch", finished, &says);
 }
 
 #[test]
 fn processes_started_as_torchrun_starts_them_train_one_job() {
     let root = tempfile::tempdir().expect("temp dir");
     let data = Dataset::synth(root.path());
-    let port = free_port();
+    let port = common::free_udp_port();
     let id = format!("t{}", std::process::id());
     let finished = run_all(root.path(), &data, |r| torchrun(r, 2, port, &id));
     assert_trained_together(&finished);
@@ -199,7 +166,7 @@ fn the_readme_torchrun_line_trains_under_the_real_torchrun() {
 fn processes_started_as_srun_starts_them_train_one_job() {
     let root = tempfile::tempdir().expect("temp dir");
     let data = Dataset::synth(root.path());
-    let port = free_port();
+    let port = common::free_udp_port();
     let finished = run_all(root.path(), &data, |r| {
         slurm(r, 2, port, std::process::id())
     });
@@ -210,7 +177,7 @@ fn processes_started_as_srun_starts_them_train_one_job() {
 fn a_process_of_the_job_that_dies_fails_the_job_naming_its_node() {
     let root = tempfile::tempdir().expect("temp dir");
     let data = Dataset::synth(root.path());
-    let port = free_port();
+    let port = common::free_udp_port();
     let id = format!("k{}", std::process::id());
     let mut leader = process(root.path(), &data, 0, &torchrun(0, 2, port, &id));
     let follower = process(root.path(), &data, 1, &torchrun(1, 2, port, &id));
@@ -235,7 +202,7 @@ fn a_process_of_the_job_that_dies_fails_the_job_naming_its_node() {
 fn a_launch_whose_processes_never_meet_names_what_is_missing() {
     let root = tempfile::tempdir().expect("temp dir");
     let data = Dataset::synth(root.path());
-    let port = free_port();
+    let port = common::free_udp_port();
     let alone = |rank: usize| {
         let mut vars = torchrun(rank, 2, port, &format!("alone-{rank}"));
         vars.push(("IMGRUN_LAUNCH__TIMEOUT_SECS".into(), "3".into()));

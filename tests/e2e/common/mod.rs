@@ -41,6 +41,12 @@ pub fn imgrun() -> Command {
     command
 }
 
+/// A UDP port free on loopback now (a head's QUIC port).
+pub fn free_udp_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
+    socket.local_addr().expect("its address").port()
+}
+
 /// `imgrun ARGS` in `cwd`, on no machine's state folder: its standard output, after it
 /// succeeded.
 pub fn run_ok(args: &[&str], cwd: &Path) -> String {

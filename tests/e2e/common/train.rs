@@ -660,9 +660,8 @@ pub fn checkpoint_dir(run: &Path) -> PathBuf {
     dir
 }
 
-/// The resumed run continued from global step `saved_step` and ended with the weights of
-/// the uninterrupted run `whole`, to the bit.
-pub fn assert_resumed_as_whole(resumed: &Finished, saved_step: u64, whole: &Finished) {
+/// The resumed run continued from global step `saved_step` (its `resuming:` line).
+pub fn assert_resumed_from_step(resumed: &Finished, saved_step: u64) {
     assert!(
         resumed
             .stdout
@@ -670,6 +669,45 @@ pub fn assert_resumed_as_whole(resumed: &Finished, saved_step: u64, whole: &Fini
         "{}",
         resumed.stdout
     );
+}
+
+/// The processes a launcher started for one job (`what`: the launch's name in messages),
+/// process 0 first, all ended well and quietly: each exited 0 with nothing that looks like
+/// a problem on its standard error, process 0 said each of `leader_says`, and the others
+/// were stopped by its head.
+pub fn assert_launched_together(what: &str, finished: &[Finished], leader_says: &[&str]) {
+    for (index, done) in finished.iter().enumerate() {
+        assert!(
+            done.status.success(),
+            "{what} process {index}:\n{}",
+            done.describe()
+        );
+        assert!(
+            !done.stderr.contains(" WARN ") && !done.stderr.contains(" ERROR "),
+            "{what} process {index} warned at a normal end:\n{}",
+            done.describe()
+        );
+    }
+    for want in leader_says {
+        assert!(
+            finished[0].stdout.contains(want),
+            "{what}: process 0 did not say `{want}`:\n{}",
+            finished[0].describe()
+        );
+    }
+    for done in &finished[1..] {
+        assert!(
+            done.stdout.contains("the job's head stopped this node"),
+            "{what}:\n{}",
+            done.describe()
+        );
+    }
+}
+
+/// The resumed run continued from global step `saved_step` and ended with the weights of
+/// the uninterrupted run `whole`, to the bit.
+pub fn assert_resumed_as_whole(resumed: &Finished, saved_step: u64, whole: &Finished) {
+    assert_resumed_from_step(resumed, saved_step);
     assert_eq!(
         replica_digest(&resumed.stdout),
         replica_digest(&whole.stdout),

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::steps;
 use crate::common::train::{
-    JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, last_step_value, metrics,
-    printed_resume_command, read_json, replica_digest, total_steps,
+    JOB_LIMIT, Job, TrainCluster, assert_checkpoint_at_last_step, assert_resumed_from_step,
+    last_step_value, metrics, printed_resume_command, read_json, replica_digest, total_steps,
 };
 
 /// A job stopped with SIGTERM after a mid-epoch checkpoint and resumed from that
@@ -94,13 +94,7 @@ fn a_job_resumed_from_a_mid_epoch_checkpoint_continues_as_an_uninterrupted_one()
         .job_with("cut", EPOCHS, &every_ranks, false, &resume)
         .finish(JOB_LIMIT);
     assert!(resumed.status.success(), "{}", resumed.describe());
-    assert!(
-        resumed
-            .stdout
-            .contains(&format!("global step {saved_step})")),
-        "{}",
-        resumed.stdout
-    );
+    assert_resumed_from_step(&resumed, saved_step);
 
     let records = metrics(&run);
     let job_at = records
@@ -450,13 +444,7 @@ fn ctrl_c_checkpoints_the_last_step_and_prints_the_command_that_resumes() {
         "{command}\n{}",
         resumed.describe()
     );
-    assert!(
-        resumed
-            .stdout
-            .contains(&format!("global step {saved_step})")),
-        "{}",
-        resumed.stdout
-    );
+    assert_resumed_from_step(&resumed, saved_step);
     assert_each_step_once(&metrics(&run), total);
     cluster.assert_settled();
 }
